@@ -1,0 +1,42 @@
+//! The engine's one error type.
+
+use std::path::PathBuf;
+
+use crate::diag::Diagnostic;
+use crate::scenario::source::Location;
+use crate::transport::TransportError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the schema (unknown key, wrong type).
+    #[error("{location}: error[parse]: {message}")]
+    Parse { location: Location, message: String },
+    /// The scenario parsed but breaks DeepEP/NVSHMEM/fabric rules.
+    #[error("{file}: {} error(s):\n{}", count_errors(.diagnostics), render(.diagnostics))]
+    Invalid { file: String, diagnostics: Vec<Diagnostic> },
+    #[error("{0}")]
+    Transport(#[from] TransportError),
+    #[error("writing results to {}: {message}", path.display())]
+    ResultWrite { path: PathBuf, message: String },
+    #[error("{0}")]
+    Usage(String),
+}
+
+fn count_errors(diagnostics: &[Diagnostic]) -> usize {
+    diagnostics.iter().filter(|d| d.is_error()).count()
+}
+
+fn render(diagnostics: &[Diagnostic]) -> String {
+    diagnostics
+        .iter()
+        .filter(|d| d.is_error())
+        .map(|d| format!("  {d}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

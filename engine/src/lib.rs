@@ -1,0 +1,33 @@
+//! eptwin engine: the scenario language and its validation, DeepEP configuration semantics,
+//! hardware profiles, topology, routing and layout, the `Transport` trait, the run loop and
+//! the result documents.
+//!
+//! Architecture Invariant: this crate is pure. It reads scenario files and writes result files
+//! (atomically) and nothing else: no clock, no OS randomness, no GPU, no network.
+
+pub mod deepep;
+pub mod diag;
+pub mod error;
+pub mod fabric;
+pub mod ids;
+pub mod plan;
+pub mod profile;
+pub mod result;
+pub mod rng;
+pub mod routing;
+pub mod run;
+pub mod scenario;
+pub mod table;
+pub mod topology;
+pub mod transport;
+pub mod units;
+
+pub use error::EngineError;
+pub use plan::{JobKind, JobPlan, Plan};
+pub use scenario::{LoadedScenario, load, parse};
+pub use transport::{
+    BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
+};
+
+/// eptwin's version (results record it).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

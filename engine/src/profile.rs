@@ -1,0 +1,332 @@
+//! Hardware profiles: bundled TOML files (`engine/profiles/*.toml`) describing GPUs, NVLink,
+//! PCIe, NICs and the fabric. A scenario names one and overrides keys of it; every number in
+//! a profile file carries its source in a comment.
+
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::schema::{ClusterSpec, FabricKind, FabricRouting, FabricTopology, NvlinkKind};
+
+/// Bundled profiles: (name, TOML text). The file name is the profile name.
+pub const BUNDLED: &[(&str, &str)] = &[
+    ("h800-cx7", include_str!("../profiles/h800-cx7.toml")),
+    ("h100-cx7", include_str!("../profiles/h100-cx7.toml")),
+    ("h200-cx7", include_str!("../profiles/h200-cx7.toml")),
+    ("gb200-nvl72", include_str!("../profiles/gb200-nvl72.toml")),
+    ("h200-single", include_str!("../profiles/h200-single.toml")),
+];
+
+pub fn bundled_names() -> impl Iterator<Item = &'static str> {
+    BUNDLED.iter().map(|(name, _)| *name)
+}
+
+/// A fully resolved hardware profile (bundled file + scenario overrides).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HardwareProfile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub cluster: ProfileCluster,
+    pub gpu: GpuParams,
+    pub nvlink: NvlinkParams,
+    pub pcie: PcieParams,
+    pub nic: NicParams,
+    pub fabric: FabricParams,
+    pub deepep: DeepEpCosts,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileCluster {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub nvlink: NvlinkKind,
+    /// GPUs per NVLink domain (used with `nvlink = "mnnvl"`; equals gpus_per_node otherwise).
+    pub nvlink_domain_gpus: u32,
+    pub ranks_per_gpu: u32,
+}
+
+/// The GPU: compute resources that drive copies, and launch costs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuParams {
+    /// Device name as CUDA reports it (NVML/`cudaGetDeviceProperties`).
+    pub name: String,
+    pub sm_count: u32,
+    pub clock_ghz: f64,
+    /// HBM bandwidth, GB/s, counting bytes read plus written.
+    pub hbm_bw_gbps: f64,
+    /// Device-to-device memcpy rate, GB/s of bytes copied (read + write = 2x this in HBM).
+    pub memcpy_bw_gbps: f64,
+    /// Copy rate one SM sustains with warp-wide 16-byte loads/stores, GB/s.
+    pub sm_copy_bw_gbps: f64,
+    /// Host launch to first instruction, ns.
+    pub kernel_launch_ns: u64,
+    /// Fixed cost of a grid-wide or cross-GPU barrier/flag round inside a kernel, ns.
+    pub flag_latency_ns: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvlinkParams {
+    /// Nominal per-GPU bandwidth per direction, GB/s.
+    pub bw_per_direction_gbps: f64,
+    /// Fraction of nominal that SM-driven stores achieve (packet headers, 128-B payloads).
+    pub efficiency: f64,
+    /// One-way latency of a store through the NVSwitch, ns.
+    pub latency_ns: u64,
+    /// Payload per NVLink packet for SM stores, bytes.
+    pub packet_payload_bytes: u32,
+}
+
+impl NvlinkParams {
+    pub fn achievable_gbps(&self) -> f64 {
+        self.bw_per_direction_gbps * self.efficiency
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PcieParams {
+    /// Per direction, GB/s, after encoding.
+    pub bw_gbps: f64,
+    pub efficiency: f64,
+    pub latency_ns: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NicParams {
+    pub name: String,
+    /// NICs per GPU (one per GPU on rail-optimized HGX).
+    pub per_gpu: u32,
+    /// Line rate per direction, GB/s (400 Gb/s NDR = 50).
+    pub link_gbps: f64,
+    /// Fraction of the line rate achievable for payload, beyond header overhead the model
+    /// counts itself (PCIe/DMA limits).
+    pub efficiency: f64,
+    /// Cost for a GPU thread to build and post one WQE (IBGDA), ns.
+    pub wqe_post_ns: u64,
+    /// Cost of ringing a doorbell (MMIO write through PCIe), ns.
+    pub doorbell_ns: u64,
+    /// NIC processing time per work request (message-rate limit), ns.
+    pub wqe_process_ns: u64,
+    /// NIC processing latency from doorbell to the first byte on the wire, ns.
+    pub tx_latency_ns: u64,
+    /// Receive side: from the last byte on the wire to data visible in GPU memory, ns.
+    pub rx_latency_ns: u64,
+    /// Largest QP depth the NIC supports (NVSHMEM caps at 32768).
+    pub max_qp_depth: u32,
+}
+
+/// Fabric defaults; `[cluster.fabric]` overrides any of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricParams {
+    pub kind: FabricKind,
+    pub mtu: u32,
+    pub data_vls: u8,
+    pub sl2vl: Vec<u8>,
+    pub vlarb_high: String,
+    pub vlarb_low: String,
+    pub high_limit: u8,
+    pub routing: FabricRouting,
+    pub topology: FabricTopology,
+    /// Switch ports (radix); bounds nodes per leaf in a leaf/spine topology.
+    pub switch_radix: u32,
+    /// Port-to-port latency of one switch hop (cut-through), ns.
+    pub switch_latency_ns: u64,
+    /// Cable propagation per link, ns.
+    pub link_latency_ns: u64,
+    /// Receive buffer per VL per port, bytes (credits = this / 64).
+    pub vl_buffer_bytes: u32,
+    /// Interval between flow-control (credit) packets, ns.
+    pub credit_update_ns: u64,
+    /// Adaptive routing: extra per-hop latency, ns.
+    pub adaptive_routing_latency_ns: u64,
+    /// RoCE only: ETS shares (percent per traffic class), strict-priority classes, PFC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ets_tc_bw: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_tcs: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pfc: Option<Vec<u8>>,
+}
+
+/// Software costs of DeepEP's kernels on this hardware: calibrated physical parameters, the
+/// same for every configuration (never a per-row factor).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeepEpCosts {
+    /// Notify phase of normal kernels: count exchange plus the host busy-wait round trip, ns.
+    pub notify_host_roundtrip_ns: u64,
+    /// Per token and destination: SM work to build and issue a send (meta, top-k, scales), ns.
+    pub per_token_issue_ns: u64,
+    /// Low-latency: per-expert count/flag signalling cost on the sender, ns.
+    pub ll_signal_ns: u64,
+    /// Low-latency receive: per received message unpack cost per warp group, ns.
+    pub ll_recv_per_msg_ns: u64,
+}
+
+/// Why a profile could not be resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileError {
+    /// Key path in the scenario the problem belongs to (`cluster.profile`, `cluster.overrides.nic.x`).
+    pub key: String,
+    pub message: String,
+}
+
+/// Parse a bundled profile by name.
+pub fn bundled_table(name: &str) -> Option<toml::Table> {
+    BUNDLED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, text)| toml::from_str(text).expect("bundled profiles are tested to parse"))
+}
+
+/// Resolve `[cluster]`: the named profile, with the scenario's cluster keys, fabric keys and
+/// `[cluster.overrides]` tables layered on top.
+pub fn resolve(cluster: &ClusterSpec) -> Result<HardwareProfile, ProfileError> {
+    let mut table = bundled_table(&cluster.profile).ok_or_else(|| ProfileError {
+        key: "cluster.profile".into(),
+        message: format!(
+            "unknown profile {:?}; bundled profiles: {}",
+            cluster.profile,
+            bundled_names().collect::<Vec<_>>().join(", ")
+        ),
+    })?;
+
+    // `[cluster.overrides.<section>]` keys replace profile keys one by one.
+    for (section, value) in &cluster.overrides {
+        let key = format!("cluster.overrides.{section}");
+        let Some(toml::Value::Table(target)) = table.get_mut(section) else {
+            return Err(ProfileError {
+                key,
+                message: format!(
+                    "unknown profile section {section:?}; expected one of gpu, nvlink, pcie, nic, fabric, deepep"
+                ),
+            });
+        };
+        if matches!(section.as_str(), "cluster") {
+            return Err(ProfileError {
+                key,
+                message: "set cluster shape with the [cluster] keys themselves".into(),
+            });
+        }
+        let toml::Value::Table(entries) = value else {
+            return Err(ProfileError { key, message: "expected a table of profile keys".into() });
+        };
+        for (k, v) in entries {
+            if !target.contains_key(k) && !is_optional_profile_key(section, k) {
+                return Err(ProfileError {
+                    key: format!("{key}.{k}"),
+                    message: format!("profile section [{section}] has no key {k:?}"),
+                });
+            }
+            target.insert(k.clone(), v.clone());
+        }
+    }
+
+    let mut profile: HardwareProfile =
+        table.try_into().map_err(|e: toml::de::Error| ProfileError {
+            key: "cluster.overrides".into(),
+            message: format!(
+                "profile {:?} with overrides is invalid: {}",
+                cluster.profile,
+                e.message()
+            ),
+        })?;
+
+    let c = &mut profile.cluster;
+    if let Some(v) = cluster.nodes {
+        c.nodes = v;
+    }
+    if let Some(v) = cluster.gpus_per_node {
+        c.gpus_per_node = v;
+    }
+    if let Some(v) = cluster.nvlink {
+        c.nvlink = v;
+    }
+    if let Some(v) = cluster.ranks_per_gpu {
+        c.ranks_per_gpu = v;
+    }
+    match cluster.nvlink_domain_gpus {
+        Some(v) => c.nvlink_domain_gpus = v,
+        // A domain never spans more than a node unless the scenario says MNNVL.
+        None if c.nvlink != NvlinkKind::Mnnvl => c.nvlink_domain_gpus = c.gpus_per_node,
+        None => {}
+    }
+
+    if let Some(fabric) = &cluster.fabric {
+        let f = &mut profile.fabric;
+        macro_rules! take {
+            ($($field:ident),*) => { $( if let Some(v) = &fabric.$field { f.$field = v.clone(); } )* };
+        }
+        take!(kind, mtu, data_vls, sl2vl, vlarb_high, vlarb_low, high_limit, routing, topology);
+        if fabric.ets_tc_bw.is_some() {
+            f.ets_tc_bw = fabric.ets_tc_bw.clone();
+        }
+        if fabric.strict_tcs.is_some() {
+            f.strict_tcs = fabric.strict_tcs.clone();
+        }
+        if fabric.pfc.is_some() {
+            f.pfc = fabric.pfc.clone();
+        }
+    }
+    Ok(profile)
+}
+
+fn is_optional_profile_key(section: &str, key: &str) -> bool {
+    section == "fabric" && matches!(key, "ets_tc_bw" | "strict_tcs" | "pfc")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bundled_profile_parses() {
+        for (name, text) in BUNDLED {
+            let profile: HardwareProfile =
+                toml::from_str(text).unwrap_or_else(|e| panic!("profile {name}: {e}"));
+            assert_eq!(&profile.name, name, "file name and profile name agree");
+        }
+    }
+
+    #[test]
+    fn every_profile_number_has_a_source_comment() {
+        // House rule: every hardware number carries its source. A numeric key line must have a
+        // trailing comment or sit under a comment line.
+        for (name, text) in BUNDLED {
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let code = line.split('#').next().unwrap_or("").trim();
+                let Some((_, value)) = code.split_once('=') else { continue };
+                let value = value.trim();
+                let numeric = value.starts_with(|c: char| c.is_ascii_digit() || c == '[');
+                if !numeric {
+                    continue;
+                }
+                let commented =
+                    line.contains('#') || (i > 0 && lines[i - 1].trim_start().starts_with('#'));
+                assert!(commented, "{name}.toml line {}: `{}` has no source comment", i + 1, line);
+            }
+        }
+    }
+
+    #[test]
+    fn overrides_apply_and_unknown_keys_fail() {
+        let mut cluster: ClusterSpec = toml::from_str("profile = \"h800-cx7\"\nnodes = 4").unwrap();
+        cluster.overrides = toml::from_str("[nic]\nwqe_post_ns = 7").unwrap();
+        let p = resolve(&cluster).unwrap();
+        assert_eq!(p.cluster.nodes, 4);
+        assert_eq!(p.nic.wqe_post_ns, 7);
+
+        cluster.overrides = toml::from_str("[nic]\nwarp_drive = 1").unwrap();
+        let err = resolve(&cluster).unwrap_err();
+        assert_eq!(err.key, "cluster.overrides.nic.warp_drive");
+
+        cluster.overrides = toml::from_str("[nic]\nwqe_post_ns = \"fast\"").unwrap();
+        assert!(resolve(&cluster).is_err());
+    }
+}

@@ -1,0 +1,280 @@
+//! The result document (DESIGN.md "Results", docs/results.md): one JSON per run, versioned,
+//! written atomically. `eptwin-reports` reads only these.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::EngineError;
+
+pub const RESULT_SCHEMA: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    Ok,
+    Failed,
+    Waived,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Failed => "failed",
+            Verdict::Waived => "waived",
+        }
+    }
+
+    /// The process exit code this verdict maps to (DESIGN.md).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Ok => 0,
+            Verdict::Failed => 1,
+            Verdict::Waived => 77,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub schema: u32,
+    pub scenario: ScenarioRef,
+    /// `kind` ("sim" | "hw") plus the backend's identity and versions.
+    pub backend: BTreeMap<String, serde_json::Value>,
+    pub eptwin: Provenance,
+    pub verdict: Verdict,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waived_reason: Option<String>,
+    /// Why the verdict is `failed`, one line each with coordinates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
+    /// Validator advisories for the scenario (not errors).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advisories: Vec<String>,
+    pub jobs: Vec<JobResult>,
+    /// Run-level measurements (hardware ceilings: memcpy, peer copy, NCCL all-to-all).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub measurements: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioRef {
+    pub name: String,
+    pub sha256: String,
+    #[serde(default)]
+    pub file: String,
+    #[serde(default)]
+    pub description: String,
+    /// The workload/cluster knobs reports put on axes (ranks, tokens, hidden, ...).
+    #[serde(default)]
+    pub facts: BTreeMap<String, serde_json::Value>,
+}
+
+/// Who made the result: eptwin version, git commit, and (hardware runs) when.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Provenance {
+    pub version: String,
+    pub git_commit: String,
+    /// Wall-clock time of a hardware run (RFC 3339). Absent for simulator runs, whose results
+    /// must be byte-identical across machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobResult {
+    pub name: String,
+    /// "intranode" | "internode" | "low-latency" | "traffic".
+    pub kind: String,
+    pub ranks: u32,
+    pub sl: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vl: Option<u8>,
+    /// Workload knobs (tokens_per_rank, hidden, topk, experts, bytes_per_rank, ...).
+    #[serde(default)]
+    pub facts: BTreeMap<String, serde_json::Value>,
+    pub ops: Vec<OpResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpResult {
+    pub op: String,
+    pub summary: Summary,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<ReferenceComparison>,
+    pub samples: Vec<SampleRecord>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Stats {
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stats {
+    /// Nearest-rank percentiles over the samples (empty ⇒ zeros).
+    pub fn of(values: &[f64]) -> Stats {
+        if values.is_empty() {
+            return Stats::default();
+        }
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+            sorted[rank.clamp(1, sorted.len()) - 1]
+        };
+        Stats {
+            mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
+            p50: pct(50.0),
+            p99: pct(99.0),
+            min: sorted[0],
+            max: sorted[sorted.len() - 1],
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub latency_us: Stats,
+    /// Logical bandwidth exactly as DeepEP's tests compute it (bytes they count per rank ÷ mean
+    /// latency): the "bottleneck" column; `logical_bw_label` says which.
+    pub logical_bw_gbps: f64,
+    #[serde(default)]
+    pub logical_bw_label: String,
+    /// Logical bytes per rank behind `logical_bw_gbps`.
+    #[serde(default)]
+    pub logical_bytes_per_rank: f64,
+    /// Mean per op over all ranks: payload bytes through NICs, bytes over NVLink, wire bytes.
+    pub rdma_bytes: u64,
+    pub nvlink_bytes: u64,
+    #[serde(default)]
+    pub wire_bytes: u64,
+    /// Mean time of named phases (hook mode send/recv, notify), microseconds.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases_us: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub checks: Vec<String>,
+    /// Number of samples whose correctness checks failed (nccl-tests' `#wrong`).
+    #[serde(default)]
+    pub wrong: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReferenceComparison {
+    pub source: String,
+    pub tolerance_pct: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_bw_gbps: Option<f64>,
+    /// (this backend − reference) / reference, percent, on latency (bandwidth when no latency).
+    pub error_pct: f64,
+    pub within_tolerance: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleRecord {
+    pub iteration: u32,
+    pub latency_us: f64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases_us: BTreeMap<String, f64>,
+}
+
+impl RunResult {
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).expect("results serialise");
+        text.push('\n');
+        text
+    }
+
+    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    pub fn job(&self, name: &str) -> Option<&JobResult> {
+        self.jobs.iter().find(|j| j.name == name)
+    }
+
+    /// The backend kind string ("sim", "hw").
+    pub fn backend_kind(&self) -> &str {
+        self.backend.get("kind").and_then(|v| v.as_str()).unwrap_or("?")
+    }
+}
+
+impl JobResult {
+    pub fn op(&self, op: &str) -> Option<&OpResult> {
+        self.ops.iter().find(|o| o.op == op)
+    }
+}
+
+/// The file a result goes to: `DIR/<scenario name>.json` (with a backend suffix when asked,
+/// for `compare`, which keeps both).
+pub fn result_path(dir: &Path, scenario_name: &str, suffix: Option<&str>) -> PathBuf {
+    match suffix {
+        Some(s) => dir.join(format!("{scenario_name}.{s}.json")),
+        None => dir.join(format!("{scenario_name}.json")),
+    }
+}
+
+/// Write `text` to `path` atomically: a temporary file in the same directory, then rename.
+pub fn write_atomic(path: &Path, text: &str) -> Result<(), EngineError> {
+    let err = |message: String| EngineError::ResultWrite { path: path.to_path_buf(), message };
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("result");
+    let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
+    {
+        let mut file = std::fs::File::create(&tmp).map_err(|e| err(e.to_string()))?;
+        file.write_all(text.as_bytes()).map_err(|e| err(e.to_string()))?;
+        file.sync_all().map_err(|e| err(e.to_string()))?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        err(e.to_string())
+    })
+}
+
+/// Read a result file.
+pub fn read(path: &Path) -> Result<RunResult, EngineError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
+    RunResult::from_json(&text)
+        .map_err(|e| EngineError::Usage(format!("{}: not an eptwin result: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_nearest_rank() {
+        let s = Stats::of(&[5.0, 1.0, 3.0, 2.0, 4.0]);
+        assert_eq!((s.min, s.p50, s.max, s.mean), (1.0, 3.0, 5.0, 3.0));
+        assert_eq!(s.p99, 5.0);
+        assert_eq!(Stats::of(&[]).mean, 0.0);
+    }
+
+    #[test]
+    fn atomic_write_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/r.json");
+        write_atomic(&path, "one").unwrap();
+        write_atomic(&path, "two").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("sub")).unwrap().count(),
+            1,
+            "no temp files left"
+        );
+    }
+}

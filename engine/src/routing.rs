@@ -1,0 +1,284 @@
+//! Token → expert routing, generated from the scenario seed so that the simulator and the
+//! hardware move byte-identical workloads. Conventions follow DeepEP's tests (deepep.md §17).
+
+use serde::{Deserialize, Serialize};
+
+use crate::rng::Rng;
+use crate::scenario::schema::{RoutingKind, WorkloadSpec};
+use crate::topology::NUM_MAX_NVL_PEERS;
+
+/// `topk_idx` and `topk_weights` for every rank, `[rank][token][slot]` flattened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutingTable {
+    pub num_ranks: u32,
+    pub tokens_per_rank: u32,
+    pub topk: u32,
+    pub num_experts: u32,
+    /// Expert per (rank, token, slot); -1 = masked (DeepEP's LL test masks a few entries).
+    pub topk_idx: Vec<i32>,
+    /// |N(0,1)| like DeepEP's tests (`torch.randn(...).abs()`).
+    pub topk_weights: Vec<f32>,
+}
+
+impl RoutingTable {
+    #[inline]
+    fn offset(&self, rank: u32, token: u32) -> usize {
+        ((rank as usize * self.tokens_per_rank as usize) + token as usize) * self.topk as usize
+    }
+
+    /// The selected experts of one token (with -1 for masked slots).
+    #[inline]
+    pub fn experts(&self, rank: u32, token: u32) -> &[i32] {
+        let o = self.offset(rank, token);
+        &self.topk_idx[o..o + self.topk as usize]
+    }
+
+    #[inline]
+    pub fn weights(&self, rank: u32, token: u32) -> &[f32] {
+        let o = self.offset(rank, token);
+        &self.topk_weights[o..o + self.topk as usize]
+    }
+
+    pub fn experts_per_rank(&self) -> u32 {
+        self.num_experts / self.num_ranks
+    }
+
+    /// Rank owning an expert (experts are spread evenly and contiguously, as in DeepEP).
+    #[inline]
+    pub fn rank_of_expert(&self, expert: u32) -> u32 {
+        expert / self.experts_per_rank()
+    }
+
+    /// Distinct destination ranks of a token, ascending (DeepEP `is_token_in_rank`).
+    pub fn token_ranks(&self, rank: u32, token: u32, out: &mut Vec<u32>) {
+        out.clear();
+        for &e in self.experts(rank, token) {
+            if e >= 0 {
+                out.push(self.rank_of_expert(e as u32));
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+    }
+}
+
+/// Generate the routing of a workload for `num_ranks` ranks. Each rank draws from its own
+/// stream of the seed, so tables for different rank counts share no accidental structure.
+pub fn generate(workload: &WorkloadSpec, num_ranks: u32) -> RoutingTable {
+    let topk = workload.topk as usize;
+    let experts = workload.experts as usize;
+    let tokens = workload.tokens_per_rank as usize;
+    let total = num_ranks as usize * tokens * topk;
+    let mut topk_idx = vec![-1i32; total];
+    let mut topk_weights = vec![0f32; total];
+
+    // Groups for node-limited routing are DeepEP nodes (8 ranks), as test_internode.py does.
+    let num_groups = (num_ranks / NUM_MAX_NVL_PEERS).max(1) as usize;
+    let group_width = experts / num_groups;
+    let topk_groups = workload.topk_groups.unwrap_or(num_groups.min(4) as u32) as usize;
+
+    // Zipf popularity, spread over the expert ids by a seeded permutation so that hot experts
+    // do not all live on rank 0.
+    let zipf_inv_weight: Vec<f64> = if workload.routing == RoutingKind::Zipf {
+        let skew = workload.skew.unwrap_or(1.0);
+        let mut perm: Vec<usize> = (0..experts).collect();
+        let mut rng = Rng::new(workload.seed, u64::MAX);
+        for i in (1..experts).rev() {
+            perm.swap(i, rng.below(i as u32 + 1) as usize);
+        }
+        let mut inv = vec![0.0; experts];
+        for (popularity_rank, &e) in perm.iter().enumerate() {
+            inv[e] = ((popularity_rank + 1) as f64).powf(skew); // 1 / weight
+        }
+        inv
+    } else {
+        Vec::new()
+    };
+
+    let mut scores = vec![0f64; experts];
+    let mut order: Vec<u32> = (0..experts as u32).collect();
+    let mut group_scores = vec![0f64; num_groups];
+    let mut group_order: Vec<u32> = (0..num_groups as u32).collect();
+    let mut swaps: Vec<usize> = Vec::with_capacity(topk);
+
+    for rank in 0..num_ranks as usize {
+        let mut rng = Rng::new(workload.seed, rank as u64);
+        for token in 0..tokens {
+            let base = (rank * tokens + token) * topk;
+            let slots = &mut topk_idx[base..base + topk];
+            match workload.routing {
+                RoutingKind::Uniform => {
+                    // Top-k of i.i.d. scores = a uniformly random ordered k-subset: partial
+                    // Fisher-Yates, undone afterwards so `order` stays the identity.
+                    swaps.clear();
+                    for (k, slot) in slots.iter_mut().enumerate() {
+                        let j = k + rng.below((experts - k) as u32) as usize;
+                        order.swap(k, j);
+                        swaps.push(j);
+                        *slot = order[k] as i32;
+                    }
+                    for (k, &j) in swaps.iter().enumerate().rev() {
+                        order.swap(k, j);
+                    }
+                }
+                RoutingKind::NodeLimited => {
+                    for s in scores.iter_mut() {
+                        *s = rng.next_f64();
+                    }
+                    for (g, gs) in group_scores.iter_mut().enumerate() {
+                        *gs = scores[g * group_width..(g + 1) * group_width]
+                            .iter()
+                            .fold(f64::MIN, |a, &b| a.max(b));
+                    }
+                    top_indices(&group_scores, &mut group_order, topk_groups);
+                    for g in 0..num_groups {
+                        let keep = group_order[..topk_groups].contains(&(g as u32));
+                        if !keep {
+                            for s in &mut scores[g * group_width..(g + 1) * group_width] {
+                                *s = -1.0;
+                            }
+                        }
+                    }
+                    top_indices(&scores, &mut order, topk);
+                    for (k, slot) in slots.iter_mut().enumerate() {
+                        *slot = order[k] as i32;
+                    }
+                }
+                RoutingKind::Zipf => {
+                    // Efraimidis-Spirakis: top-k of ln(U) / w is weighted sampling without
+                    // replacement.
+                    for (e, s) in scores.iter_mut().enumerate() {
+                        *s = rng.next_f64_open0().ln() * zipf_inv_weight[e];
+                    }
+                    top_indices(&scores, &mut order, topk);
+                    for (k, slot) in slots.iter_mut().enumerate() {
+                        *slot = order[k] as i32;
+                    }
+                }
+            }
+            for w in &mut topk_weights[base..base + topk] {
+                *w = rng.normal().abs() as f32;
+            }
+        }
+        // DeepEP's LL test: `topk_idx[randint(T), randint(k)] = -1`, repeated (with replacement).
+        for _ in 0..workload.masked_selections {
+            let t = rng.below(tokens as u32) as usize;
+            let k = rng.below(topk as u32) as usize;
+            topk_idx[(rank * tokens + t) * topk + k] = -1;
+        }
+    }
+
+    RoutingTable {
+        num_ranks,
+        tokens_per_rank: workload.tokens_per_rank,
+        topk: workload.topk,
+        num_experts: workload.experts,
+        topk_idx,
+        topk_weights,
+    }
+}
+
+/// Put the indices of the `k` largest values first in `order` (descending; ties by index).
+fn top_indices(values: &[f64], order: &mut [u32], k: usize) {
+    for (i, o) in order.iter_mut().enumerate() {
+        *o = i as u32;
+    }
+    let cmp = |a: &u32, b: &u32| values[*b as usize].total_cmp(&values[*a as usize]).then(a.cmp(b));
+    if k < order.len() {
+        order.select_nth_unstable_by(k, cmp);
+    }
+    order[..k.min(values.len())].sort_unstable_by(cmp);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(routing: RoutingKind, tokens: u32, experts: u32) -> WorkloadSpec {
+        let mut w: WorkloadSpec = toml::from_str(&format!(
+            "tokens_per_rank = {tokens}\nhidden = 7168\ntopk = 8\nexperts = {experts}"
+        ))
+        .unwrap();
+        w.routing = routing;
+        w
+    }
+
+    fn mean_distinct(table: &RoutingTable, group: u32) -> f64 {
+        let mut total = 0usize;
+        let mut seen = Vec::new();
+        for r in 0..table.num_ranks {
+            for t in 0..table.tokens_per_rank {
+                seen.clear();
+                seen.extend(
+                    table
+                        .experts(r, t)
+                        .iter()
+                        .filter(|&&e| e >= 0)
+                        .map(|&e| table.rank_of_expert(e as u32) / group),
+                );
+                seen.sort_unstable();
+                seen.dedup();
+                total += seen.len();
+            }
+        }
+        total as f64 / (table.num_ranks * table.tokens_per_rank) as f64
+    }
+
+    #[test]
+    fn selections_are_distinct_and_in_range() {
+        for kind in [RoutingKind::Uniform, RoutingKind::NodeLimited, RoutingKind::Zipf] {
+            let mut w = workload(kind, 64, 256);
+            w.skew = Some(1.2);
+            let table = generate(&w, 32);
+            for r in 0..32 {
+                for t in 0..64 {
+                    let mut e: Vec<i32> = table.experts(r, t).to_vec();
+                    assert!(e.iter().all(|&x| (0..256).contains(&x)));
+                    e.sort_unstable();
+                    e.dedup();
+                    assert_eq!(e.len(), 8, "{kind:?}: duplicate expert");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn statistics_match_the_reference_tables() {
+        // fabric.md §9: E=256, k=8 — D_G (distinct GPUs) 5.30 at EP8; test routing at EP32:
+        // distinct nodes 3.61, distinct GPUs 7.27; EP64: nodes 3.98.
+        let ep8 = generate(&workload(RoutingKind::Uniform, 4096, 256), 8);
+        assert!((mean_distinct(&ep8, 1) - 5.30).abs() < 0.03, "{}", mean_distinct(&ep8, 1));
+        let ep32 = generate(&workload(RoutingKind::NodeLimited, 512, 256), 32);
+        assert!((mean_distinct(&ep32, 8) - 3.61).abs() < 0.03, "{}", mean_distinct(&ep32, 8));
+        assert!((mean_distinct(&ep32, 1) - 7.27).abs() < 0.03, "{}", mean_distinct(&ep32, 1));
+        let ep64 = generate(&workload(RoutingKind::NodeLimited, 256, 256), 64);
+        assert!((mean_distinct(&ep64, 8) - 3.98).abs() < 0.02, "{}", mean_distinct(&ep64, 8));
+        assert!((mean_distinct(&ep64, 1) - 7.48).abs() < 0.04, "{}", mean_distinct(&ep64, 1));
+    }
+
+    #[test]
+    fn masking_and_determinism() {
+        let mut w = workload(RoutingKind::Uniform, 128, 288);
+        w.masked_selections = 10;
+        let a = generate(&w, 8);
+        let b = generate(&w, 8);
+        assert_eq!(a, b);
+        let masked = a.topk_idx[..128 * 8].iter().filter(|&&e| e < 0).count();
+        assert!((1..=10).contains(&masked));
+        w.seed = 2;
+        assert_ne!(generate(&w, 8).topk_idx, a.topk_idx);
+    }
+
+    #[test]
+    fn zipf_is_skewed() {
+        let mut w = workload(RoutingKind::Zipf, 2048, 64);
+        w.skew = Some(1.5);
+        let t = generate(&w, 8);
+        let mut counts = vec![0u32; 64];
+        for &e in &t.topk_idx {
+            counts[e as usize] += 1;
+        }
+        counts.sort_unstable();
+        assert!(counts[63] > 4 * counts[32], "hottest expert far above the median: {counts:?}");
+    }
+}

@@ -1,0 +1,238 @@
+//! The one run loop: drives any [`Transport`] through warmup and iterations, checks, and
+//! builds the result document.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+use crate::deepep::config::EpMode;
+use crate::error::EngineError;
+use crate::plan::{JobKind, JobPlan, Plan};
+use crate::result::{
+    JobResult, OpResult, Provenance, RESULT_SCHEMA, ReferenceComparison, RunResult, SampleRecord,
+    ScenarioRef, Stats, Summary, Verdict,
+};
+use crate::scenario::schema::OpKind;
+use crate::transport::{OpOutcome, OpSample, OpSpec, StreamSpec, Transport, TransportError};
+
+/// Run `plan` on `transport`. Transport failures become a `failed` result (with the error's
+/// coordinates) and unsupported plans a `waived` one; `Err` is reserved for the caller's I/O.
+pub fn run(
+    plan: &Plan,
+    transport: &mut dyn Transport,
+    provenance: Provenance,
+) -> Result<RunResult, EngineError> {
+    let caps = transport.capabilities();
+    let mut backend = caps.identity.clone();
+    backend.insert("kind".into(), json!(caps.backend.as_str()));
+    let mut result = RunResult {
+        schema: RESULT_SCHEMA,
+        scenario: scenario_ref(plan),
+        backend,
+        eptwin: provenance,
+        verdict: Verdict::Ok,
+        waived_reason: None,
+        failures: Vec::new(),
+        advisories: plan.advisories.iter().map(|d| d.to_string()).collect(),
+        jobs: Vec::new(),
+        measurements: BTreeMap::new(),
+    };
+    if let Some(reason) = caps.waiver(plan) {
+        result.verdict = Verdict::Waived;
+        result.waived_reason = Some(reason);
+        return Ok(result);
+    }
+    let outcome = transport.prepare(plan).and_then(|()| execute_all(plan, transport));
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(TransportError::Unsupported(reason)) => {
+            result.verdict = Verdict::Waived;
+            result.waived_reason = Some(reason);
+            return Ok(result);
+        }
+        Err(e) => {
+            result.verdict = Verdict::Failed;
+            result.failures.push(e.to_string());
+            return Ok(result);
+        }
+    };
+    result.measurements = outcome.measurements.clone();
+    for job in &plan.jobs {
+        result.jobs.push(job_result(job, &outcome.samples));
+    }
+    for sample in outcome.samples.iter().filter(|s| !s.warmup) {
+        for f in &sample.failures {
+            result.failures.push(format!(
+                "job {:?} {} iteration {}: {f}",
+                plan.job(sample.job).name,
+                sample.op,
+                sample.iteration
+            ));
+        }
+    }
+    if !result.failures.is_empty() {
+        result.verdict = Verdict::Failed;
+    }
+    Ok(result)
+}
+
+fn execute_all(plan: &Plan, transport: &mut dyn Transport) -> Result<OpOutcome, TransportError> {
+    if plan.jobs.len() > 1 {
+        let streams = plan
+            .jobs
+            .iter()
+            .map(|j| StreamSpec {
+                job: j.id,
+                ops: j.ops.clone(),
+                warmup: j.warmup,
+                iterations: j.iterations,
+            })
+            .collect();
+        return transport.execute(&OpSpec::Concurrent { streams });
+    }
+    let job = &plan.jobs[0];
+    let mut all = OpOutcome::default();
+    for round in 0..job.warmup + job.iterations {
+        let warmup = round < job.warmup;
+        let iteration = if warmup { round } else { round - job.warmup };
+        for &op in &job.ops {
+            let outcome = transport.execute(&OpSpec::Op { job: job.id, op, iteration, warmup })?;
+            all.samples.extend(outcome.samples);
+            all.measurements.extend(outcome.measurements);
+        }
+    }
+    Ok(all)
+}
+
+fn scenario_ref(plan: &Plan) -> ScenarioRef {
+    let t = &plan.topology;
+    let facts = BTreeMap::from([
+        ("profile".to_string(), json!(plan.profile.name)),
+        ("gpu".to_string(), json!(plan.profile.gpu.name)),
+        ("nodes".to_string(), json!(t.nodes)),
+        ("gpus_per_node".to_string(), json!(t.gpus_per_node)),
+        ("ranks_per_gpu".to_string(), json!(t.ranks_per_gpu)),
+        ("nvlink".to_string(), json!(t.nvlink.to_string())),
+        ("fabric".to_string(), json!(format!("{:?}", plan.qos.kind).to_lowercase())),
+    ]);
+    ScenarioRef {
+        name: plan.scenario.name.clone(),
+        sha256: plan.scenario_sha256.clone(),
+        file: plan.scenario_file.clone(),
+        description: plan.scenario.description.clone(),
+        facts,
+    }
+}
+
+pub fn job_kind_name(job: &JobPlan) -> &'static str {
+    match &job.kind {
+        JobKind::DeepEp(d) => match d.mode {
+            EpMode::Intranode => "intranode",
+            EpMode::Internode => "internode",
+            EpMode::LowLatency => "low-latency",
+        },
+        JobKind::Traffic(_) => "traffic",
+    }
+}
+
+fn job_result(job: &JobPlan, samples: &[OpSample]) -> JobResult {
+    let mut ops = Vec::new();
+    let mut seen = BTreeSet::new();
+    for &op in &job.ops {
+        if !seen.insert(op) {
+            continue;
+        }
+        let mine: Vec<&OpSample> =
+            samples.iter().filter(|s| s.job == job.id && s.op == op && !s.warmup).collect();
+        ops.push(op_result(job, op, &mine));
+    }
+    JobResult {
+        name: job.name.clone(),
+        kind: job_kind_name(job).to_string(),
+        ranks: job.num_ranks(),
+        sl: job.sl.0,
+        vl: job.vl.map(|v| v.0),
+        facts: job_facts(job),
+        ops,
+    }
+}
+
+fn op_result(job: &JobPlan, op: OpKind, samples: &[&OpSample]) -> OpResult {
+    let latencies_us: Vec<f64> = samples.iter().map(|s| s.latency_ns / 1e3).collect();
+    let latency_us = Stats::of(&latencies_us);
+    let count = samples.len().max(1) as f64;
+    let mean_u64 = |f: fn(&OpSample) -> u64| {
+        (samples.iter().map(|s| f(s) as f64).sum::<f64>() / count).round() as u64
+    };
+    let mut phase_sums: BTreeMap<String, (f64, u32)> = BTreeMap::new();
+    for s in samples {
+        for p in &s.phases {
+            let e = phase_sums.entry(p.name.clone()).or_default();
+            e.0 += p.latency_ns / 1e3;
+            e.1 += 1;
+        }
+    }
+    let checks: BTreeSet<String> = samples.iter().flat_map(|s| s.checks.iter().cloned()).collect();
+    let logical_bytes = job.logical_bytes_per_rank(op);
+    let logical_bw_gbps =
+        if latency_us.mean > 0.0 { logical_bytes / (latency_us.mean * 1e3) } else { 0.0 };
+    let summary = Summary {
+        latency_us,
+        logical_bw_gbps,
+        logical_bw_label: job.logical_bw_label().to_string(),
+        logical_bytes_per_rank: logical_bytes,
+        rdma_bytes: mean_u64(|s| s.rdma_bytes),
+        nvlink_bytes: mean_u64(|s| s.nvlink_bytes),
+        wire_bytes: mean_u64(|s| s.wire_bytes),
+        phases_us: phase_sums.into_iter().map(|(k, (sum, n))| (k, sum / n as f64)).collect(),
+        checks: checks.into_iter().collect(),
+        wrong: samples.iter().filter(|s| !s.failures.is_empty()).count() as u32,
+    };
+    let reference = job.reference.as_ref().and_then(|r| {
+        let published = r.ops.get(&op)?;
+        let error_pct = match (published.latency_us, published.logical_bw_gbps) {
+            (Some(lat), _) => (summary.latency_us.mean - lat) / lat * 100.0,
+            (None, Some(bw)) => (summary.logical_bw_gbps - bw) / bw * 100.0,
+            (None, None) => return None,
+        };
+        Some(ReferenceComparison {
+            source: r.source.clone(),
+            tolerance_pct: r.tolerance_pct,
+            latency_us: published.latency_us,
+            logical_bw_gbps: published.logical_bw_gbps,
+            error_pct,
+            within_tolerance: error_pct.abs() <= r.tolerance_pct,
+        })
+    });
+    OpResult {
+        op: op.to_string(),
+        summary,
+        reference,
+        samples: samples
+            .iter()
+            .map(|s| SampleRecord {
+                iteration: s.iteration,
+                latency_us: s.latency_ns / 1e3,
+                phases_us: s.phases.iter().map(|p| (p.name.clone(), p.latency_ns / 1e3)).collect(),
+            })
+            .collect(),
+    }
+}
+
+/// Facts about a job for tables and reports (tokens, hidden, ...), from the plan.
+pub fn job_facts(job: &JobPlan) -> BTreeMap<String, Value> {
+    match &job.kind {
+        JobKind::DeepEp(d) => BTreeMap::from([
+            ("tokens_per_rank".into(), json!(d.workload.tokens_per_rank)),
+            ("hidden".into(), json!(d.workload.hidden)),
+            ("topk".into(), json!(d.workload.topk)),
+            ("experts".into(), json!(d.workload.experts)),
+        ]),
+        JobKind::Traffic(t) => {
+            BTreeMap::from([("bytes_per_rank".into(), json!(t.bytes_per_rank.bytes()))])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

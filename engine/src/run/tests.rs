@@ -1,0 +1,156 @@
+//! The run loop against a fake transport (the in-memory "pair" of quinn's tests).
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::transport::{BackendKind, Capabilities, PhaseTime};
+
+const SCENARIO: &str = r#"
+schema = 1
+name = "fake-ll"
+[cluster]
+profile = "h800-cx7"
+nodes = 1
+[[job]]
+name = "decode"
+[job.buffer]
+low_latency_mode = true
+num_rdma_bytes = "2GiB"
+num_qps_per_rank = 32
+[job.workload]
+tokens_per_rank = 128
+hidden = 7168
+topk = 8
+experts = 256
+warmup = 2
+iterations = 4
+[job.reference]
+source = "made up"
+tolerance_pct = 10
+ops.dispatch = { latency_us = 100.0 }
+"#;
+
+/// Latency = 100 us + 10 us × iteration for dispatch, 200 us for combine; can fail or refuse.
+struct Fake {
+    prepared: bool,
+    executed: Vec<OpSpec>,
+    fail_iteration: Option<u32>,
+    unavailable: Option<String>,
+    error: Option<TransportError>,
+}
+
+impl Fake {
+    fn new() -> Self {
+        Fake {
+            prepared: false,
+            executed: Vec::new(),
+            fail_iteration: None,
+            unavailable: None,
+            error: None,
+        }
+    }
+}
+
+impl Transport for Fake {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: BackendKind::Fake,
+            identity: BTreeMap::from([("version".into(), json!("0"))]),
+            unavailable: self.unavailable.clone(),
+            modes: vec![EpMode::LowLatency, EpMode::Intranode],
+            traffic: true,
+            concurrent_jobs: true,
+            max_ranks: None,
+            rdma: true,
+        }
+    }
+    fn prepare(&mut self, _plan: &Plan) -> Result<(), TransportError> {
+        self.prepared = true;
+        Ok(())
+    }
+    fn execute(&mut self, op: &OpSpec) -> Result<OpOutcome, TransportError> {
+        assert!(self.prepared, "execute before prepare");
+        if let Some(e) = self.error.clone() {
+            return Err(e);
+        }
+        self.executed.push(op.clone());
+        let OpSpec::Op { job, op, iteration, warmup } = *op else { panic!("single job") };
+        let latency_ns = match op {
+            OpKind::Dispatch => 100_000.0 + 10_000.0 * iteration as f64,
+            _ => 200_000.0,
+        };
+        let mut s = OpSample::new(job, op, iteration, warmup, latency_ns);
+        s.nvlink_bytes = 1000;
+        s.checks.push("fake-check".into());
+        s.phases.push(PhaseTime { name: "send".into(), latency_ns: latency_ns / 2.0 });
+        if Some(iteration) == self.fail_iteration && !warmup {
+            s.failures.push("rank 3 received row 7 from rank 2, expected rank 1".into());
+        }
+        Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() })
+    }
+}
+
+fn plan() -> Plan {
+    Plan::build(&crate::parse("fake.toml", SCENARIO).unwrap()).unwrap()
+}
+
+#[test]
+fn warmup_is_discarded_and_summaries_follow_samples() {
+    let plan = plan();
+    let mut fake = Fake::new();
+    let result = run(&plan, &mut fake, Provenance::default()).unwrap();
+    // 2 warmup + 4 iterations, 2 ops each.
+    assert_eq!(fake.executed.len(), 12);
+    assert_eq!(result.verdict, crate::result::Verdict::Ok);
+    let dispatch = result.jobs[0].op("dispatch").unwrap();
+    assert_eq!(dispatch.samples.len(), 4);
+    assert_eq!(dispatch.summary.latency_us.min, 100.0);
+    assert_eq!(dispatch.summary.latency_us.max, 130.0);
+    assert_eq!(dispatch.summary.latency_us.mean, 115.0);
+    assert_eq!(dispatch.summary.phases_us["send"], 57.5);
+    assert_eq!(dispatch.summary.logical_bw_label, "RDMA");
+    // LL dispatch counts valid selections × 7,408 B per rank: 128 × 8 × 7408 / 115 us.
+    let expected_bw = 128.0 * 8.0 * 7408.0 / 115_000.0;
+    assert!((dispatch.summary.logical_bw_gbps - expected_bw).abs() < 1e-9);
+    let reference = dispatch.reference.as_ref().unwrap();
+    assert!((reference.error_pct - 15.0).abs() < 1e-9);
+    assert!(!reference.within_tolerance);
+    assert_eq!(result.backend["kind"], "fake");
+    // The document round-trips through JSON.
+    assert_eq!(crate::result::RunResult::from_json(&result.to_json()).unwrap(), result);
+    let table = crate::table::render(&result);
+    assert!(table.contains("dispatch") && table.contains("OUT OF TOLERANCE"), "{table}");
+}
+
+#[test]
+fn failed_checks_fail_the_verdict_with_coordinates() {
+    let plan = plan();
+    let mut fake = Fake::new();
+    fake.fail_iteration = Some(2);
+    let result = run(&plan, &mut fake, Provenance::default()).unwrap();
+    assert_eq!(result.verdict, crate::result::Verdict::Failed);
+    assert_eq!(result.verdict.exit_code(), 1);
+    assert!(result.failures[0].contains("iteration 2") && result.failures[0].contains("rank 3"));
+    assert_eq!(result.jobs[0].op("dispatch").unwrap().summary.wrong, 1);
+}
+
+#[test]
+fn unavailable_backends_waive_and_errors_fail() {
+    let plan = plan();
+    let mut fake = Fake::new();
+    fake.unavailable = Some("no GPU: libcuda.so not found".into());
+    let result = run(&plan, &mut fake, Provenance::default()).unwrap();
+    assert_eq!(result.verdict.exit_code(), 77);
+    assert_eq!(result.waived_reason.as_deref(), Some("no GPU: libcuda.so not found"));
+    assert!(fake.executed.is_empty());
+
+    let mut fake = Fake::new();
+    fake.error = Some(TransportError::Unsupported("kernel needs sm_90".into()));
+    assert_eq!(run(&plan, &mut fake, Provenance::default()).unwrap().verdict.exit_code(), 77);
+
+    let mut fake = Fake::new();
+    fake.error = Some(TransportError::Timeout("rank 5 waited for expert 17 count".into()));
+    let result = run(&plan, &mut fake, Provenance::default()).unwrap();
+    assert_eq!(result.verdict.exit_code(), 1);
+    assert!(result.failures[0].contains("expert 17"));
+}

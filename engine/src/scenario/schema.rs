@@ -1,0 +1,468 @@
+//! Scenario format v1: the serde structs of a scenario file. Every table denies unknown keys.
+//! `docs/scenario.md` documents each key; keep the two in step.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::units::ByteSize;
+
+/// The only schema version this build reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub schema: u32,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub cluster: ClusterSpec,
+    #[serde(rename = "job")]
+    pub jobs: Vec<JobSpec>,
+}
+
+/// `[cluster]`: a bundled hardware profile plus overrides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Name of a bundled hardware profile (`eptwin validate --list-profiles` lists them).
+    pub profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_node: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink: Option<NvlinkKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain_gpus: Option<u32>,
+    /// Several ranks share one physical GPU; their NVLink traffic becomes device-local copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranks_per_gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricSpec>,
+    /// Overrides of the hardware profile's parameter tables (`[cluster.overrides.nic]`, ...),
+    /// same keys as the profile files in `engine/profiles/`.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub overrides: toml::Table,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NvlinkKind {
+    /// All GPUs of a node share one NVSwitch domain (HGX/DGX).
+    Node,
+    /// Multi-node NVLink: `nvlink_domain_gpus` consecutive GPUs form one domain (GB200 NVL72).
+    Mnnvl,
+    /// PCIe cards bridged in pairs (GPU 2k with 2k+1).
+    PciePairs,
+    /// No NVLink at all: GPU-to-GPU traffic inside a node crosses PCIe.
+    None,
+}
+
+impl fmt::Display for NvlinkKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NvlinkKind::Node => "node",
+            NvlinkKind::Mnnvl => "mnnvl",
+            NvlinkKind::PciePairs => "pcie-pairs",
+            NvlinkKind::None => "none",
+        })
+    }
+}
+
+/// `[cluster.fabric]`: every key overrides the profile's fabric defaults.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<FabricKind>,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// Operational data VLs: 1, 2, 4, 8 or 15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_vls: Option<u8>,
+    /// 16 entries, index = SL, value = VL (OpenSM `qos_sl2vl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sl2vl: Option<Vec<u8>>,
+    /// OpenSM `qos_vlarb_high` syntax: `"vl:weight,vl:weight"`, weights in 64-byte units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlarb_high: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlarb_low: Option<String>,
+    /// OpenSM `qos_high_limit`, 4 KiB units; 255 = unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_limit: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<FabricRouting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<FabricTopology>,
+    /// RoCE: percent of bandwidth per traffic class (ETS), 8 entries summing to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ets_tc_bw: Option<Vec<u8>>,
+    /// RoCE: traffic classes served with strict priority before the ETS classes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_tcs: Option<Vec<u8>>,
+    /// RoCE: priorities with PFC enabled (lossless), 8 entries of 0/1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pfc: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FabricKind {
+    Infiniband,
+    Roce,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FabricRouting {
+    Static,
+    Adaptive,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FabricTopology {
+    /// Every NIC on one switch.
+    SingleSwitch,
+    /// Rail-optimized two-level fat tree: NIC i of every node on leaf (rail) i, leaves to spines.
+    RailLeafSpine,
+}
+
+/// `[[job]]`: one process group = one NVSHMEM instance = one SL.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    #[serde(default)]
+    pub ranks: RankSet,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<BufferSpec>,
+    /// The environment the job is launched with (user variables; DeepEP's writes come on top).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<TrafficSpec>,
+    /// Published numbers this job is compared against (reports and the validation suite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<ReferenceSpec>,
+}
+
+/// `ranks = "all"`, a range string `"0-15"`, or a list of global ranks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RankSet {
+    Text(String),
+    List(Vec<u32>),
+}
+
+impl Default for RankSet {
+    fn default() -> Self {
+        RankSet::Text("all".to_string())
+    }
+}
+
+impl RankSet {
+    /// The ranks selected out of `0..num_ranks`, or why the text is not a rank set.
+    pub fn resolve(&self, num_ranks: u32) -> Result<Vec<u32>, String> {
+        let ranks: Vec<u32> = match self {
+            RankSet::List(list) => list.clone(),
+            RankSet::Text(text) if text.trim() == "all" => (0..num_ranks).collect(),
+            RankSet::Text(text) => {
+                let mut out = Vec::new();
+                for part in text.split(',').map(str::trim) {
+                    let parse = |s: &str| {
+                        s.trim().parse::<u32>().map_err(|_| {
+                            format!("expected \"all\", a list of ranks, or ranges like \"0-7,16-23\"; found {text:?}")
+                        })
+                    };
+                    match part.split_once('-') {
+                        Some((lo, hi)) => {
+                            let (lo, hi) = (parse(lo)?, parse(hi)?);
+                            if lo > hi {
+                                return Err(format!("empty rank range {part:?}"));
+                            }
+                            out.extend(lo..=hi);
+                        }
+                        None => out.push(parse(part)?),
+                    }
+                }
+                out
+            }
+        };
+        if ranks.is_empty() {
+            return Err("the job has no ranks".into());
+        }
+        let mut sorted = ranks.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err("a rank is listed twice".into());
+        }
+        if let Some(bad) = sorted.iter().find(|&&r| r >= num_ranks) {
+            return Err(format!("rank {bad} does not exist: the cluster has {num_ranks} ranks"));
+        }
+        Ok(sorted)
+    }
+}
+
+/// `[job.buffer]`: DeepEP `Buffer(...)` arguments with DeepEP's defaults, plus `num_sms`
+/// (`Buffer.set_num_sms`) and the chunk sizes of `Config`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BufferSpec {
+    #[serde(default)]
+    pub num_nvl_bytes: ByteSize,
+    #[serde(default)]
+    pub num_rdma_bytes: ByteSize,
+    #[serde(default)]
+    pub low_latency_mode: bool,
+    #[serde(default = "defaults::num_qps_per_rank")]
+    pub num_qps_per_rank: u32,
+    #[serde(default = "defaults::yes")]
+    pub allow_nvlink_for_low_latency_mode: bool,
+    #[serde(default)]
+    pub allow_mnnvl: bool,
+    #[serde(default)]
+    pub use_fabric: bool,
+    #[serde(default)]
+    pub explicitly_destroy: bool,
+    #[serde(default)]
+    pub enable_shrink: bool,
+    /// SMs for normal kernels (`Buffer.num_sms`, default 20): `num_sms / 2` channels.
+    #[serde(default = "defaults::num_sms")]
+    pub num_sms: u32,
+    /// Chunk sizes for dispatch; unset fields take DeepEP's tuned table for the rank count.
+    #[serde(default, skip_serializing_if = "ChunkConfig::is_empty")]
+    pub dispatch_config: ChunkConfig,
+    #[serde(default, skip_serializing_if = "ChunkConfig::is_empty")]
+    pub combine_config: ChunkConfig,
+}
+
+impl Default for BufferSpec {
+    fn default() -> Self {
+        toml::from_str("").expect("every buffer key has a default")
+    }
+}
+
+/// The four chunk sizes of DeepEP's `Config` (tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_max_nvl_chunked_send_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_max_nvl_chunked_recv_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_max_rdma_chunked_send_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_max_rdma_chunked_recv_tokens: Option<u32>,
+}
+
+impl ChunkConfig {
+    pub fn is_empty(&self) -> bool {
+        *self == ChunkConfig::default()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dtype {
+    Fp8,
+    Bf16,
+    /// DeepEP's LogFMT combine encoding (~10 bits per element + per-128-channel metadata).
+    Logfmt,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RoutingKind {
+    /// i.i.d. scores, top-k over all experts.
+    Uniform,
+    /// DeepSeek-V3 / DeepEP test style: keep the `topk_groups` nodes with the highest max score.
+    NodeLimited,
+    /// Expert popularity ∝ 1/(i+1)^skew: hot experts.
+    Zipf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OpKind {
+    Dispatch,
+    Combine,
+    /// A background traffic round (`[job.traffic]`).
+    Transfer,
+    Barrier,
+}
+
+impl OpKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::Dispatch => "dispatch",
+            OpKind::Combine => "combine",
+            OpKind::Transfer => "transfer",
+            OpKind::Barrier => "barrier",
+        }
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `[job.workload]`: the MoE layer the job dispatches and combines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    pub tokens_per_rank: u32,
+    /// Low-latency buffer capacity T (`num_max_dispatch_tokens_per_rank`); defaults to
+    /// `tokens_per_rank`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_max_dispatch_tokens_per_rank: Option<u32>,
+    pub hidden: u32,
+    pub topk: u32,
+    pub experts: u32,
+    #[serde(default = "defaults::fp8")]
+    pub dispatch_dtype: Dtype,
+    #[serde(default = "defaults::bf16")]
+    pub combine_dtype: Dtype,
+    #[serde(default = "defaults::uniform")]
+    pub routing: RoutingKind,
+    /// Nodes a token may reach under `routing = "node-limited"` (DeepEP test: min(nodes, 4)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topk_groups: Option<u32>,
+    /// Zipf exponent under `routing = "zipf"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skew: Option<f64>,
+    /// (token, slot) entries masked to -1 per rank, as DeepEP's low-latency test does (~10).
+    #[serde(default)]
+    pub masked_selections: u32,
+    #[serde(default = "defaults::seed")]
+    pub seed: u64,
+    #[serde(default = "defaults::warmup")]
+    pub warmup: u32,
+    #[serde(default = "defaults::iterations")]
+    pub iterations: u32,
+    #[serde(default = "defaults::ops")]
+    pub ops: Vec<OpKind>,
+    /// Low-latency hook mode (`return_recv_hook=True`): send and receive phases timed apart.
+    #[serde(default)]
+    pub hook: bool,
+}
+
+impl WorkloadSpec {
+    pub fn max_dispatch_tokens_per_rank(&self) -> u32 {
+        self.num_max_dispatch_tokens_per_rank.unwrap_or(self.tokens_per_rank)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrafficPattern {
+    /// Every rank sends `bytes_per_rank / (n - 1)` to every other rank.
+    AllToAll,
+    /// Rank i sends `bytes_per_rank` to rank i+1.
+    Ring,
+    /// Every rank but the target sends `bytes_per_rank` to `incast_target`.
+    Incast,
+}
+
+/// `[job.traffic]`: a background job that loads the fabric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrafficSpec {
+    pub pattern: TrafficPattern,
+    pub bytes_per_rank: ByteSize,
+    /// Largest RDMA write per work request; bigger messages are split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_bytes: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incast_target: Option<u32>,
+    /// Queue pairs per peer the traffic is spread over.
+    #[serde(default = "defaults::one")]
+    pub qps_per_peer: u32,
+    #[serde(default = "defaults::transfer_ops")]
+    pub ops: Vec<OpKind>,
+    #[serde(default = "defaults::traffic_warmup")]
+    pub warmup: u32,
+    #[serde(default = "defaults::iterations")]
+    pub iterations: u32,
+    /// Skip NVLink for peers in the same domain (true: everything crosses the NIC).
+    #[serde(default)]
+    pub rdma_only: bool,
+}
+
+/// `[job.reference]`: a published measurement for this configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceSpec {
+    /// Where the numbers come from (document, commit, table).
+    pub source: String,
+    /// Allowed relative deviation of the simulator, percent.
+    #[serde(default = "defaults::tolerance_pct")]
+    pub tolerance_pct: f64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ops: BTreeMap<OpKind, ReferenceOp>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceOp {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_bw_gbps: Option<f64>,
+}
+
+mod defaults {
+    use super::*;
+    pub fn num_qps_per_rank() -> u32 {
+        24 // buffer.py default since PR #263
+    }
+    pub fn num_sms() -> u32 {
+        20 // Buffer.num_sms class attribute
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn one() -> u32 {
+        1
+    }
+    pub fn fp8() -> Dtype {
+        Dtype::Fp8
+    }
+    pub fn bf16() -> Dtype {
+        Dtype::Bf16
+    }
+    pub fn uniform() -> RoutingKind {
+        RoutingKind::Uniform
+    }
+    pub fn seed() -> u64 {
+        1
+    }
+    pub fn warmup() -> u32 {
+        5
+    }
+    pub fn traffic_warmup() -> u32 {
+        1
+    }
+    pub fn iterations() -> u32 {
+        20
+    }
+    pub fn ops() -> Vec<OpKind> {
+        vec![OpKind::Dispatch, OpKind::Combine]
+    }
+    pub fn transfer_ops() -> Vec<OpKind> {
+        vec![OpKind::Transfer]
+    }
+    pub fn tolerance_pct() -> f64 {
+        10.0
+    }
+}

@@ -1,0 +1,146 @@
+//! Where each key of a scenario file stands, so every diagnostic can name `file:line:col`.
+//!
+//! The scenario structs stay plain serde types; positions come from a second, span-keeping parse
+//! (`toml::de::DeTable`) indexed by key path (`job[1].buffer.num_qps_per_rank`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+
+use toml::de::{DeTable, DeValue};
+
+/// A position in a scenario file, 1-based line and column (columns count characters).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Location {
+    pub file: String,
+    pub line: usize,
+    pub col: usize,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.col)
+    }
+}
+
+/// Key paths of one scenario text and the byte ranges of their keys.
+#[derive(Debug, Clone, Default)]
+pub struct SourceMap {
+    file: String,
+    text: String,
+    key_spans: BTreeMap<String, Range<usize>>,
+}
+
+impl SourceMap {
+    /// Index `text`. A text that does not parse gets an empty index (positions then come from
+    /// the parse error itself).
+    pub fn new(file: impl Into<String>, text: impl Into<String>) -> Self {
+        let text = text.into();
+        let mut key_spans = BTreeMap::new();
+        if let Ok(root) = DeTable::parse(&text) {
+            index_table(root.get_ref(), "", &mut key_spans);
+        }
+        SourceMap { file: file.into(), text, key_spans }
+    }
+
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The location of `path`, or of its nearest ancestor that is written in the file (a key
+    /// that takes its default points at its table). The file's start when nothing matches.
+    pub fn locate(&self, path: &str) -> Location {
+        let mut probe = path.to_string();
+        loop {
+            if let Some(span) = self.key_spans.get(&probe) {
+                return self.location_of(span.start);
+            }
+            match parent_path(&probe) {
+                Some(parent) => probe = parent,
+                None => return self.location_of(0),
+            }
+        }
+    }
+
+    /// Line and column of a byte offset.
+    pub fn location_of(&self, offset: usize) -> Location {
+        let offset = offset.min(self.text.len());
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let col = self.text[line_start..offset].chars().count() + 1;
+        Location { file: self.file.clone(), line, col }
+    }
+
+    /// Whether the file writes this key (as opposed to taking a default).
+    pub fn has(&self, path: &str) -> bool {
+        self.key_spans.contains_key(path)
+    }
+}
+
+fn parent_path(path: &str) -> Option<String> {
+    if path.is_empty() {
+        return None;
+    }
+    if path.ends_with(']') {
+        return path.rfind('[').map(|i| path[..i].to_string());
+    }
+    Some(path.rfind('.').map_or(String::new(), |i| path[..i].to_string()))
+}
+
+fn index_table(table: &DeTable<'_>, prefix: &str, out: &mut BTreeMap<String, Range<usize>>) {
+    for (key, value) in table.iter() {
+        let path = if prefix.is_empty() {
+            key.get_ref().to_string()
+        } else {
+            format!("{prefix}.{}", key.get_ref())
+        };
+        out.insert(path.clone(), key.span());
+        index_value(value.get_ref(), &path, value.span(), out);
+    }
+}
+
+fn index_value(
+    value: &DeValue<'_>,
+    path: &str,
+    span: Range<usize>,
+    out: &mut BTreeMap<String, Range<usize>>,
+) {
+    match value {
+        DeValue::Table(table) => index_table(table, path, out),
+        DeValue::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let item_path = format!("{path}[{i}]");
+                // Array-of-tables items have no key of their own: point at the item.
+                let item_span = if item.span().is_empty() { span.clone() } else { item.span() };
+                out.insert(item_path.clone(), item_span.clone());
+                index_value(item.get_ref(), &item_path, item_span, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "schema = 1\nname = \"x\"\n\n[cluster]\nprofile = \"h800-cx7\"\n\n[[job]]\nname = \"a\"\n[job.buffer]\nnum_sms = 21\n\n[[job]]\nname = \"b\"\n";
+
+    #[test]
+    fn locates_keys_and_falls_back_to_tables() {
+        let map = SourceMap::new("s.toml", TEXT);
+        assert_eq!(map.locate("cluster.profile").to_string(), "s.toml:5:1");
+        assert_eq!(map.locate("job[0].buffer.num_sms").to_string(), "s.toml:10:1");
+        // Not written: falls back to the table header's key.
+        let loc = map.locate("job[0].buffer.num_qps_per_rank");
+        assert_eq!(loc.line, 9);
+        let loc = map.locate("job[1].name");
+        assert_eq!(loc.line, 13);
+        assert_eq!(map.locate("nothing.here").line, 1);
+    }
+}

@@ -1,0 +1,105 @@
+//! The human table `eptwin run` prints, in the shape nccl-tests users already read.
+
+use std::fmt::Write;
+
+use crate::result::{RunResult, Verdict};
+
+/// Render one result as a table (stdout); one line per (job, op).
+pub fn render(result: &RunResult) -> String {
+    let mut out = String::new();
+    let backend = result.backend_kind();
+    let detail = match backend {
+        "sim" => format!(
+            "simulator {} seed {}",
+            result.backend.get("version").and_then(|v| v.as_str()).unwrap_or("?"),
+            result.backend.get("seed").map(|v| v.to_string()).unwrap_or_else(|| "?".into())
+        ),
+        _ => {
+            result.backend.get("gpus").map(|g| g.to_string()).unwrap_or_else(|| backend.to_string())
+        }
+    };
+    let _ = writeln!(out, "# eptwin: {} on {backend} ({detail})", result.scenario.name);
+    if result.verdict == Verdict::Waived {
+        let _ = writeln!(
+            out,
+            "#  Waived: {}",
+            result.waived_reason.as_deref().unwrap_or("not available here")
+        );
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "# {:<12} {:<9} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>5} {:>11} {:>11} {:>7}",
+        "job",
+        "op",
+        "ranks",
+        "mean(us)",
+        "p50(us)",
+        "p99(us)",
+        "min(us)",
+        "max(us)",
+        "bw(GB/s)",
+        "col",
+        "nvlink(MB)",
+        "rdma(MB)",
+        "#wrong"
+    );
+    for job in &result.jobs {
+        for op in &job.ops {
+            let s = &op.summary;
+            let _ = writeln!(
+                out,
+                "  {:<12} {:<9} {:>5} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>9.2} {:>5} {:>11.2} {:>11.2} {:>7}",
+                truncate(&job.name, 12),
+                op.op,
+                job.ranks,
+                s.latency_us.mean,
+                s.latency_us.p50,
+                s.latency_us.p99,
+                s.latency_us.min,
+                s.latency_us.max,
+                s.logical_bw_gbps,
+                s.logical_bw_label,
+                s.nvlink_bytes as f64 / 1e6,
+                s.rdma_bytes as f64 / 1e6,
+                s.wrong
+            );
+            for (phase, us) in &s.phases_us {
+                let _ = writeln!(out, "  {:<12} {:<9} phase {phase}: {us:.2} us", "", "");
+            }
+            if let Some(r) = &op.reference {
+                let what = match (r.latency_us, r.logical_bw_gbps) {
+                    (Some(l), _) => format!("{l:.1} us"),
+                    (None, Some(b)) => format!("{b:.1} GB/s"),
+                    _ => String::new(),
+                };
+                let _ = writeln!(
+                    out,
+                    "  {:<12} {:<9} reference {what} ({}): error {:+.1}% (tolerance ±{:.0}%) {}",
+                    "",
+                    "",
+                    r.source,
+                    r.error_pct,
+                    r.tolerance_pct,
+                    if r.within_tolerance { "ok" } else { "OUT OF TOLERANCE" }
+                );
+            }
+        }
+    }
+    for (name, value) in &result.measurements {
+        let _ = writeln!(out, "# measured {name}: {value}");
+    }
+    for f in &result.failures {
+        let _ = writeln!(out, "# FAILED: {f}");
+    }
+    let _ = writeln!(out, "# verdict: {}", result.verdict.as_str());
+    out
+}
+
+fn truncate(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        text.to_string()
+    } else {
+        text.chars().take(width - 1).chain(['~']).collect()
+    }
+}

@@ -1,0 +1,1 @@
+//! eptwin hardware backend (placeholder).

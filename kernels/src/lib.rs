@@ -1,0 +1,1 @@
+//! eptwin kernels (placeholder).

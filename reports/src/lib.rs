@@ -1,0 +1,1 @@
+//! eptwin reports (placeholder).

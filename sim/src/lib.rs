@@ -1,0 +1,1 @@
+//! eptwin simulator (placeholder until the event core lands).
