@@ -1,0 +1,105 @@
+//! Command-line definitions (DESIGN.md "Command line"; subcommands and exit codes are fixed).
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "eptwin", version, about = "Simulation-backed test harness for DeepEP-style MoE expert-parallel communication")]
+#[command(after_help = "Exit codes: 0 ok, 1 a correctness check or expectation failed, 2 bad input or usage, 77 waived (the hardware the scenario needs is not here).\nLogs go to stderr (RUST_LOG=info|debug); results to stdout.")]
+pub struct Cli {
+    /// More logging on stderr (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The deterministic discrete-event simulator (any machine).
+    Sim,
+    /// Real GPUs (CUDA through NVRTC, NVML, ibverbs); waived (77) where absent.
+    Hw,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run scenarios, print an nccl-tests-style table, write one result JSON per scenario.
+    Run {
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value = "sim")]
+        backend: BackendArg,
+        /// Directory for result files (`DIR/<scenario name>.json`).
+        #[arg(long, default_value = "out")]
+        out: PathBuf,
+        /// Print the result documents on stdout (JSON Lines) instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Simulator: write a Chrome trace-event / Perfetto trace of the run to this file
+        /// (one scenario only).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+    },
+    /// Parse and check every DeepEP/NVSHMEM/fabric rule; errors name file:line:col.
+    Validate {
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+    },
+    /// Print the `export VAR=value` lines DeepEP's `Buffer` would leave in the environment.
+    Env {
+        scenario: PathBuf,
+        #[arg(long)]
+        job: Option<String>,
+        /// Annotate each line with who set it (user, DeepEP source line, overwritten values).
+        #[arg(long)]
+        explain: bool,
+    },
+    /// NVLink connectivity check: NVML on a GPU machine, the declared topology with a scenario.
+    Topo {
+        scenario: Option<PathBuf>,
+        /// Bypass the check (eptwin's switch; DeepEP itself has none).
+        #[arg(long)]
+        disable_nvlink: bool,
+        /// Probe the real GPUs through NVML even when a scenario is given.
+        #[arg(long)]
+        hw: bool,
+    },
+    /// Run on both backends where possible and write the comparison.
+    Compare {
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+        #[arg(long, default_value = "out")]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Plots (PNG + SVG) and an index.html from result files.
+    Report {
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Parameter sweep on all cores, shardable for batch schedulers.
+    Sweep {
+        scenario: PathBuf,
+        /// KEY=V1,V2,... (several make a grid). KEY is a scenario key path such as
+        /// `job.env.NVSHMEM_QP_DEPTH` or `job[0].buffer.num_qps_per_rank`.
+        #[arg(long = "set", required = true)]
+        sets: Vec<String>,
+        /// Run only shard K of N (0-based; defaults from SLURM_ARRAY_TASK_ID/COUNT).
+        #[arg(long)]
+        shard: Option<String>,
+        #[arg(long, default_value = "out")]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value = "sim")]
+        backend: BackendArg,
+        /// Worker threads (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+}
