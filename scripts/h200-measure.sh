@@ -81,8 +81,27 @@ for s in "${scenarios[@]}"; do
 done
 
 if [[ "$mode" == full ]]; then
+    # Variants of the same scenario, to see what the flag scope and the L2 discard buy.
+    mkdir -p "$OUT/diag/sys" "$OUT/diag/keep"
+    step "diagnostic: normal 4096 with .sys-scope flags (EPTWIN_FLAG_SCOPE=sys)"
+    EPTWIN_FLAG_SCOPE=sys run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/sys"
     step "diagnostic: normal 4096 with consumed ring lines kept in L2 (EPTWIN_L2_DISCARD=0)"
-    EPTWIN_L2_DISCARD=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag"
+    EPTWIN_L2_DISCARD=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/keep"
+fi
+
+if [[ "${PROFILE:-0}" == 1 ]]; then
+    # Hardware counters of one dispatch and one combine at 4096 tokens (Nsight Compute; clocks
+    # left alone). The copy probes and NCCL are skipped to keep the profiled run short.
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    sed -e 's/^warmup = .*/warmup = 0/' -e 's/^iterations = .*/iterations = 1/' \
+        scenarios/h200-ep8-normal-4096.toml > /tmp/profile-normal-4096.toml
+    step "ncu ($ncu_bin) on intranode_dispatch and intranode_combine, 4096 tokens"
+    EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 run_step 300 "$ncu_bin" --clock-control none \
+        -k 'regex:intranode_(dispatch|combine)$' \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section LaunchStats \
+        .devbin/eptwin run /tmp/profile-normal-4096.toml --backend hw --out /tmp/profile-out > "$OUT/ncu.txt" 2>&1
+    grep -E 'intranode_|Duration|DRAM Throughput|Memory Throughput|L2 Hit|L1/TEX Hit|Warp Cycles Per Issued|Stall|Achieved Occupancy|Registers' "$OUT/ncu.txt" | head -80
 fi
 echo
 echo "== done (any step failed: $rc_all)"

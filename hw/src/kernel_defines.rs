@@ -24,28 +24,56 @@ pub fn normal_threads(num_ranks: u32, min_blocks: u32) -> u32 {
     normal_thread_candidates(num_ranks, min_blocks)[0]
 }
 
-pub fn intranode(num_ranks: u32, threads: u32, min_blocks: u32) -> Vec<(&'static str, String)> {
+/// Scope of the flags between ranks: `.gpu` when every rank of the job is on one GPU, `.sys`
+/// when peers are on other GPUs (common.cuh `FLAG_SCOPE_SYS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagScope {
+    Gpu,
+    Sys,
+}
+
+impl FlagScope {
+    pub fn define(self) -> (&'static str, String) {
+        ("FLAG_SCOPE_SYS", if self == FlagScope::Sys { "1" } else { "0" }.to_string())
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlagScope::Gpu => "gpu",
+            FlagScope::Sys => "sys",
+        }
+    }
+}
+
+pub fn intranode(
+    num_ranks: u32,
+    threads: u32,
+    min_blocks: u32,
+    scope: FlagScope,
+) -> Vec<(&'static str, String)> {
     vec![
         ("NUM_RANKS", num_ranks.to_string()),
         ("NUM_THREADS", threads.to_string()),
         ("MIN_BLOCKS", min_blocks.to_string()),
+        scope.define(),
     ]
 }
 
-pub fn low_latency(hidden: u32, threads: u32) -> Vec<(&'static str, String)> {
-    vec![("HIDDEN", hidden.to_string()), ("LL_THREADS", threads.to_string())]
+pub fn low_latency(hidden: u32, threads: u32, scope: FlagScope) -> Vec<(&'static str, String)> {
+    vec![("HIDDEN", hidden.to_string()), ("LL_THREADS", threads.to_string()), scope.define()]
 }
 
 /// Define sets that cover what the backend compiles (for the compile test).
 pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
     match id {
         ModuleId::Intranode => vec![
-            intranode(8, normal_threads(8, 2), 2),
-            intranode(8, normal_threads(8, 1), 1),
-            intranode(4, normal_threads(4, 1), 1),
-            intranode(2, normal_threads(2, 1), 1),
+            intranode(8, normal_threads(8, 2), 2, FlagScope::Gpu),
+            intranode(8, normal_threads(8, 1), 1, FlagScope::Sys),
+            intranode(4, normal_threads(4, 1), 1, FlagScope::Sys),
+            intranode(2, normal_threads(2, 1), 1, FlagScope::Gpu),
         ],
-        ModuleId::LowLatency => vec![low_latency(7168, 1024), low_latency(4096, 1024)],
+        ModuleId::LowLatency => {
+            vec![low_latency(7168, 1024, FlagScope::Gpu), low_latency(4096, 1024, FlagScope::Sys)]
+        }
         _ => vec![Vec::new()],
     }
 }

@@ -106,6 +106,43 @@ DEVICE void red_add_release_gpu(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Flags between ranks (ring tails and heads, counts, barriers) at the narrowest scope that
+// covers every rank of the job: .gpu when all ranks share one GPU (FLAG_SCOPE_SYS=0, set by
+// the host), .sys when peers sit on other GPUs. A .sys release has to drain writes to the
+// whole system and costs far more than a .gpu one.
+#ifndef FLAG_SCOPE_SYS
+#define FLAG_SCOPE_SYS 1
+#endif
+#if FLAG_SCOPE_SYS
+#define FLAG_SCOPE "sys"
+#else
+#define FLAG_SCOPE "gpu"
+#endif
+
+DEVICE int ld_acquire_flag(const int* p) {
+    int v;
+    asm volatile("ld.acquire." FLAG_SCOPE ".global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+DEVICE int ld_relaxed_flag(const int* p) {
+    int v;
+    asm volatile("ld.relaxed." FLAG_SCOPE ".global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+DEVICE void st_release_flag(int* p, int v) {
+    asm volatile("st.release." FLAG_SCOPE ".global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+DEVICE void st_relaxed_flag(int* p, int v) {
+    asm volatile("st.relaxed." FLAG_SCOPE ".global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+DEVICE void red_add_release_flag(int* p, int v) {
+    asm volatile("red.release." FLAG_SCOPE ".global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // Read-only inputs (never written during the kernel): non-coherent path, no L1 allocation.
 DEVICE int4 ld_nc_v4(const int4* p) {
     int4 v;
