@@ -89,6 +89,21 @@ if [[ "$mode" == full ]]; then
     EPTWIN_L2_DISCARD=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/keep"
 fi
 
+if [[ "${SWEEP:-0}" == 1 ]]; then
+    # Ring sizes and reducer groups of the normal kernels at 4096 tokens (variants of the
+    # scenario in /tmp; only the summary lines are kept).
+    for v in "6 12 4 8 5" "4 8 2 4 5" "6 24 4 16 5" "6 256 4 256 5" "6 12 4 8 3"; do
+        read -r ds dr cs cr gw <<< "$v"
+        f=/tmp/sweep-$ds-$dr-$cs-$cr-$gw.toml
+        sed -e '/^\[job.buffer.dispatch_config\]/,/^\[job.workload\]/{/^\[job.workload\]/!d}' \
+            scenarios/h200-ep8-normal-4096.toml > "$f"
+        sed -i "s/^\[job.workload\]/[job.buffer.dispatch_config]\nnum_max_nvl_chunked_send_tokens = $ds\nnum_max_nvl_chunked_recv_tokens = $dr\n[job.buffer.combine_config]\nnum_max_nvl_chunked_send_tokens = $cs\nnum_max_nvl_chunked_recv_tokens = $cr\n[job.workload]/" "$f"
+        step "sweep: dispatch $ds/$dr, combine $cs/$cr, $gw warps per combined token"
+        EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 EPTWIN_COMBINE_GROUP_WARPS=$gw \
+            run_step 120 .devbin/eptwin run "$f" --backend hw --out /tmp/sweep-out | grep -E '^  ep8|verdict|FAILED|rror'
+    done
+fi
+
 if [[ "${PROFILE:-0}" == 1 ]]; then
     # Hardware counters of one dispatch and one combine at 4096 tokens (Nsight Compute; clocks
     # left alone). The copy probes and NCCL are skipped to keep the profiled run short.

@@ -44,6 +44,18 @@ impl FlagScope {
     }
 }
 
+/// Warps that reduce one token together in the normal combine (intranode.cu
+/// `COMBINE_GROUP_WARPS`); `EPTWIN_COMBINE_GROUP_WARPS` overrides it for experiments.
+pub fn combine_group_warps(threads: u32) -> u32 {
+    let warps = threads / 32;
+    let wanted = std::env::var("EPTWIN_COMBINE_GROUP_WARPS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(5);
+    // At least one group beside the head-updater warp, at most 13 groups (named barriers).
+    wanted.clamp(1, warps.saturating_sub(1).max(1)).max((warps.saturating_sub(1)).div_ceil(13))
+}
+
 pub fn intranode(
     num_ranks: u32,
     threads: u32,
@@ -55,6 +67,7 @@ pub fn intranode(
         ("NUM_THREADS", threads.to_string()),
         ("MIN_BLOCKS", min_blocks.to_string()),
         scope.define(),
+        ("COMBINE_GROUP_WARPS", combine_group_warps(threads).to_string()),
     ]
 }
 
@@ -93,5 +106,10 @@ mod tests {
         }
         assert_eq!(normal_threads(8, 1), 768);
         assert_eq!(normal_threads(8, 2), 512);
+        for t in [256, 512, 768] {
+            let g = combine_group_warps(t);
+            let groups = (t / 32 - 1) / g;
+            assert!((1..=13).contains(&groups), "{t} threads: {g} warps per group");
+        }
     }
 }

@@ -26,6 +26,10 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
+// Warps that reduce one combined token together.
+#ifndef COMBINE_GROUP_WARPS
+#define COMBINE_GROUP_WARPS 5
+#endif
 
 // Per-rank pointers (host: hw/src/intranode.rs `NormalRankArgs`, same field order).
 struct NormalRankArgs {
@@ -478,96 +482,105 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
         }
     } else {
         // This rank is the tokens' source: sum the partials of every rank each token visited.
-        __shared__ volatile int warp_head[kNumWarps][NUM_RANKS];
-        __shared__ volatile int warp_retired[kNumWarps];
-        __shared__ int warp_off[kNumWarps][NUM_RANKS];
-        for (int i = thread_id; i < kNumWarps * NUM_RANKS; i += NUM_THREADS)
-            warp_head[i / NUM_RANKS][i % NUM_RANKS] = 0;
-        if (thread_id < kNumWarps) warp_retired[thread_id] = 0;
+        // Groups of kGroupWarps warps reduce one token each (DeepEP: one warp per token). Fewer
+        // tokens in flight per block keeps the partials a block waits for small enough to stay
+        // in L2 between the sender's store and this load, and each token still has hundreds of
+        // independent loads in flight.
+        constexpr int kGroupWarps = COMBINE_GROUP_WARPS;
+        constexpr int kGroups = (kNumWarps - 1) / kGroupWarps;
+        static_assert(kGroups >= 1 && kGroups <= 13, "reducer groups use named barriers 2..14");
+        // pending[g][d]: the first slot of ring d that group g still needs (its current token's
+        // slot, or the next slot a later token uses); INT_MAX once the group is done. A ring's
+        // head is the minimum over groups: exactly the first slot still needed.
+        __shared__ volatile int pending[kGroups][NUM_RANKS];
+        __shared__ int group_off[kGroups][NUM_RANKS];
+        __shared__ int group_exp[kGroups][NUM_RANKS];
+        for (int i = thread_id; i < kGroups * NUM_RANKS; i += NUM_THREADS) pending[i / NUM_RANKS][i % NUM_RANKS] = 0;
         __syncthreads();
         u8* buf = a.buffer;
         const int4* ring_x = (const int4*)(buf + p.off_x);
         const float* ring_w = (const float*)(buf + p.off_topk_weights);
+        int ts, te;
+        channel_task_range(a.num_tokens, C, channel, ts, te);
 
         if (warp == 0) {
-            // Queue-head updater: a ring's head is the slowest reducer warp's position in it.
+            // Queue-head updater.
             if (lane < NUM_RANKS) {
                 int* head_ptr = meta(buf, p.off_c_head) + channel * NUM_RANKS + lane;
                 int last_head = 0;
                 while (true) {
-                    bool retired = true;
                     int min_head = 0x7fffffff;
-                    for (int w = 1; w < kNumWarps; ++w) {
-                        if (!warp_retired[w]) {
-                            retired = false;
-                            min_head = min(min_head, warp_head[w][lane]);
-                        }
-                    }
-                    if (retired) break;
-                    if (min_head != 0x7fffffff && min_head > last_head)
-                        st_release_flag(head_ptr, last_head = min_head);
+                    for (int g = 0; g < kGroups; ++g) min_head = min(min_head, pending[g][lane]);
+                    if (min_head == 0x7fffffff) break;
+                    if (min_head > last_head) st_release_flag(head_ptr, last_head = min_head);
                 }
             }
-        } else {
-            int ts, te;
-            channel_task_range(a.num_tokens, C, channel, ts, te);
+        } else if (warp - 1 < kGroups * kGroupWarps) {
+            const int g = (warp - 1) / kGroupWarps, sub = (warp - 1) % kGroupWarps;
+            const int gthreads = kGroupWarps * 32, gtid = sub * 32 + lane;
             const int* tail_base = meta(buf, p.off_c_tail) + channel * NUM_RANKS;
-            int cached_tail = 0;  // per lane < NUM_RANKS
-            for (int t = ts + warp - 1; t < te; t += kNumWarps - 1) {
-                const int expected = lane < NUM_RANKS ? a.send_head[t * NUM_RANKS + lane] : -1;
-                if (lane < NUM_RANKS && expected >= 0 && cached_tail <= expected) {
-                    const u64 t0 = globaltimer_ns();
-                    while ((cached_tail = ld_acquire_flag(tail_base + lane)) <= expected) {
-                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
-                            record_timeout(err, WAIT_COMBINE_TAIL, rank, channel, lane, -1,
-                                           expected + 1, cached_tail);
-                            break;
+            int cached_tail = 0;  // leader warp, lane < NUM_RANKS
+            for (int t = ts + g; t < te; t += kGroups) {
+                if (sub == 0 && lane < NUM_RANKS) {
+                    const int expected = a.send_head[t * NUM_RANKS + lane];
+                    pending[g][lane] = expected >= 0 ? expected : -expected - 1;
+                    if (expected >= 0 && cached_tail <= expected) {
+                        const u64 t0 = globaltimer_ns();
+                        while ((cached_tail = ld_acquire_flag(tail_base + lane)) <= expected) {
+                            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                                record_timeout(err, WAIT_COMBINE_TAIL, rank, channel, lane, -1,
+                                               expected + 1, cached_tail);
+                                break;
+                            }
                         }
                     }
+                    group_exp[g][lane] = expected;
+                    // int4 offset of the slot in the ring area (the host checks 31 bits).
+                    group_off[g][lane] =
+                        expected >= 0 ? ((channel * NUM_RANKS + lane) * R + expected % R) * slot_int4 : -1;
                 }
-                __syncwarp();
-                // int4 offset of each rank's slot for this token in the ring area, or -1 (the
-                // host checks the area fits 31 bits). Kept in shared memory: the registers go to
-                // the loads in flight.
-                if (lane < NUM_RANKS)
-                    warp_off[warp][lane] = expected >= 0
-                        ? ((channel * NUM_RANKS + lane) * R + expected % R) * slot_int4 : -1;
-                __syncwarp();
-                // Every rank's partial of a position is loaded before any is used: up to
-                // NUM_RANKS independent 16-byte loads in flight per lane.
-                for (int i = lane; i < hidden_int4; i += 32) {
+                named_barrier(2 + g, gthreads);
+                // Slot offsets are read from shared memory where used: the registers go to the
+                // NUM_RANKS loads in flight per position.
+                const int* off = group_off[g];
+                for (int i = gtid; i < hidden_int4; i += gthreads) {
                     int4 v[NUM_RANKS];
 #pragma unroll
                     for (int j = 0; j < NUM_RANKS; ++j) {
-                        const int o = warp_off[warp][j];
+                        const int o = off[j];
                         if (o >= 0) v[j] = ld_cg_v4(ring_x + o + i);
                     }
                     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
                     for (int j = 0; j < NUM_RANKS; ++j)
-                        if (warp_off[warp][j] >= 0) accumulate_bf16x8(acc, v[j]);
+                        if (off[j] >= 0) accumulate_bf16x8(acc, v[j]);
                     st_na_v4(a.combined_x + (u64)t * hidden_int4 + i, pack_bf16x8(acc));
                 }
-                if (lane < K) {
+                if (gtid < K) {
                     float w = 0.0f;
-#pragma unroll
                     for (int j = 0; j < NUM_RANKS; ++j) {
-                        const int o = warp_off[warp][j];
-                        if (o >= 0) w += ld_cg_f32(ring_w + (o / slot_int4) * K + lane);
+                        const int o = off[j];
+                        if (o >= 0) w += ld_cg_f32(ring_w + (o / slot_int4) * K + gtid);
                     }
-                    a.combined_topk_weights[t * K + lane] = w;
+                    a.combined_topk_weights[t * K + gtid] = w;
                 }
-                __syncwarp();
+                named_barrier(2 + g, gthreads);
                 if (p.use_discard) {
+                    const int lines = (hidden_int4 * 16 + 127) / 128;
                     for (int j = 0; j < NUM_RANKS; ++j) {
-                        const int o = warp_off[warp][j];
-                        if (o >= 0) warp_discard(ring_x + o, (hidden_int4 * 16 + 127) / 128 * 128, lane);
+                        const int o = off[j];
+                        if (o >= 0)
+                            for (int l = gtid; l < lines; l += gthreads) discard_l2_line(ring_x + o + l * 8);
                     }
+                    named_barrier(2 + g, gthreads);
                 }
-                if (lane < NUM_RANKS) warp_head[warp][lane] = expected < 0 ? -expected - 1 : expected + 1;
+                // This token's slots are consumed.
+                if (sub == 0 && lane < NUM_RANKS) {
+                    const int e = group_exp[g][lane];
+                    pending[g][lane] = e >= 0 ? e + 1 : -e - 1;
+                }
             }
-            __syncwarp();
-            if (lane == 0) warp_retired[warp] = 1;
+            if (sub == 0 && lane < NUM_RANKS) pending[g][lane] = 0x7fffffff;
         }
     }
 }
