@@ -68,7 +68,14 @@ pub fn intranode(
         ("MIN_BLOCKS", min_blocks.to_string()),
         scope.define(),
         ("COMBINE_GROUP_WARPS", combine_group_warps(threads).to_string()),
+        ("USE_L2_HINTS", if l2_hints() { "1" } else { "0" }.to_string()),
     ]
+}
+
+/// L2 eviction-priority hints on ring and streaming accesses (common.cuh `USE_L2_HINTS`);
+/// `EPTWIN_L2_HINTS=0` turns them off for experiments.
+pub fn l2_hints() -> bool {
+    std::env::var("EPTWIN_L2_HINTS").map(|v| v != "0").unwrap_or(true)
 }
 
 pub fn low_latency(hidden: u32, threads: u32, scope: FlagScope) -> Vec<(&'static str, String)> {

@@ -460,6 +460,7 @@ fn prepare(
                 json!({
                     "threads_per_block": launch.threads,
                     "combine_reducer_warps_per_token": kernel_defines::combine_group_warps(launch.threads),
+                    "l2_eviction_hints": kernel_defines::l2_hints(),
                     "blocks_per_rank": launch.blocks_per_rank,
                     "channels_per_rank": launch.blocks_per_rank / 2,
                     "blocks_per_gpu": launch.blocks_per_gpu,

@@ -174,6 +174,64 @@ DEVICE float ld_cg_f32(const float* p) {
     return v;
 }
 
+DEVICE void st_na_v4(int4* p, int4 v);
+
+// L2 eviction priorities (Hopper): ring slots are stored evict-last so they survive until the
+// receiver reads them moments later; outputs and once-read inputs are evict-first so that their
+// streaming does not push ring slots out. USE_L2_HINTS=0 compiles plain accesses instead.
+#ifndef USE_L2_HINTS
+#define USE_L2_HINTS 1
+#endif
+
+DEVICE u64 l2_policy_evict_first() {
+    u64 p = 0;
+#if USE_L2_HINTS
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+
+DEVICE u64 l2_policy_evict_last() {
+    u64 p = 0;
+#if USE_L2_HINTS
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+
+DEVICE int4 ld_cg_v4_hint(const int4* p, u64 pol) {
+#if USE_L2_HINTS
+    int4 v;
+    asm volatile("ld.global.cg.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+#else
+    return ld_cg_v4(p);
+#endif
+}
+
+DEVICE int4 ld_nc_v4_hint(const int4* p, u64 pol) {
+#if USE_L2_HINTS
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+#else
+    return ld_nc_v4(p);
+#endif
+}
+
+DEVICE void st_na_v4_hint(int4* p, int4 v, u64 pol) {
+#if USE_L2_HINTS
+    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.s32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p),
+                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol));
+#else
+    st_na_v4(p, v);
+#endif
+}
+
 DEVICE void st_na_v4(int4* p, int4 v) {
     asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x),
                  "r"(v.y), "r"(v.z), "r"(v.w));

@@ -207,6 +207,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
         int ts, te;
         channel_task_range(a.num_tokens, C, channel, ts, te);
         const int recv_begin = dst * L, recv_end = recv_begin + L;
+        const u64 pol_keep = l2_policy_evict_last();
+        auto st_keep = [pol_keep](int4* ptr, int4 v) { st_na_v4_hint(ptr, v, pol_keep); };
         int cached_tail = 0, cached_head = 0;
         for (int w0 = ts; w0 < te; w0 += 32) {
             // Which of the next 32 tokens go to dst: one byte per lane and a ballot, instead of
@@ -247,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
                     const float s1 = lane + 32 < S ? a.x_scales[t * S + lane + 32] : 0.0f;
                     int4* dst_x = slot_x + (u64)slot * slot_int4;
                     const int4* src_x = a.x + (u64)t * hidden_int4;
-                    UNROLLED_WARP_COPY(7, lane, hidden_int4, dst_x, src_x, ld_nc_v4, st_na_v4);
+                    UNROLLED_WARP_COPY(7, lane, hidden_int4, dst_x, src_x, ld_nc_v4, st_keep);
                     if (lane == 0) slot_src[slot] = t;
                     if (lane < K) {
                         const int le = (e >= recv_begin && e < recv_end) ? e - recv_begin : -1;
@@ -302,6 +304,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
         if (warp_in_rank == 0 && lane == 0) a.recv_channel_offset[src * C + channel] = total_offset;
         total_offset += src > 0 ? a.rank_prefix[src - 1] : 0;
 
+        const u64 pol_first = l2_policy_evict_first();
+        auto ld_first = [pol_first](const int4* ptr) { return ld_cg_v4_hint(ptr, pol_first); };
+        auto st_first = [pol_first](int4* ptr, int4 v) { st_na_v4_hint(ptr, v, pol_first); };
         int cached_head = 0;
         while (num_to_recv > 0) {
             if (thread_in_rank == 0) {
@@ -334,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
                 const float s1 = lane + 32 < S ? ld_cg_f32(slot_s + slot * S + lane + 32) : 0.0f;
                 const int4* s = slot_x + (u64)slot * slot_int4;
                 int4* d = a.recv_x + (u64)row * hidden_int4;
-                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_cg_v4, st_na_v4);
+                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_first, st_first);
                 if (lane == 0) a.recv_src_idx[row] = src_v;
                 if (lane < K) {
                     a.recv_topk_idx[row * K + lane] = topk_v;
@@ -451,6 +456,9 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
             (channel == C - 1 ? num_rank_tokens : a.recv_channel_offset[dst * C + channel + 1]) -
             channel_offset;
         const int ts = rank_offset + channel_offset, te = ts + num_channel_tokens;
+        const u64 pol_keep = l2_policy_evict_last(), pol_first = l2_policy_evict_first();
+        auto st_keep = [pol_keep](int4* ptr, int4 v) { st_na_v4_hint(ptr, v, pol_keep); };
+        auto ld_first = [pol_first](const int4* ptr) { return ld_nc_v4_hint(ptr, pol_first); };
         int current_tail = 0, cached_head = 0;
         for (int t = ts; t < te;) {
             if (lane == 0 && R - (current_tail - cached_head) < p.nvl_send) {
@@ -471,7 +479,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
                 const int slot = (current_tail + i) % R;
                 int4* d = slot_x + (u64)slot * slot_int4;
                 const int4* s = a.combine_x + (u64)(t + i) * hidden_int4;
-                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_nc_v4, st_na_v4);
+                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_first, st_keep);
                 if (lane == 0) slot_src[slot] = a.recv_src_idx[t + i];
                 if (lane < K) slot_w[slot * K + lane] = a.combine_topk_weights[(t + i) * K + lane];
             }
@@ -519,6 +527,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
             const int g = (warp - 1) / kGroupWarps, sub = (warp - 1) % kGroupWarps;
             const int gthreads = kGroupWarps * 32, gtid = sub * 32 + lane;
             const int* tail_base = meta(buf, p.off_c_tail) + channel * NUM_RANKS;
+            const u64 pol_first = l2_policy_evict_first();
             int cached_tail = 0;  // leader warp, lane < NUM_RANKS
             for (int t = ts + g; t < te; t += kGroups) {
                 if (sub == 0 && lane < NUM_RANKS) {
@@ -548,13 +557,13 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
 #pragma unroll
                     for (int j = 0; j < NUM_RANKS; ++j) {
                         const int o = off[j];
-                        if (o >= 0) v[j] = ld_cg_v4(ring_x + o + i);
+                        if (o >= 0) v[j] = ld_cg_v4_hint(ring_x + o + i, pol_first);
                     }
                     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
                     for (int j = 0; j < NUM_RANKS; ++j)
                         if (off[j] >= 0) accumulate_bf16x8(acc, v[j]);
-                    st_na_v4(a.combined_x + (u64)t * hidden_int4 + i, pack_bf16x8(acc));
+                    st_na_v4_hint(a.combined_x + (u64)t * hidden_int4 + i, pack_bf16x8(acc), pol_first);
                 }
                 if (gtid < K) {
                     float w = 0.0f;
