@@ -5,6 +5,8 @@
 //!
 //! Placeholder: the CUDA path lands in later commits.
 
+pub mod rdma;
+
 use std::collections::BTreeMap;
 
 use eptwin_engine::Plan;
