@@ -9,11 +9,13 @@
 //! `RawQp::post_send`), which stay `unsafe` with their contract written down; `verbs.rs` keeps
 //! the contract.
 
+use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use ibverbs_sys as ffi;
 
@@ -125,7 +127,7 @@ impl RawContext {
     }
 
     /// The valid GID entries of every port (`_ibv_query_gid_table`, rdma-core ≥ 32).
-    pub(crate) fn gid_table(&self, max_entries: usize) -> io::Result<Vec<ffi::ibv_gid_entry>> {
+    pub(crate) fn gid_table(&self, max_entries: usize) -> io::Result<Vec<GidEntry>> {
         if max_entries == 0 {
             return Ok(Vec::new());
         }
@@ -144,7 +146,18 @@ impl RawContext {
             return Err(io::Error::from_raw_os_error((-n) as i32));
         }
         entries.truncate(n as usize);
-        Ok(entries)
+        Ok(entries
+            .iter()
+            .map(|e| GidEntry {
+                // SAFETY: `ibv_gid` is a union of `[u8; 16]` and two u64s: every bit pattern
+                // is a valid byte array.
+                gid: unsafe { e.gid.raw },
+                index: e.gid_index,
+                port: e.port_num,
+                gid_type: e.gid_type,
+                ndev_ifindex: e.ndev_ifindex,
+            })
+            .collect())
     }
 }
 
@@ -153,6 +166,83 @@ impl Drop for RawContext {
         // SAFETY: every object created from this context holds an `Arc` of it, so none is
         // alive now. A failure cannot be reported from drop; the kernel reclaims the fd.
         unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
+    }
+}
+
+/// One GID table entry (`struct ibv_gid_entry`).
+pub(crate) struct GidEntry {
+    pub gid: [u8; 16],
+    pub index: u32,
+    pub port: u32,
+    /// `enum ibv_gid_type`.
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+/// Page-aligned, zeroed host memory the NIC reads and writes concurrently with the CPU. It is
+/// only accessed through raw copies and atomics, never through Rust references, so DMA into it
+/// never aliases a `&[u8]`.
+pub(crate) struct HostMemory {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: no references into the buffer exist; copies and atomics are thread-safe.
+unsafe impl Send for HostMemory {}
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// `len` zeroed bytes (at least one), 4 KiB aligned; `None` if the allocation fails.
+    pub(crate) fn alloc(len: usize) -> Option<HostMemory> {
+        let layout = Layout::from_size_align(len.max(1), 4096).ok()?;
+        // SAFETY: non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        Some(HostMemory { ptr, layout })
+    }
+
+    pub(crate) fn addr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    fn at(&self, offset: usize, len: usize) -> *mut u8 {
+        let end = offset.checked_add(len).expect("range overflows usize");
+        assert!(end <= self.len(), "host range {offset}+{len} outside {} bytes", self.len());
+        // SAFETY: in bounds (checked above).
+        unsafe { self.ptr.as_ptr().add(offset) }
+    }
+
+    /// Copy `data` in at `offset`; panics when out of bounds.
+    pub(crate) fn copy_in(&self, offset: usize, data: &[u8]) {
+        let dst = self.at(offset, data.len());
+        // SAFETY: in bounds; `data` cannot overlap the buffer (no reference into it exists).
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    }
+
+    /// Copy `out.len()` bytes out from `offset`; panics when out of bounds.
+    pub(crate) fn copy_out(&self, offset: usize, out: &mut [u8]) {
+        let src = self.at(offset, out.len());
+        // SAFETY: as in `copy_in`.
+        unsafe { ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+    }
+
+    /// The 8-byte word at `offset` as an atomic; panics unless in bounds and 8-aligned.
+    pub(crate) fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset.is_multiple_of(8), "atomic at unaligned offset {offset}");
+        let p = self.at(offset, 8);
+        // SAFETY: 8-aligned (the buffer is page-aligned), in bounds, lives as long as `self`,
+        // and the CPU only ever accesses it atomically (the NIC's atomics are coherent with it).
+        unsafe { AtomicU64::from_ptr(p.cast()) }
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `alloc` with this layout; freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
     }
 }
 
@@ -420,7 +510,7 @@ impl RawQp {
     /// Post one send work request.
     ///
     /// # Safety
-    /// The local range in `req.local` must belong to the registration whose `lkey` it names
+    /// The local range in `req.local` (if any) must belong to the registration whose `lkey` it names
     /// and stay mapped until the request's completion (or a later signalled completion on
     /// this QP) has been polled, or the QP is destroyed.
     pub(crate) unsafe fn post_send(&self, req: &SendRequest) -> io::Result<()> {
@@ -465,6 +555,23 @@ impl RawQp {
             post(self.qp.as_ptr(), &mut wr, &mut bad)
         };
         errno_result(rc)
+    }
+
+    /// Post a zero-length signalled RDMA WRITE (a completion marker): it references no local
+    /// memory, so it is safe.
+    pub(crate) fn post_marker(&self, wr_id: u64, remote_addr: u64, rkey: u32) -> io::Result<()> {
+        let req = SendRequest {
+            wr_id,
+            opcode: opcode::WRITE,
+            signaled: true,
+            local: None,
+            remote_addr,
+            rkey,
+            imm: 0,
+            add: 0,
+        };
+        // SAFETY: no local range.
+        unsafe { self.post_send(&req) }
     }
 
     /// Post a receive without buffers: a WRITE_WITH_IMM consumes it to deliver its immediate.

@@ -7,20 +7,19 @@
 //! is polled (or the QP is destroyed), so the NIC never touches freed memory; memory the NIC
 //! writes is only ever read through raw copies and atomics, never through Rust references.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::endpoint::{QpEndpoint, RemoteRegion};
 use super::error::{Opcode, RdmaError, Site};
 use super::settings::QpSettings;
 use super::sys::{
-    self, OpenError, QpAttr, QpMask, RawContext, RawCq, RawMr, RawPd, RawQp, SendRequest,
+    self, HostMemory, OpenError, QpAttr, QpMask, RawContext, RawCq, RawMr, RawPd, RawQp,
+    SendRequest,
 };
 use super::types::{
     DeviceSummary, GidKind, GidSummary, LinkLayer, PortState, PortSummary, QpState, guid_text,
@@ -108,11 +107,10 @@ fn summarize(ctx: &RawContext) -> Result<DeviceSummary, RdmaError> {
             max_vl_num: pa.max_vl_num,
             gids: gids
                 .iter()
-                .filter(|g| g.port_num == port as u32)
-                // SAFETY-free read of a plain union: both views are 16 plain bytes.
+                .filter(|g| g.port == port as u32)
                 .map(|g| GidSummary {
-                    index: g.gid_index,
-                    gid: gid_bytes(&g.gid),
+                    index: g.index,
+                    gid: g.gid,
                     kind: GidKind::from_verbs(g.gid_type),
                     netdev_ifindex: g.ndev_ifindex,
                 })
@@ -136,12 +134,6 @@ fn summarize(ctx: &RawContext) -> Result<DeviceSummary, RdmaError> {
         atomics: attr.atomic_cap != sys::ATOMIC_NONE,
         ports,
     })
-}
-
-fn gid_bytes(gid: &ibverbs_sys::ibv_gid) -> [u8; 16] {
-    // SAFETY: `ibv_gid` is a union of `[u8; 16]` and two u64s: every bit pattern is a valid
-    // byte array.
-    unsafe { gid.raw }
 }
 
 /// The device a test or the hardware backend uses: `EPTWIN_RDMA_DEVICE` (`name` or
@@ -236,29 +228,19 @@ impl Nic {
     /// Register `len_bytes` of zeroed, page-aligned host memory.
     pub fn register_host(&self, len_bytes: usize) -> Result<Arc<HostRegion>, RdmaError> {
         let site = self.site();
-        let layout =
-            Layout::from_size_align(len_bytes.max(1), 4096).map_err(|e| RdmaError::Invalid {
-                site: site.clone(),
-                what: "host region size",
-                reason: e.to_string(),
-            })?;
-        // SAFETY: non-zero size.
-        let ptr =
-            NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(|| RdmaError::Invalid {
-                site: site.clone(),
-                what: "host region",
-                reason: format!("cannot allocate {len_bytes} bytes"),
-            })?;
-        let buf = AlignedBuf { ptr, layout };
-        // SAFETY: `buf` lives in the same `HostRegion` as the MR and is dropped after it.
-        let mr = unsafe {
-            RawMr::register(&self.inner.pd, ptr.as_ptr(), layout.size(), sys::full_access())
-        }
-        .map_err(|source| RdmaError::Verbs {
+        let buf = HostMemory::alloc(len_bytes).ok_or_else(|| RdmaError::Invalid {
             site: site.clone(),
-            call: "ibv_reg_mr",
-            source,
+            what: "host region",
+            reason: format!("cannot allocate {len_bytes} bytes"),
         })?;
+        // SAFETY: `buf` lives in the same `HostRegion` as the MR and is dropped after it.
+        let mr =
+            unsafe { RawMr::register(&self.inner.pd, buf.addr(), buf.len(), sys::full_access()) }
+                .map_err(|source| RdmaError::Verbs {
+                site: site.clone(),
+                call: "ibv_reg_mr",
+                source,
+            })?;
         Ok(Arc::new(HostRegion { mr, buf, len_bytes: len_bytes as u64, site }))
     }
 
@@ -450,18 +432,6 @@ fn sys_probe_dmabuf(pd: &Arc<RawPd>) -> Result<(), String> {
     }
 }
 
-struct AlignedBuf {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `register_host` with this layout; freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
-    }
-}
-
 /// Memory a work request can read from (its local side): registered host or GPU memory.
 pub trait LocalMemory: Send + Sync {
     fn lkey(&self) -> u32;
@@ -475,14 +445,10 @@ pub trait LocalMemory: Send + Sync {
 pub struct HostRegion {
     // Field order is drop order: deregister before freeing.
     mr: RawMr,
-    buf: AlignedBuf,
+    buf: HostMemory,
     len_bytes: u64,
     site: Site,
 }
-
-// SAFETY: the buffer is only accessed through raw copies/atomics; the MR is thread-safe.
-unsafe impl Send for HostRegion {}
-unsafe impl Sync for HostRegion {}
 
 impl HostRegion {
     /// What a peer needs to write into this region.
@@ -498,31 +464,25 @@ impl HostRegion {
         self.len_bytes == 0
     }
 
-    fn range(&self, offset: u64, len: usize) -> *mut u8 {
-        let end = offset.checked_add(len as u64).expect("range overflows u64");
+    fn check(&self, offset: u64, len: usize) -> usize {
+        let end = offset.checked_add(len as u64);
         assert!(
-            end <= self.len_bytes,
+            end.is_some_and(|end| end <= self.len_bytes),
             "{}: host range {offset}+{len} outside the {}-byte region",
             self.site,
             self.len_bytes
         );
-        // SAFETY: in bounds (checked above).
-        unsafe { self.buf.ptr.as_ptr().add(offset as usize) }
+        offset as usize
     }
 
     /// Copy `data` in at `offset`. Panics when out of bounds (a caller bug).
     pub fn write(&self, offset: u64, data: &[u8]) {
-        let dst = self.range(offset, data.len());
-        // SAFETY: `dst..dst+len` is inside the allocation; `data` cannot overlap it (no
-        // reference into the region is ever handed out).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        self.buf.copy_in(self.check(offset, data.len()), data);
     }
 
     /// Copy `out.len()` bytes out from `offset`.
     pub fn read(&self, offset: u64, out: &mut [u8]) {
-        let src = self.range(offset, out.len());
-        // SAFETY: as in `write`.
-        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        self.buf.copy_out(self.check(offset, out.len()), out);
     }
 
     pub fn to_vec(&self, offset: u64, len: usize) -> Vec<u8> {
@@ -531,22 +491,14 @@ impl HostRegion {
         v
     }
 
-    fn atomic(&self, offset: u64) -> &AtomicU64 {
-        assert_eq!(offset % 8, 0, "{}: atomic at unaligned offset {offset}", self.site);
-        let p = self.range(offset, 8);
-        // SAFETY: 8-byte aligned (region is page-aligned, offset % 8 == 0), in bounds, and
-        // only ever accessed atomically by the CPU (the NIC's atomics are coherent with it).
-        unsafe { AtomicU64::from_ptr(p.cast()) }
-    }
-
     /// Read a counter the NIC updates (flag atomics), with Acquire ordering: data written
     /// before the counter on the same QP is visible once the new value is.
     pub fn load_u64(&self, offset: u64) -> u64 {
-        self.atomic(offset).load(Ordering::Acquire)
+        self.buf.atomic_u64(self.check(offset, 8)).load(Ordering::Acquire)
     }
 
     pub fn store_u64(&self, offset: u64, value: u64) {
-        self.atomic(offset).store(value, Ordering::Release)
+        self.buf.atomic_u64(self.check(offset, 8)).store(value, Ordering::Release)
     }
 }
 
@@ -555,7 +507,7 @@ impl LocalMemory for HostRegion {
         self.mr.lkey()
     }
     fn base_addr(&self) -> u64 {
-        self.buf.ptr.as_ptr() as u64
+        self.buf.addr() as u64
     }
     fn len_bytes(&self) -> u64 {
         self.len_bytes
@@ -1120,22 +1072,13 @@ impl Qp {
             && !last.signaled
         {
             let (remote_addr, rkey) = last.remote;
-            let req = SendRequest {
-                wr_id: MARKER_WR_ID,
-                opcode: sys::opcode::WRITE,
-                signaled: true,
-                local: None,
-                remote_addr,
-                rkey,
-                imm: 0,
-                add: 0,
-            };
-            // SAFETY: a zero-length write references no local memory.
-            unsafe { self.raw.post_send(&req) }.map_err(|source| RdmaError::Post {
-                site: self.site.clone(),
-                wr_id: MARKER_WR_ID,
-                opcode: Opcode::RdmaWrite,
-                source,
+            self.raw.post_marker(MARKER_WR_ID, remote_addr, rkey).map_err(|source| {
+                RdmaError::Post {
+                    site: self.site.clone(),
+                    wr_id: MARKER_WR_ID,
+                    opcode: Opcode::RdmaWrite,
+                    source,
+                }
             })?;
             self.unsignaled_run = 0;
             self.outstanding.push_back(Posted {
