@@ -14,7 +14,7 @@ fn waive<T>(test: &str, reason: &RdmaError) -> Option<T> {
     }
     // Written to the stderr handle, not through eprintln!, so the test harness does not
     // swallow it: a waived test must say so.
-    let _ = writeln!(std::io::stderr(), "test {test} ... WAIVED: {reason}");
+    let _ = writeln!(std::io::stderr(), "WAIVED ({test}): {reason}");
     None
 }
 
