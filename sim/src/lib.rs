@@ -1,12 +1,46 @@
-//! eptwin simulator: a deterministic discrete-event model behind the engine's `Transport`.
+//! eptwin simulator: a deterministic, packet-level discrete-event model of NVLink/NVSwitch,
+//! PCIe, NICs with queue pairs, InfiniBand (VLs, credits, arbitration) or RoCE fabrics, and
+//! DeepEP's dispatch/combine algorithms on top, behind the engine's `Transport` trait.
 //!
-//! Placeholder: the event core, fabric models and DeepEP algorithms land in later commits.
+//! Architecture Invariant: no wall clock, no OS randomness, no hash-map iteration; time is
+//! integer picoseconds and events pop in (time, sequence) order, so the same plan gives
+//! byte-identical samples on every machine.
+
+pub mod arb;
+pub mod core;
+pub mod deepep;
+pub mod fabric;
+pub mod gpu;
+pub mod jobs;
+pub mod nic;
+pub mod params;
+pub mod queue;
+pub mod slab;
+pub mod time;
+pub mod trace;
+pub mod traffic;
+pub mod world;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::deepep::config::EpMode;
-use eptwin_engine::transport::{BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError};
 use eptwin_engine::Plan;
+use eptwin_engine::deepep::config::EpMode;
+use eptwin_engine::ids::JobId;
+use eptwin_engine::plan::JobKind;
+use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::transport::{
+    BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
+};
+
+use crate::core::Core;
+use crate::fabric::Net;
+use crate::gpu::Gpus;
+use crate::jobs::JobRt;
+use crate::params::Params;
+use crate::world::{Program, RunError, World};
+
+/// The model's version: bump when a change alters simulated results.
+pub const MODEL_VERSION: &str = "1";
 
 /// Options of a simulation run.
 #[derive(Debug, Clone, Default)]
@@ -17,27 +51,105 @@ pub struct SimOptions {
 
 /// The simulator as a [`Transport`].
 pub struct Simulator {
-    #[allow(dead_code)]
     options: SimOptions,
+    plan: Option<Plan>,
+    /// A single op on an idle machine is a pure function of (plan, job, op): iterations are
+    /// identical, so the first run of each is reused (SimOptions::no_cache turns this off).
+    cache: BTreeMap<(u32, OpKind), OpSample>,
+    use_cache: bool,
+    trace: Option<String>,
+    /// Events handled over all runs (benchmarks report events/s).
+    pub events: u64,
 }
 
 impl Simulator {
     pub fn new(options: SimOptions) -> Self {
-        Simulator { options }
+        Simulator {
+            options,
+            plan: None,
+            cache: BTreeMap::new(),
+            use_cache: true,
+            trace: None,
+            events: 0,
+        }
+    }
+
+    /// Simulate every iteration instead of reusing the (identical) first run of an op.
+    pub fn without_cache(mut self) -> Self {
+        self.use_cache = false;
+        self
     }
 
     /// The trace of the last run (Chrome trace-event JSON), when `SimOptions::trace` was set.
     pub fn trace_json(&self) -> Option<String> {
-        None
+        self.trace.clone()
     }
+
+    fn plan(&self) -> Result<&Plan, TransportError> {
+        self.plan.as_ref().ok_or_else(|| TransportError::Backend {
+            context: "simulator".into(),
+            message: "execute before prepare".into(),
+        })
+    }
+}
+
+/// A fresh machine (idle fabric, empty queues) for `plan`.
+pub fn build_world(plan: &Plan, trace: bool) -> World {
+    let params = Params::new(plan);
+    let net = Net::new(plan, &params);
+    let gpus = Gpus::new(
+        plan.topology.num_gpus(),
+        params.nvl_rate,
+        params.pcie_rate,
+        params.hbm_copy_rate,
+    );
+    let mut core = Core::new(params, net, gpus, trace);
+    core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
+    World::new(core)
+}
+
+/// The program for one op of one job.
+pub fn make_program(
+    plan: &Plan,
+    core: &mut Core,
+    job: JobId,
+    op: OpKind,
+    iteration: u32,
+    warmup: bool,
+) -> Box<dyn Program> {
+    match &plan.job(job).kind {
+        JobKind::Traffic(_) => Box::new(traffic::TrafficProgram::new(plan, job, iteration, warmup)),
+        JobKind::DeepEp(_) => deepep::program(plan, core, job, op, iteration, warmup),
+    }
+}
+
+fn to_transport_error(e: RunError) -> TransportError {
+    match e {
+        RunError::Deadlock(s) | RunError::Timeout(s) => TransportError::Timeout(s),
+        RunError::Invariant(s) => TransportError::Invariant(s),
+    }
+}
+
+/// Finish a run: starvation reports fail every op of the run.
+fn collect(world: &mut World) -> Vec<OpSample> {
+    let mut samples = std::mem::take(&mut world.samples);
+    if !world.core.starvations.is_empty() {
+        for s in &mut samples {
+            s.failures.extend(world.core.starvations.iter().cloned());
+        }
+    }
+    samples
 }
 
 impl Transport for Simulator {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: BackendKind::Sim,
-            identity: BTreeMap::from([("version".into(), serde_json::json!(eptwin_engine::VERSION))]),
-            unavailable: Some("the simulator is not implemented yet".into()),
+            identity: BTreeMap::from([
+                ("version".into(), serde_json::json!(eptwin_engine::VERSION)),
+                ("model".into(), serde_json::json!(MODEL_VERSION)),
+            ]),
+            unavailable: None,
             modes: vec![EpMode::Intranode, EpMode::Internode, EpMode::LowLatency],
             traffic: true,
             concurrent_jobs: true,
@@ -46,11 +158,53 @@ impl Transport for Simulator {
         }
     }
 
-    fn prepare(&mut self, _plan: &Plan) -> Result<(), TransportError> {
-        Err(TransportError::Unsupported("the simulator is not implemented yet".into()))
+    fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
+        self.plan = Some(plan.clone());
+        self.cache.clear();
+        self.trace = None;
+        Ok(())
     }
 
-    fn execute(&mut self, _op: &OpSpec) -> Result<OpOutcome, TransportError> {
-        Err(TransportError::Unsupported("the simulator is not implemented yet".into()))
+    fn execute(&mut self, op: &OpSpec) -> Result<OpOutcome, TransportError> {
+        let plan = self.plan()?.clone();
+        match op {
+            OpSpec::Op { job, op, iteration, warmup } => {
+                if self.use_cache
+                    && let Some(s) = self.cache.get(&(job.0, *op))
+                {
+                    let mut s = s.clone();
+                    s.iteration = *iteration;
+                    s.warmup = *warmup;
+                    return Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() });
+                }
+                let trace = self.options.trace && self.trace.is_none();
+                let mut world = build_world(&plan, trace);
+                let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
+                    make_program(&plan, core, j, o, it, w)
+                };
+                let r = world.run_one(&mut factory, *job, *op, *iteration, *warmup);
+                self.events += world.core.events;
+                r.map_err(to_transport_error)?;
+                let samples = collect(&mut world);
+                if let Some(s) = samples.first() {
+                    self.cache.insert((job.0, *op), s.clone());
+                }
+                Ok(OpOutcome { samples, measurements: BTreeMap::new() })
+            }
+            OpSpec::Concurrent { streams } => {
+                let mut world = build_world(&plan, self.options.trace);
+                let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
+                    make_program(&plan, core, j, o, it, w)
+                };
+                let streams: Vec<_> = streams
+                    .iter()
+                    .map(|s| (s.job, s.ops.clone(), s.warmup, s.iterations))
+                    .collect();
+                let r = world.run_streams(&mut factory, &streams);
+                self.events += world.core.events;
+                r.map_err(to_transport_error)?;
+                Ok(OpOutcome { samples: collect(&mut world), measurements: BTreeMap::new() })
+            }
+        }
     }
 }

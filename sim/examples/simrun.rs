@@ -1,0 +1,40 @@
+//! Run scenarios on the simulator and print the table (a development shortcut that needs only
+//! the engine and the simulator; `eptwin run` is the real command).
+//!
+//! `cargo run --release -p eptwin-sim --example simrun -- scenarios/ep16-ll.toml [--set KEY=V]...`
+
+use std::path::Path;
+
+use eptwin_engine::result::Provenance;
+use eptwin_sim::{SimOptions, Simulator};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut code = 0;
+    for path in &args {
+        let loaded = match eptwin_engine::load(Path::new(path)) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("{e}");
+                code = 2;
+                continue;
+            }
+        };
+        let plan = match eptwin_engine::Plan::build(&loaded) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("{e}");
+                code = 2;
+                continue;
+            }
+        };
+        let mut sim = Simulator::new(SimOptions::default());
+        let result = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run");
+        print!("{}", eptwin_engine::table::render(&result));
+        for f in &result.failures {
+            println!("  failure: {f}");
+        }
+        println!("  events: {}", sim.events);
+    }
+    std::process::exit(code);
+}

@@ -1,0 +1,307 @@
+//! The world: the core plus the programs (op instances) running on it, the event loop, job
+//! streams for concurrent sessions, and the end-of-run checks (byte conservation, deadlock).
+
+use eptwin_engine::ids::JobId;
+use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::transport::OpSample;
+
+use crate::core::{Core, ProgId};
+use crate::queue::EventQueue;
+use crate::time::{Time, fmt_us};
+
+/// An op instance running on the simulated machine: a DeepEP kernel (with its notify phase) or
+/// a round of background traffic.
+pub trait Program {
+    /// Start every rank's work (the op starts at `core.now`).
+    fn start(&mut self, core: &mut Core, me: ProgId);
+    /// An actor's wait is over (a counter reached its threshold, a delay elapsed).
+    fn wake(&mut self, core: &mut Core, me: ProgId, actor: u32);
+    fn is_done(&self) -> bool;
+    /// The sample: latency, phases and checks (bytes and failures are added by the world).
+    fn finish(&mut self, core: &Core) -> OpSample;
+    /// What an actor is (for the deadlock report): "rank 3 channel 2 NVL receiver".
+    fn describe(&self, actor: u32) -> String;
+    /// Program-level state for the deadlock report (optional).
+    fn stuck(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// Builds the program for one op of one job.
+pub type Factory<'a> = dyn FnMut(&mut Core, JobId, OpKind, u32, bool) -> Box<dyn Program> + 'a;
+
+struct Stream {
+    job: JobId,
+    ops: Vec<OpKind>,
+    warmup: u32,
+    rounds: u32,
+    round: u32,
+    idx: usize,
+}
+
+/// Limits that turn a runaway simulation into an error instead of a hang.
+pub const MAX_SIM_TIME: Time = 120 * 1_000_000_000_000; // 120 s simulated
+
+pub struct World {
+    pub core: Core,
+    progs: Vec<Option<Box<dyn Program>>>,
+    stream_of: Vec<Option<usize>>,
+    streams: Vec<Stream>,
+    pub samples: Vec<OpSample>,
+    /// Programs finished, in order of completion.
+    finished: Vec<bool>,
+}
+
+#[derive(Debug)]
+pub enum RunError {
+    Deadlock(String),
+    Timeout(String),
+    Invariant(String),
+}
+
+impl World {
+    pub fn new(core: Core) -> World {
+        World {
+            core,
+            progs: Vec::new(),
+            stream_of: Vec::new(),
+            streams: Vec::new(),
+            samples: Vec::new(),
+            finished: Vec::new(),
+        }
+    }
+
+    fn spawn(&mut self, mut prog: Box<dyn Program>, stream: Option<usize>) {
+        let id = self.progs.len() as ProgId;
+        self.core.ensure_op(id);
+        prog.start(&mut self.core, id);
+        self.progs.push(Some(prog));
+        self.stream_of.push(stream);
+        self.finished.push(false);
+        self.drain(id);
+    }
+
+    /// Next program id (what a factory's program will be).
+    pub fn next_prog(&self) -> ProgId {
+        self.progs.len() as ProgId
+    }
+
+    /// Run one op to completion.
+    pub fn run_one(
+        &mut self,
+        factory: &mut Factory,
+        job: JobId,
+        op: OpKind,
+        iteration: u32,
+        warmup: bool,
+    ) -> Result<(), RunError> {
+        let prog = factory(&mut self.core, job, op, iteration, warmup);
+        self.spawn(prog, None);
+        self.run(factory)
+    }
+
+    /// Run every stream (job) back to back, all starting now.
+    pub fn run_streams(
+        &mut self,
+        factory: &mut Factory,
+        streams: &[(JobId, Vec<OpKind>, u32, u32)],
+    ) -> Result<(), RunError> {
+        for (job, ops, warmup, iterations) in streams {
+            if ops.is_empty() || warmup + iterations == 0 {
+                continue;
+            }
+            self.streams.push(Stream {
+                job: *job,
+                ops: ops.clone(),
+                warmup: *warmup,
+                rounds: warmup + iterations,
+                round: 0,
+                idx: 0,
+            });
+        }
+        for s in 0..self.streams.len() {
+            self.start_stream_op(factory, s);
+        }
+        self.run(factory)
+    }
+
+    fn start_stream_op(&mut self, factory: &mut Factory, s: usize) {
+        let st = &self.streams[s];
+        let (job, op) = (st.job, st.ops[st.idx]);
+        let warmup = st.round < st.warmup;
+        let iteration = if warmup { st.round } else { st.round - st.warmup };
+        let prog = factory(&mut self.core, job, op, iteration, warmup);
+        self.spawn(prog, Some(s));
+    }
+
+    fn run(&mut self, factory: &mut Factory) -> Result<(), RunError> {
+        while let Some((t, ev)) = self.core.queue.pop() {
+            if t < self.core.now {
+                self.core.violation(format!(
+                    "monotone time: popped {} after {}",
+                    fmt_us(t),
+                    fmt_us(self.core.now)
+                ));
+            }
+            self.core.now = t;
+            if t > MAX_SIM_TIME {
+                return Err(RunError::Timeout(format!(
+                    "simulated time passed {} with work outstanding; {}",
+                    fmt_us(MAX_SIM_TIME),
+                    self.stuck_report()
+                )));
+            }
+            self.core.handle(ev);
+            if !self.core.pending_wakes.is_empty() {
+                self.drain_all(factory);
+            }
+        }
+        if self.finished.iter().any(|f| !f) {
+            return Err(RunError::Deadlock(self.stuck_report()));
+        }
+        self.end_checks()?;
+        Ok(())
+    }
+
+    /// Run pending wakes (in the order they were raised) and finish programs that completed.
+    fn drain_all(&mut self, factory: &mut Factory) {
+        let mut i = 0;
+        let mut touched: Vec<ProgId> = Vec::new();
+        while i < self.core.pending_wakes.len() {
+            let (p, actor) = self.core.pending_wakes[i];
+            i += 1;
+            if let Some(prog) = self.progs[p as usize].as_mut() {
+                prog.wake(&mut self.core, p, actor);
+                if !touched.contains(&p) {
+                    touched.push(p);
+                }
+            }
+            if i > 4096 {
+                self.core.pending_wakes.drain(..i);
+                i = 0;
+            }
+        }
+        self.core.pending_wakes.clear();
+        for p in touched {
+            self.check_finished(factory, p);
+        }
+    }
+
+    fn drain(&mut self, p: ProgId) {
+        // Wakes raised while starting a program.
+        let mut i = 0;
+        while i < self.core.pending_wakes.len() {
+            let (q, actor) = self.core.pending_wakes[i];
+            i += 1;
+            if let Some(prog) = self.progs[q as usize].as_mut() {
+                prog.wake(&mut self.core, q, actor);
+            }
+        }
+        self.core.pending_wakes.clear();
+        let _ = p;
+    }
+
+    fn check_finished(&mut self, factory: &mut Factory, p: ProgId) {
+        let done = self.progs[p as usize].as_ref().is_some_and(|x| x.is_done());
+        if !done || self.finished[p as usize] {
+            return;
+        }
+        self.finished[p as usize] = true;
+        let mut prog = self.progs[p as usize].take().expect("live program");
+        let mut sample = prog.finish(&self.core);
+        let ob = self.core.op_bytes[p as usize];
+        sample.nvlink_bytes = ob.nvlink;
+        sample.rdma_bytes = ob.rdma_payload;
+        sample.wire_bytes = ob.wire;
+        for (q, f) in &self.core.failures {
+            if *q == p {
+                sample.failures.push(f.clone());
+            }
+        }
+        self.samples.push(sample);
+        // Keep the program's description for later reports.
+        self.progs[p as usize] = None;
+        if let Some(s) = self.stream_of[p as usize] {
+            let st = &mut self.streams[s];
+            st.idx += 1;
+            if st.idx == st.ops.len() {
+                st.idx = 0;
+                st.round += 1;
+            }
+            if st.round < st.rounds {
+                self.start_stream_op(factory, s);
+            }
+        }
+    }
+
+    /// What waits for what, when the run cannot finish.
+    pub fn stuck_report(&self) -> String {
+        let mut lines = Vec::new();
+        for (p, a, c, value, th) in self.core.stuck_waiters().into_iter().take(12) {
+            let who = self.progs[p as usize]
+                .as_ref()
+                .map_or_else(|| format!("program {p} actor {a}"), |x| x.describe(a));
+            lines.push(format!("{who} waits for counter {c} to reach {th} (at {value})"));
+        }
+        for prog in self.progs.iter().flatten() {
+            lines.extend(prog.stuck().into_iter().take(6));
+        }
+        let net = &self.core.net;
+        let mut stalled = 0;
+        for (i, port) in net.ports.iter().enumerate() {
+            if port.nonempty != 0 && stalled < 6 {
+                stalled += 1;
+                let lanes: Vec<String> = (0..15)
+                    .filter(|l| port.nonempty & (1 << l) != 0)
+                    .map(|l| {
+                        let why = if net.unschedulable & (1 << l) != 0 {
+                            "not in any VL arbitration table"
+                        } else {
+                            "waiting for credits"
+                        };
+                        format!("VL{l} ({why}, {} credits)", port.credits[l])
+                    })
+                    .collect();
+                lines.push(format!(
+                    "{} has queued traffic on {}",
+                    net.port_names[i],
+                    lanes.join(", ")
+                ));
+            }
+        }
+        if lines.is_empty() {
+            lines.push("no waiter registered (a program never finished)".into());
+        }
+        format!("deadlock at {}: {}", fmt_us(self.core.now), lines.join("; "))
+    }
+
+    fn end_checks(&mut self) -> Result<(), RunError> {
+        // Byte conservation: every RDMA payload byte sent was delivered, every copy completed,
+        // every message completed, no packet left anywhere.
+        for (p, ob) in self.core.op_bytes.iter().enumerate() {
+            if ob.rdma_payload != ob.rdma_delivered {
+                self.core.violations.push(format!(
+                    "byte conservation: op {p} sent {} RDMA payload bytes, {} delivered",
+                    ob.rdma_payload, ob.rdma_delivered
+                ));
+            }
+            if ob.copies_issued != ob.copies_done {
+                self.core.violations.push(format!(
+                    "byte conservation: op {p} issued {} copy bytes, {} completed",
+                    ob.copies_issued, ob.copies_done
+                ));
+            }
+        }
+        if self.core.net.pkts.live() != 0 || self.core.net.msgs.live() != 0 {
+            self.core.violations.push(format!(
+                "conservation: {} packets and {} messages still in the fabric at the end",
+                self.core.net.pkts.live(),
+                self.core.net.msgs.live()
+            ));
+        }
+        if !self.core.violations.is_empty() {
+            return Err(RunError::Invariant(self.core.violations.join("; ")));
+        }
+        Ok(())
+    }
+}
