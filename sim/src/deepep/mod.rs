@@ -5,6 +5,7 @@
 pub mod internode;
 pub mod intranode;
 pub mod ll;
+pub mod ring;
 
 use eptwin_engine::Plan;
 use eptwin_engine::deepep::config::EpMode;
@@ -109,8 +110,11 @@ pub struct GpuCosts {
     pub ll_recv_per_msg: Time,
     pub wqe_post: Time,
     pub notify: Time,
-    /// SMs each rank's kernel gets: co-located ranks share the GPU's SMs.
+    /// Fraction of an SM each of the kernel's blocks gets: co-located ranks (ranks_per_gpu)
+    /// whose blocks together exceed the GPU's SMs share them.
     pub sm_share: f64,
+    ranks_per_gpu: u32,
+    sm_count: u32,
 }
 
 impl GpuCosts {
@@ -129,8 +133,23 @@ impl GpuCosts {
             ll_recv_per_msg: crate::time::ns(prof.deepep.ll_recv_per_msg_ns),
             wqe_post: p.wqe_post,
             notify: crate::time::ns(prof.deepep.notify_host_roundtrip_ns),
-            sm_share: 1.0 / ranks_per_gpu,
+            sm_share: 1.0,
+            ranks_per_gpu: ranks_per_gpu as u32,
+            sm_count: p.sm_count.max(1),
         }
+    }
+
+    /// The costs for a kernel of `blocks` blocks per rank: when the co-located ranks' blocks
+    /// exceed the GPU's SMs, every SM (and warp) rate scales down by the oversubscription.
+    pub fn for_blocks(mut self, blocks: u32) -> GpuCosts {
+        let wanted = self.ranks_per_gpu.max(1) as f64 * blocks.max(1) as f64;
+        self.sm_share = (self.sm_count as f64 / wanted).min(1.0);
+        if self.sm_share < 1.0 {
+            let scale = |r: Rate| Rate::from_gbps(r.gbps() * self.sm_share);
+            self.sm = scale(self.sm);
+            self.warp = scale(self.warp);
+        }
+        self
     }
 
     /// Copy rate of one of `warps` warps sharing an SM.
