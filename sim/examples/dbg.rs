@@ -24,4 +24,8 @@ fn main() {
     for s in &world.samples {
         println!("{:?}", s);
     }
+    for n in 0..4u32 {
+        let p = &world.core.net.ports[n as usize];
+        println!("nic{n} tx busy {} us bytes {}", p.busy_ps as f64 / 1e6, p.tx_bytes);
+    }
 }

@@ -244,8 +244,6 @@ impl Program for TrafficProgram {
             }
         }
         for r in 0..self.n {
-            let flows = self.rank_flows[r as usize].clone();
-            self.post_rank(core, me, r, &flows);
             let ctr = self.recv_ctr + r;
             let need = self.expect_recv[r as usize];
             // Actor ids past the flows: rank r's receive side.
@@ -254,6 +252,23 @@ impl Program for TrafficProgram {
             }
             self.rank_done(r, core);
         }
+    }
+
+    fn num_ranks(&self) -> u32 {
+        self.n
+    }
+
+    fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+        // The rank's poster posts every flow's first window.
+        let flows = self.rank_flows[r as usize].clone();
+        for &f in &flows {
+            self.flows[f as usize].queued = true;
+        }
+        self.refill[r as usize] = flows;
+        self.poster_scheduled[r as usize] = true;
+        self.poster_free[r as usize] = t;
+        let nflows = self.flows.len() as u32;
+        core.wake_at(t, me, nflows + self.n + r);
     }
 
     fn wake(&mut self, core: &mut Core, me: ProgId, actor: u32) {

@@ -12,8 +12,15 @@ use crate::time::{Time, fmt_us};
 /// An op instance running on the simulated machine: a DeepEP kernel (with its notify phase) or
 /// a round of background traffic.
 pub trait Program {
-    /// Start every rank's work (the op starts at `core.now`).
+    /// Set up shared state (counters, rings); no rank runs yet.
     fn start(&mut self, core: &mut Core, me: ProgId);
+    /// Start rank `r`'s kernel at `t` (≥ now).
+    fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time);
+    fn num_ranks(&self) -> u32;
+    /// Ranks that finished since the last call, with their end times.
+    fn take_finished(&mut self) -> Vec<(u32, Time)> {
+        Vec::new()
+    }
     /// An actor's wait is over (a counter reached its threshold, a delay elapsed).
     fn wake(&mut self, core: &mut Core, me: ProgId, actor: u32);
     fn is_done(&self) -> bool;
@@ -34,9 +41,12 @@ struct Stream {
     job: JobId,
     ops: Vec<OpKind>,
     warmup: u32,
-    rounds: u32,
-    round: u32,
-    idx: usize,
+    /// Op instances to run in all (rounds × ops), and created so far.
+    total: u32,
+    created: u32,
+    /// Per-rank chaining: each rank starts its next kernel when its previous one ended (same
+    /// CUDA stream, launches queued ahead). Otherwise the next op starts when all ranks ended.
+    chained: bool,
 }
 
 /// Limits that turn a runaway simulation into an error instead of a hang.
@@ -46,9 +56,10 @@ pub struct World {
     pub core: Core,
     progs: Vec<Option<Box<dyn Program>>>,
     stream_of: Vec<Option<usize>>,
+    /// Chained streams: each program's successor (created when its first rank is free).
+    succ: Vec<Option<ProgId>>,
     streams: Vec<Stream>,
     pub samples: Vec<OpSample>,
-    /// Programs finished, in order of completion.
     finished: Vec<bool>,
 }
 
@@ -65,28 +76,33 @@ impl World {
             core,
             progs: Vec::new(),
             stream_of: Vec::new(),
+            succ: Vec::new(),
             streams: Vec::new(),
             samples: Vec::new(),
             finished: Vec::new(),
         }
     }
 
-    fn spawn(&mut self, mut prog: Box<dyn Program>, stream: Option<usize>) {
+    /// Register and set up a program (no rank started yet).
+    fn spawn(&mut self, mut prog: Box<dyn Program>, stream: Option<usize>) -> ProgId {
         let id = self.progs.len() as ProgId;
         self.core.ensure_op(id);
         prog.start(&mut self.core, id);
         self.progs.push(Some(prog));
         self.stream_of.push(stream);
+        self.succ.push(None);
         self.finished.push(false);
-        self.drain(id);
+        id
     }
 
-    /// Next program id (what a factory's program will be).
-    pub fn next_prog(&self) -> ProgId {
-        self.progs.len() as ProgId
+    fn start_all(&mut self, p: ProgId, t: Time) {
+        let prog = self.progs[p as usize].as_mut().expect("live program");
+        for r in 0..prog.num_ranks() {
+            prog.start_rank(&mut self.core, p, r, t);
+        }
     }
 
-    /// Run one op to completion.
+    /// Run one op to completion, all ranks starting now.
     pub fn run_one(
         &mut self,
         factory: &mut Factory,
@@ -96,17 +112,19 @@ impl World {
         warmup: bool,
     ) -> Result<(), RunError> {
         let prog = factory(&mut self.core, job, op, iteration, warmup);
-        self.spawn(prog, None);
+        let p = self.spawn(prog, None);
+        self.start_all(p, self.core.now);
         self.run(factory)
     }
 
-    /// Run every stream (job) back to back, all starting now.
+    /// Run every stream (job) back to back, all starting now: (job, ops, warmup rounds,
+    /// measured rounds, per-rank chaining).
     pub fn run_streams(
         &mut self,
         factory: &mut Factory,
-        streams: &[(JobId, Vec<OpKind>, u32, u32)],
+        streams: &[(JobId, Vec<OpKind>, u32, u32, bool)],
     ) -> Result<(), RunError> {
-        for (job, ops, warmup, iterations) in streams {
+        for (job, ops, warmup, iterations, chained) in streams {
             if ops.is_empty() || warmup + iterations == 0 {
                 continue;
             }
@@ -114,27 +132,38 @@ impl World {
                 job: *job,
                 ops: ops.clone(),
                 warmup: *warmup,
-                rounds: warmup + iterations,
-                round: 0,
-                idx: 0,
+                total: (warmup + iterations) * ops.len() as u32,
+                created: 0,
+                chained: *chained,
             });
         }
         for s in 0..self.streams.len() {
-            self.start_stream_op(factory, s);
+            if let Some(p) = self.create_stream_op(factory, s) {
+                self.start_all(p, self.core.now);
+            }
         }
         self.run(factory)
     }
 
-    fn start_stream_op(&mut self, factory: &mut Factory, s: usize) {
-        let st = &self.streams[s];
-        let (job, op) = (st.job, st.ops[st.idx]);
-        let warmup = st.round < st.warmup;
-        let iteration = if warmup { st.round } else { st.round - st.warmup };
+    /// Create the stream's next op instance, if it has one left.
+    fn create_stream_op(&mut self, factory: &mut Factory, s: usize) -> Option<ProgId> {
+        let st = &mut self.streams[s];
+        if st.created >= st.total {
+            return None;
+        }
+        let k = st.created;
+        st.created += 1;
+        let n_ops = st.ops.len() as u32;
+        let (round, op) = (k / n_ops, st.ops[(k % n_ops) as usize]);
+        let warmup = round < st.warmup;
+        let iteration = if warmup { round } else { round - st.warmup };
+        let job = st.job;
         let prog = factory(&mut self.core, job, op, iteration, warmup);
-        self.spawn(prog, Some(s));
+        Some(self.spawn(prog, Some(s)))
     }
 
     fn run(&mut self, factory: &mut Factory) -> Result<(), RunError> {
+        self.drain_all(factory);
         while let Some((t, ev)) = self.core.queue.pop() {
             if t < self.core.now {
                 self.core.violation(format!(
@@ -163,42 +192,49 @@ impl World {
         Ok(())
     }
 
-    /// Run pending wakes (in the order they were raised) and finish programs that completed.
+    /// Run pending wakes (in the order they were raised), chain ranks that finished into the
+    /// next op, and finish programs that completed.
     fn drain_all(&mut self, factory: &mut Factory) {
-        let mut i = 0;
         let mut touched: Vec<ProgId> = Vec::new();
-        while i < self.core.pending_wakes.len() {
-            let (p, actor) = self.core.pending_wakes[i];
-            i += 1;
-            if let Some(prog) = self.progs[p as usize].as_mut() {
-                prog.wake(&mut self.core, p, actor);
-                if !touched.contains(&p) {
-                    touched.push(p);
+        loop {
+            let mut i = 0;
+            while i < self.core.pending_wakes.len() {
+                let (p, actor) = self.core.pending_wakes[i];
+                i += 1;
+                if let Some(prog) = self.progs[p as usize].as_mut() {
+                    prog.wake(&mut self.core, p, actor);
+                    if !touched.contains(&p) {
+                        touched.push(p);
+                    }
                 }
             }
-            if i > 4096 {
-                self.core.pending_wakes.drain(..i);
-                i = 0;
+            self.core.pending_wakes.clear();
+            for p in std::mem::take(&mut touched) {
+                self.after_wake(factory, p);
             }
-        }
-        self.core.pending_wakes.clear();
-        for p in touched {
-            self.check_finished(factory, p);
+            if self.core.pending_wakes.is_empty() {
+                break;
+            }
         }
     }
 
-    fn drain(&mut self, p: ProgId) {
-        // Wakes raised while starting a program.
-        let mut i = 0;
-        while i < self.core.pending_wakes.len() {
-            let (q, actor) = self.core.pending_wakes[i];
-            i += 1;
-            if let Some(prog) = self.progs[q as usize].as_mut() {
-                prog.wake(&mut self.core, q, actor);
+    fn after_wake(&mut self, factory: &mut Factory, p: ProgId) {
+        let Some(prog) = self.progs[p as usize].as_mut() else { return };
+        let newly = prog.take_finished();
+        if let Some(s) = self.stream_of[p as usize]
+            && self.streams[s].chained
+        {
+            for (r, t) in newly {
+                if self.succ[p as usize].is_none() {
+                    self.succ[p as usize] = self.create_stream_op(factory, s);
+                }
+                if let Some(q) = self.succ[p as usize] {
+                    let prog = self.progs[q as usize].as_mut().expect("live program");
+                    prog.start_rank(&mut self.core, q, r, t);
+                }
             }
         }
-        self.core.pending_wakes.clear();
-        let _ = p;
+        self.check_finished(factory, p);
     }
 
     fn check_finished(&mut self, factory: &mut Factory, p: ProgId) {
@@ -219,18 +255,11 @@ impl World {
             }
         }
         self.samples.push(sample);
-        // Keep the program's description for later reports.
-        self.progs[p as usize] = None;
-        if let Some(s) = self.stream_of[p as usize] {
-            let st = &mut self.streams[s];
-            st.idx += 1;
-            if st.idx == st.ops.len() {
-                st.idx = 0;
-                st.round += 1;
-            }
-            if st.round < st.rounds {
-                self.start_stream_op(factory, s);
-            }
+        if let Some(s) = self.stream_of[p as usize]
+            && !self.streams[s].chained
+            && let Some(q) = self.create_stream_op(factory, s)
+        {
+            self.start_all(q, self.core.now);
         }
     }
 

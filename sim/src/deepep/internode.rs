@@ -443,6 +443,10 @@ impl InternodeProgram {
     fn a_crecv(&self, x: usize) -> u32 {
         self.nrc() * (P + self.nodes) + x as u32
     }
+    /// Above every other actor id of either op.
+    fn a_rank_start(&self, r: u32) -> u32 {
+        self.nrc() * (1 + 4 * P + P * self.nodes) + r
+    }
 
     fn worker_done(&mut self, core: &mut Core, r: u32) {
         self.workers_left[r as usize] -= 1;
@@ -487,9 +491,10 @@ impl InternodeProgram {
 
     // ---- dispatch ------------------------------------------------------------------------
 
-    fn dispatch_start(&mut self, core: &mut Core) {
-        let (n, ch, nodes) = (self.n, self.ch, self.nodes);
-        for r in 0..n {
+    /// Rank r's dispatch kernel starts: channel meta, then every worker.
+    fn dispatch_rank(&mut self, core: &mut Core, r: u32) {
+        let (ch, nodes) = (self.ch, self.nodes);
+        {
             self.workers_left[r as usize] = ch * (1 + 2 * P);
             let (m, i) = (r / P, r % P);
             for c in 0..ch {
@@ -819,9 +824,9 @@ impl InternodeProgram {
 
     // ---- combine -------------------------------------------------------------------------
 
-    fn combine_start(&mut self, core: &mut Core) {
-        let (n, ch, nodes) = (self.n, self.ch, self.nodes);
-        for r in 0..n {
+    fn combine_rank(&mut self, core: &mut Core, r: u32) {
+        let (ch, nodes) = (self.ch, self.nodes);
+        {
             self.workers_left[r as usize] = ch * (P + nodes + 1);
             for c in 0..ch {
                 for i in 0..P {
@@ -1122,23 +1127,42 @@ impl InternodeProgram {
 }
 
 impl Program for InternodeProgram {
-    fn start(&mut self, core: &mut Core, me: ProgId) {
+    fn num_ranks(&self) -> u32 {
+        self.n
+    }
+
+    fn take_finished(&mut self) -> Vec<(u32, Time)> {
+        std::mem::take(&mut self.ranks.newly_finished)
+    }
+
+    fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+        self.ranks.begin(r, t);
+        core.wake_at(t, me, self.a_rank_start(r));
+    }
+
+    fn start(&mut self, _core: &mut Core, me: ProgId) {
         self.me = me;
-        self.ranks.start = core.now;
         if self.dispatch {
             self.ranks.checks.push("internode dispatch: every (token, destination rank) arrives exactly once, via one RDMA write per node and NVLink forwarding".into());
             for r in 0..self.n {
                 self.ranks.phase("notify", r, self.notify, self.n);
             }
-            self.dispatch_start(core);
         } else {
             self.ranks.checks.push("internode combine: every token reduced over its GPUs and nodes, in dispatch's layout".into());
-            self.combine_start(core);
         }
     }
 
     fn wake(&mut self, core: &mut Core, _me: ProgId, actor: u32) {
         let nrc = self.nrc();
+        if actor >= self.a_rank_start(0) {
+            let r = actor - self.a_rank_start(0);
+            if self.dispatch {
+                self.dispatch_rank(core, r);
+            } else {
+                self.combine_rank(core, r);
+            }
+            return;
+        }
         if self.dispatch {
             if actor < nrc {
                 self.sender(core, actor / self.ch, actor % self.ch);

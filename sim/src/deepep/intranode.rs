@@ -21,7 +21,7 @@ use super::ring::Ring;
 use super::{GpuCosts, Meta, Ranks, deepep_job, ipc_path, mix};
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use crate::time::Rate;
+use crate::time::{Rate, Time};
 use crate::world::Program;
 
 /// Threads per block of the intranode kernels (768 = 24 warps).
@@ -376,22 +376,35 @@ impl IntranodeProgram {
 }
 
 impl Program for IntranodeProgram {
-    fn start(&mut self, core: &mut Core, me: ProgId) {
-        self.me = me;
-        self.ranks.start = core.now;
+    fn num_ranks(&self) -> u32 {
+        self.n
+    }
+
+    fn take_finished(&mut self) -> Vec<(u32, Time)> {
+        std::mem::take(&mut self.ranks.newly_finished)
+    }
+
+    fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+        self.ranks.begin(r, t);
         // CUDA-event timing includes the launch and the cached-notify barrier.
-        let t0 = core.now + self.costs.launch + self.costs.flag;
+        let t0 = t + self.costs.launch + self.costs.flag;
         let (n, ch) = (self.n, self.channels);
-        for r in 0..n {
-            self.workers_left[r as usize] = ch * n + if self.dispatch { ch * n } else { ch };
+        self.workers_left[r as usize] = ch * n + if self.dispatch { ch * n } else { ch };
+        for c in 0..ch {
+            for d in 0..n {
+                core.wake_at(t0, me, self.stream(r, c, d) as u32);
+                if self.dispatch {
+                    core.wake_at(t0, me, self.a_recv((r * ch + c) * n + d));
+                }
+            }
+            if !self.dispatch {
+                core.wake_at(t0, me, self.a_recv(r * ch + c));
+            }
         }
-        for s in 0..n * ch * n {
-            core.wake_at(t0, me, s);
-        }
-        let receivers = if self.dispatch { n * ch * n } else { n * ch };
-        for i in 0..receivers {
-            core.wake_at(t0, me, self.a_recv(i));
-        }
+    }
+
+    fn start(&mut self, _core: &mut Core, me: ProgId) {
+        self.me = me;
         self.ranks.checks.push(if self.dispatch {
             "intranode dispatch: every (token, destination rank) arrives exactly once".into()
         } else {

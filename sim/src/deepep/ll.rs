@@ -213,11 +213,6 @@ impl LlProgram {
         let cells = (n * n * self.local) as usize;
         self.data_ctr = core.counters(cells);
         self.cnt_ctr = core.counters(cells);
-        for r in 0..n {
-            for b in 0..self.blocks {
-                self.block_step(core, r, b);
-            }
-        }
     }
 
     /// Block `b` of rank `r` processes its next token (cast, then one put per top-k slot in
@@ -343,7 +338,7 @@ impl LlProgram {
         self.blocks_left[r as usize] = u32::MAX;
         let done = self.send_done[r as usize].max(core.now);
         self.ranks.touch(r, done);
-        self.ranks.phase("send", r, done - self.ranks.start, self.n);
+        self.ranks.phase("send", r, self.ranks.since_start(r, done), self.n);
         // Non-hook: grid sync, then the receive phase in the same kernel. Hook: the receive
         // kernel is launched later, once everything has arrived (the test overlaps a GEMM).
         let t = if self.hook { done } else { done + self.costs.grid_sync };
@@ -380,7 +375,7 @@ impl LlProgram {
             ));
         }
         // The group copies its tokens out of the receive buffer (its share of the SM).
-        let rate = self.costs.warp_rate(self.wpg).slower(self.costs.sm.shared(self.groups));
+        let rate = self.costs.group_rate(self.wpg, self.wpg * self.groups);
         let bytes = count * self.msg_bytes;
         let per_msg = self.costs.ll_recv_per_msg * count;
         let dur = per_msg + rate.time(bytes);
@@ -471,11 +466,6 @@ impl LlProgram {
         self.acc = vec![0.0; (n * self.tokens) as usize];
         self.acc_n = vec![0; (n * self.tokens) as usize];
         self.signals_left = vec![self.experts; n as usize];
-        for h in 0..n {
-            for g in 0..groups_per_rank {
-                self.combine_round(core, h, g);
-            }
-        }
     }
 
     /// Warp group (dst `d`, local expert `le`) on holder `h` sends its next round of tokens
@@ -580,7 +570,7 @@ impl LlProgram {
     fn combine_send_done(&mut self, core: &mut Core, h: u32) {
         let done = self.send_done[h as usize].max(core.now);
         self.ranks.touch(h, done);
-        self.ranks.phase("send", h, done - self.ranks.start, self.n);
+        self.ranks.phase("send", h, self.ranks.since_start(h, done), self.n);
         let t = if self.hook { done } else { done + self.costs.grid_sync };
         core.wake_at(t, self.me, self.a_recv_start(h));
     }
@@ -601,6 +591,9 @@ impl LlProgram {
             ));
         }
         let start = core.now + if self.hook { 0 } else { self.costs.grid_sync };
+        if std::env::var("DBG").is_ok() && r < 2 {
+            eprintln!("rank {r}: send done {} flags at {} ", self.send_done[r as usize], core.now);
+        }
         let mut end = start;
         let mut block_end = vec![start; self.blocks as usize];
         let mut bytes_total = 0;
@@ -635,15 +628,41 @@ impl LlProgram {
         if self.hook {
             self.ranks.phase("recv", r, end - start, self.n);
         }
+        if std::env::var("DBG").is_ok() && r < 2 {
+            eprintln!("rank {r}: reduce end {end} (hbm {hbm_end})");
+        }
         self.ranks.touch(r, end);
         core.wake_at(end, self.me, self.a_final(r));
     }
 }
 
 impl Program for LlProgram {
+    fn num_ranks(&self) -> u32 {
+        self.n
+    }
+
+    fn take_finished(&mut self) -> Vec<(u32, Time)> {
+        std::mem::take(&mut self.ranks.newly_finished)
+    }
+
+    fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+        self.ranks.begin(r, t);
+        if self.dispatch {
+            for b in 0..self.blocks {
+                core.wake_at(t, me, self.a_block(r, b));
+            }
+        } else {
+            // All groups start at once on different SMs, so a holder's stores interleave
+            // across destinations: issue them destination-minor (the egress model is FIFO).
+            for k in 0..self.experts {
+                let g = (k % self.n) * self.local + k / self.n;
+                core.wake_at(t, me, self.a_group(r, g));
+            }
+        }
+    }
+
     fn start(&mut self, core: &mut Core, me: ProgId) {
         self.me = me;
-        self.ranks.start = core.now;
         self.ranks.checks.push(if self.dispatch {
             "low-latency dispatch: every (token, expert) message arrives exactly once, before its count".into()
         } else {

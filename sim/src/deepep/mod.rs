@@ -156,13 +156,23 @@ impl GpuCosts {
     pub fn warp_rate(&self, warps: u32) -> Rate {
         self.warp.slower(self.sm.shared(warps))
     }
+
+    /// Copy rate of a group of `warps` warps on an SM where `active` warps copy at once.
+    pub fn group_rate(&self, warps: u32, active: u32) -> Rate {
+        let per = self.warp.slower(self.sm.shared(active.max(warps)));
+        Rate::from_gbps(per.gbps() * warps.max(1) as f64)
+    }
 }
 
 /// Per-rank kernel bookkeeping shared by the programs: start, end, the sample.
 #[derive(Debug, Clone)]
 pub struct Ranks {
-    pub start: Time,
+    /// When each rank's kernel started (ranks start together, or when their previous kernel
+    /// on the same stream ended).
+    pub start: Vec<Time>,
     pub end: Vec<Option<Time>>,
+    /// Ranks finished since the world last asked (it chains the next kernel on them).
+    pub newly_finished: Vec<(u32, Time)>,
     /// The latest time any work of the rank finishes (the kernel ends there).
     pub last: Vec<Time>,
     pub left: u32,
@@ -174,8 +184,9 @@ pub struct Ranks {
 impl Ranks {
     pub fn new(n: u32) -> Ranks {
         Ranks {
-            start: 0,
+            start: vec![0; n as usize],
             end: vec![None; n as usize],
+            newly_finished: Vec::new(),
             last: vec![0; n as usize],
             left: n,
             phases: Vec::new(),
@@ -189,11 +200,23 @@ impl Ranks {
         *l = (*l).max(t);
     }
 
+    pub fn begin(&mut self, r: u32, t: Time) {
+        self.start[r as usize] = t;
+        self.last[r as usize] = t;
+    }
+
     pub fn finish(&mut self, r: u32, t: Time) {
         if self.end[r as usize].is_none() {
-            self.end[r as usize] = Some(t.max(self.last[r as usize]));
+            let end = t.max(self.last[r as usize]);
+            self.end[r as usize] = Some(end);
+            self.newly_finished.push((r, end));
             self.left -= 1;
         }
+    }
+
+    /// Kernel time of rank `r` so far (for phases).
+    pub fn since_start(&self, r: u32, t: Time) -> Time {
+        t.saturating_sub(self.start[r as usize])
     }
 
     pub fn fail(&mut self, what: String) {
@@ -216,7 +239,13 @@ impl Ranks {
     /// The sample: latency = per-rank kernel time averaged over ranks (deepep.md §17).
     pub fn sample(&self, meta: &Meta, extra_ns: f64) -> OpSample {
         let n = self.end.len().max(1) as f64;
-        let mean = self.end.iter().map(|e| e.map_or(0, |e| e - self.start) as f64).sum::<f64>() / n;
+        let mean = self
+            .end
+            .iter()
+            .zip(&self.start)
+            .map(|(e, &s)| e.map_or(0, |e| e - s) as f64)
+            .sum::<f64>()
+            / n;
         let mut s =
             OpSample::new(meta.job, meta.op, meta.iteration, meta.warmup, mean / 1e3 + extra_ns);
         for (name, per_rank) in &self.phases {
