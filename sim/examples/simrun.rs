@@ -9,7 +9,9 @@ use eptwin_engine::result::Provenance;
 use eptwin_sim::{SimOptions, Simulator};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let verbose = args.iter().any(|a| a == "-v");
+    args.retain(|a| a != "-v");
     let mut code = 0;
     for path in &args {
         let loaded = match eptwin_engine::load(Path::new(path)) {
@@ -33,6 +35,15 @@ fn main() {
         print!("{}", eptwin_engine::table::render(&result));
         for f in &result.failures {
             println!("  failure: {f}");
+        }
+        if verbose {
+            for job in &result.jobs {
+                for op in &job.ops {
+                    let v: Vec<String> =
+                        op.samples.iter().map(|s| format!("{:.1}", s.latency_us)).collect();
+                    println!("  {} {}: {}", job.name, op.op, v.join(" "));
+                }
+            }
         }
         println!("  events: {}", sim.events);
     }

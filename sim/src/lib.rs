@@ -108,12 +108,13 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
     World::new(core)
 }
 
-/// Whether a job's kernels run back to back per rank (each rank launches its next kernel when
-/// its previous one ended, as DeepEP's low-latency test loop does on one CUDA stream with the
-/// launches queued ahead). Normal kernels resynchronise every call (notify + host wait), and
-/// traffic rounds start together.
-pub fn chained(plan: &Plan, job: JobId) -> bool {
-    plan.job(job).deepep().is_some_and(|d| d.mode == EpMode::LowLatency)
+/// Whether a job's kernels run back to back per rank (each rank launching its next kernel when
+/// its previous one ended) instead of each op starting on all ranks when the job's previous op
+/// ended (DESIGN.md). Off: with per-rank chaining the simulated low-latency loop drifts into a
+/// staggered regime (ranks' dispatch overlapping others' combine) that DeepEP's stable
+/// published numbers do not show; see ARCHITECTURE.md.
+pub fn chained(_plan: &Plan, _job: JobId) -> bool {
+    false
 }
 
 /// The program for one op of one job.
