@@ -125,7 +125,9 @@ impl TrafficProgram {
                 }
             }
             TrafficPattern::Incast => {
-                let target = self.spec.incast_target.unwrap_or(0).min(n - 1);
+                // `incast_target` is a global rank of the job (the validator checks it).
+                let global = self.spec.incast_target.unwrap_or(self.plan_ranks[0].0);
+                let target = self.plan_ranks.iter().position(|r| r.0 == global).unwrap_or(0) as u32;
                 for a in 0..n {
                     if a != target {
                         out.push((a, target, total));
