@@ -92,6 +92,9 @@ pub struct Core {
     /// Wakes produced while handling an event, run by the world loop right after it.
     pub pending_wakes: Vec<(ProgId, u32)>,
     pub events: u64,
+    /// Events handled per kind (PortDone, PortWake, SwitchArrive, NicDeliver, Doorbell,
+    /// QpReady, Stage2, Act), for benchmarks and profiling.
+    pub events_by_kind: [u64; 8],
     pub trace: Option<Trace>,
     pub jobs: Vec<crate::jobs::JobRt>,
     /// Lanes found starved by the arbitration monitor (fail every op of the run).
@@ -114,6 +117,7 @@ impl Core {
             failures: Vec::new(),
             pending_wakes: Vec::new(),
             events: 0,
+            events_by_kind: [0; 8],
             trace: trace.then(Trace::default),
             jobs: Vec::new(),
             starvations: Vec::new(),
@@ -234,16 +238,41 @@ impl Core {
     /// Handle one event (the world loop pops it); wakes land in `pending_wakes`.
     pub fn handle(&mut self, ev: Ev) {
         self.events += 1;
-        match ev {
-            Ev::PortDone(p) => self.port_done(p),
-            Ev::PortWake(p) => self.port_wake(p),
-            Ev::SwitchArrive { sw, pkt } => self.switch_arrive(sw, pkt),
-            Ev::NicDeliver(pkt) => self.nic_deliver(pkt),
-            Ev::Doorbell { qp, upto } => self.doorbell_arrive(qp, upto),
-            Ev::QpReady(qp) => self.qp_ready(qp),
-            Ev::Stage2(x) => self.stage2(x),
-            Ev::Act(a) => self.act(a),
-        }
+        let kind = match ev {
+            Ev::PortDone(p) => {
+                self.port_done(p);
+                0
+            }
+            Ev::PortWake(p) => {
+                self.port_wake(p);
+                1
+            }
+            Ev::SwitchArrive { sw, pkt } => {
+                self.switch_arrive(sw, pkt);
+                2
+            }
+            Ev::NicDeliver(pkt) => {
+                self.nic_deliver(pkt);
+                3
+            }
+            Ev::Doorbell { qp, upto } => {
+                self.doorbell_arrive(qp, upto);
+                4
+            }
+            Ev::QpReady(qp) => {
+                self.qp_ready(qp);
+                5
+            }
+            Ev::Stage2(x) => {
+                self.stage2(x);
+                6
+            }
+            Ev::Act(a) => {
+                self.act(a);
+                7
+            }
+        };
+        self.events_by_kind[kind] += 1;
     }
 
     /// Waiters still registered (for the deadlock report).

@@ -32,6 +32,8 @@ pub enum Endpoint {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PktKind {
     Data,
+    /// The last packet of an RDMA write (in PSN order).
+    DataLast,
     Ack,
     AtomicReq,
     AtomicResp,
@@ -47,8 +49,12 @@ pub struct Pkt {
     /// The port whose credits this packet occupies (the link it arrived on), NONE at a NIC.
     pub from_port: u32,
     pub next: u32,
+    /// Wire bytes of the item queued after this one (so a dequeue needs no further lookup).
+    pub next_wire: u32,
     pub lane: u8,
     pub kind: PktKind,
+    /// The op (program) the packet is charged to.
+    pub prog: u16,
 }
 
 impl Pkt {
@@ -64,10 +70,14 @@ pub struct Port {
     pub latency: Time,
     pub to: Endpoint,
     /// Where the port sits, for messages ("nic 3", "leaf 2 up 1").
-    pub busy: bool,
+    /// When the scheduled `PortDone` fires (Time::MAX: none). Only a busy port with more queued
+    /// has one: an idle path costs no event per packet.
+    pub done_at: Time,
     pub busy_until: Time,
     pub head: [u32; MAX_LANES],
     pub tail: [u32; MAX_LANES],
+    /// Wire bytes of each lane's head packet (kept here so arbitration touches no packet).
+    pub head_wire: [u32; MAX_LANES],
     pub nonempty: LaneMask,
     pub credits: [i32; MAX_LANES],
     pub arb: ArbState,
@@ -76,6 +86,7 @@ pub struct Port {
     /// Bytes queued (adaptive routing looks at it).
     pub queued_bytes: u64,
     pub tx_bytes: u64,
+    pub tx_packets: u64,
     pub busy_ps: Time,
     /// Since when a lane has been eligible but passed over by the high table (starvation).
     pub bypassed_since: [Time; MAX_LANES],
@@ -171,16 +182,18 @@ impl Net {
                 rate,
                 latency: params.link_latency,
                 to,
-                busy: false,
+                done_at: Time::MAX,
                 busy_until: 0,
                 head: [NONE; MAX_LANES],
                 tail: [NONE; MAX_LANES],
+                head_wire: [0; MAX_LANES],
                 nonempty: 0,
                 credits: c,
                 arb: ArbState::new(&net.arb),
                 wake_at: Time::MAX,
                 queued_bytes: 0,
                 tx_bytes: 0,
+                tx_packets: 0,
                 busy_ps: 0,
                 bypassed_since: [Time::MAX; MAX_LANES],
             });
@@ -332,47 +345,31 @@ impl Core {
             let tail = port.tail[l];
             if tail == NONE {
                 port.head[l] = item;
+                port.head_wire[l] = bytes;
             } else {
-                self.set_next(tail, item);
+                self.set_next(tail, item, bytes);
             }
             let port = &mut self.net.ports[p as usize];
             port.tail[l] = item;
             port.nonempty |= 1 << lane;
             port.queued_bytes += bytes as u64;
         }
-        self.set_next(item, NONE);
-        if self.net.unschedulable & (1 << lane) != 0 {
-            // Traffic on a lane no arbitration table lists never leaves (fabric.md §1.1 step 6);
-            // the deadlock report names it if the run cannot finish.
-        }
+        self.set_next(item, NONE, 0);
+        // A lane no arbitration table lists never leaves (fabric.md §1.1 step 6): the deadlock
+        // report names it if the run cannot finish.
         self.try_start(p);
     }
 
     #[inline]
-    fn set_next(&mut self, item: u32, next: u32) {
+    pub(crate) fn set_next(&mut self, item: u32, next: u32, next_wire: u32) {
         if item & QP_ITEM != 0 {
-            self.net.qps[(item & !QP_ITEM) as usize].port_next = next;
+            let q = &mut self.net.qps[(item & !QP_ITEM) as usize];
+            q.port_next = next;
+            q.port_next_wire = next_wire;
         } else {
-            self.net.pkts[item].next = next;
-        }
-    }
-
-    #[inline]
-    fn next_of(&self, item: u32) -> u32 {
-        if item & QP_ITEM != 0 {
-            self.net.qps[(item & !QP_ITEM) as usize].port_next
-        } else {
-            self.net.pkts[item].next
-        }
-    }
-
-    /// Wire bytes of the packet an item would send next.
-    #[inline]
-    fn item_wire(&self, item: u32) -> u32 {
-        if item & QP_ITEM != 0 {
-            self.qp_next_wire(item & !QP_ITEM)
-        } else {
-            self.net.pkts[item].wire
+            let k = &mut self.net.pkts[item];
+            k.next = next;
+            k.next_wire = next_wire;
         }
     }
 
@@ -405,7 +402,7 @@ impl Core {
         q.push_back((t, blocks as u32));
         // A port idle for lack of credits must learn about them.
         let port = &self.net.ports[p as usize];
-        if !port.busy && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
+        if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
             self.net.ports[p as usize].wake_at = t;
             self.push(t, Ev::PortWake(p));
         }
@@ -413,7 +410,10 @@ impl Core {
 
     pub(crate) fn port_done(&mut self, p: u32) {
         let port = &mut self.net.ports[p as usize];
-        port.busy = false;
+        if port.done_at != self.now {
+            return; // superseded: the port already moved on at an earlier event of this instant
+        }
+        port.done_at = Time::MAX;
         self.try_start(p);
     }
 
@@ -429,10 +429,20 @@ impl Core {
     /// downstream credits, and start sending its head packet.
     pub(crate) fn try_start(&mut self, p: u32) {
         let pi = p as usize;
-        if self.net.ports[pi].busy || self.net.ports[pi].nonempty == 0 {
+        let now = self.now;
+        if self.net.ports[pi].nonempty == 0 {
             return;
         }
-        let now = self.now;
+        if now < self.net.ports[pi].busy_until {
+            // Busy: make sure it looks at its queue again when the packet is out.
+            let port = &mut self.net.ports[pi];
+            if port.done_at != port.busy_until {
+                let t = port.busy_until;
+                port.done_at = t;
+                self.push(t, Ev::PortDone(p));
+            }
+            return;
+        }
         let mut eligible: LaneMask = 0;
         let mut sizes = [0u32; MAX_LANES];
         let mut next_return = Time::MAX;
@@ -440,11 +450,16 @@ impl Core {
         while lanes != 0 {
             let lane = lanes.trailing_zeros() as usize;
             lanes &= lanes - 1;
-            let credits = self.absorb_credits(p, lane);
-            let head = self.net.ports[pi].head[lane];
-            let wire = self.item_wire(head);
+            let wire = self.net.ports[pi].head_wire[lane];
             sizes[lane] = wire;
-            if credits >= wire.div_ceil(64) as i32 {
+            let need = wire.div_ceil(64) as i32;
+            // Returned credits are absorbed only when the ones in hand do not suffice: they
+            // only ever add, and most of the time the buffer is far from full.
+            let mut credits = self.net.ports[pi].credits[lane];
+            if credits < need {
+                credits = self.absorb_credits(p, lane);
+            }
+            if credits >= need {
                 eligible |= 1 << lane;
             } else if let Some(&(t, _)) = self.net.returns[pi * MAX_LANES + lane].front() {
                 next_return = next_return.min(t);
@@ -471,9 +486,13 @@ impl Core {
         let pkt_id = if head & QP_ITEM != 0 {
             self.take_qp_packet(p, lane as u8, head & !QP_ITEM)
         } else {
-            let next = self.next_of(head);
+            let (next, next_wire) = {
+                let k = &self.net.pkts[head];
+                (k.next, k.next_wire)
+            };
             let port = &mut self.net.ports[pi];
             port.head[lane] = next;
+            port.head_wire[lane] = next_wire;
             if next == NONE {
                 port.tail[lane] = NONE;
                 port.nonempty &= !(1 << lane);
@@ -481,6 +500,13 @@ impl Core {
             head
         };
         let pkt = self.net.pkts[pkt_id];
+        if pkt.kind == PktKind::Ack {
+            // Once on the wire an ACK can no longer absorb later completions.
+            let q = &mut self.net.qps[pkt.msg as usize];
+            if q.ack_pkt == pkt_id {
+                q.ack_pkt = NONE;
+            }
+        }
         let blocks = pkt.blocks();
         let ser = {
             let arb_cfg = &self.net.arb;
@@ -506,14 +532,19 @@ impl Core {
             }
             let port = &mut self.net.ports[pi];
             let ser = port.rate.time(pkt.wire as u64);
-            port.busy = true;
             port.busy_until = now + ser;
             port.busy_ps += ser;
             port.tx_bytes += pkt.wire as u64;
+            port.tx_packets += 1;
             port.queued_bytes = port.queued_bytes.saturating_sub(pkt.wire as u64);
             ser
         };
-        self.push(now + ser, Ev::PortDone(p));
+        if self.net.ports[pi].nonempty != 0 {
+            self.net.ports[pi].done_at = now + ser;
+            self.push(now + ser, Ev::PortDone(p));
+        } else {
+            self.net.ports[pi].done_at = Time::MAX;
+        }
         // The packet leaves the input buffer it sat in: credits flow back upstream.
         if pkt.from_port != NONE {
             let up = &self.net.ports[pkt.from_port as usize];

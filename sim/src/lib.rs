@@ -58,8 +58,9 @@ pub struct Simulator {
     cache: BTreeMap<(u32, OpKind), OpSample>,
     use_cache: bool,
     trace: Option<String>,
-    /// Events handled over all runs (benchmarks report events/s).
+    /// Events handled over all runs (benchmarks report events/s), and per kind.
     pub events: u64,
+    pub events_by_kind: [u64; 8],
 }
 
 impl Simulator {
@@ -71,6 +72,7 @@ impl Simulator {
             use_cache: true,
             trace: None,
             events: 0,
+            events_by_kind: [0; 8],
         }
     }
 
@@ -83,6 +85,13 @@ impl Simulator {
     /// The trace of the last run (Chrome trace-event JSON), when `SimOptions::trace` was set.
     pub fn trace_json(&self) -> Option<String> {
         self.trace.clone()
+    }
+
+    fn count(&mut self, world: &World) {
+        self.events += world.core.events;
+        for (a, b) in self.events_by_kind.iter_mut().zip(world.core.events_by_kind) {
+            *a += b;
+        }
     }
 
     fn plan(&self) -> Result<&Plan, TransportError> {
@@ -199,7 +208,7 @@ impl Transport for Simulator {
                 } else {
                     world.run_one(&mut factory, *job, *op, *iteration, *warmup)
                 };
-                self.events += world.core.events;
+                self.count(&world);
                 r.map_err(to_transport_error)?;
                 let samples = collect(&mut world);
                 let measured: Vec<OpSample> = if chained(&plan, *job) && ops.contains(op) {
@@ -230,7 +239,7 @@ impl Transport for Simulator {
                     .map(|s| (s.job, s.ops.clone(), s.warmup, s.iterations, chained(&plan, s.job)))
                     .collect();
                 let r = world.run_streams(&mut factory, &streams);
-                self.events += world.core.events;
+                self.count(&world);
                 r.map_err(to_transport_error)?;
                 Ok(OpOutcome { samples: collect(&mut world), measurements: BTreeMap::new() })
             }

@@ -53,6 +53,15 @@ pub struct Qp {
     /// Next message to packetize and the bytes of it already sent.
     pub send: u32,
     pub send_off: u32,
+    /// The `send` message as the NIC's send engine holds it (so a packet touches only the
+    /// QP): wire bytes of the next packet, payload bytes left, kind, op, ready time.
+    pub next_wire: u32,
+    pub send_left: u32,
+    pub send_atomic: bool,
+    pub send_prog: ProgId,
+    pub send_ready: Time,
+    /// Wire bytes of the item queued after this QP in its port lane.
+    pub port_next_wire: u32,
     /// First message not yet covered by a doorbell.
     pub db: u32,
     pub posted: u32,
@@ -66,6 +75,9 @@ pub struct Qp {
     // Responder: next message to execute, in order.
     pub exec: u32,
     pub exec_seq: u32,
+    /// The responder's ACK for this QP still waiting in its NIC port (NONE: none): a later
+    /// message's execution bumps it instead of queueing another (ACKs are cumulative).
+    pub ack_pkt: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +122,12 @@ impl Core {
             tail: NONE,
             send: NONE,
             send_off: 0,
+            next_wire: 0,
+            send_left: 0,
+            send_atomic: false,
+            send_prog: 0,
+            send_ready: Time::MAX,
+            port_next_wire: 0,
             db: NONE,
             posted: 0,
             rung: 0,
@@ -121,6 +139,7 @@ impl Core {
             port_next: NONE,
             exec: NONE,
             exec_seq: 0,
+            ack_pkt: NONE,
         });
         (self.net.qps.len() - 1) as u32
     }
@@ -165,9 +184,9 @@ impl Core {
             q.head = m;
         }
         if q.send == NONE {
-            q.send = m;
-            q.send_off = 0;
+            self.load_send(qp, m);
         }
+        let q = &mut self.net.qps[qp as usize];
         if q.db == NONE {
             q.db = m;
         }
@@ -214,6 +233,9 @@ impl Core {
             self.net.nics[nic].engine_free = ready;
             self.net.msgs[m].ready_at = ready + self.params.tx_latency;
             let q = &mut self.net.qps[qp as usize];
+            if q.send == m {
+                q.send_ready = ready + self.params.tx_latency;
+            }
             q.rung += 1;
             q.db = self.net.msgs[m].next;
         }
@@ -231,7 +253,7 @@ impl Core {
         if q.active || q.send == NONE {
             return;
         }
-        let ready = self.net.msgs[q.send].ready_at;
+        let ready = q.send_ready;
         if ready == Time::MAX {
             return; // not doorbelled yet
         }
@@ -247,29 +269,46 @@ impl Core {
     }
 
     /// Wire bytes of the next packet the QP would send.
+    #[inline]
     pub(crate) fn qp_next_wire(&self, qp: u32) -> u32 {
-        let q = &self.net.qps[qp as usize];
-        let m = &self.net.msgs[q.send];
-        if m.atomic {
-            return self.params.hdr.atomic_req;
-        }
-        let payload = (m.bytes - q.send_off).min(self.params.mtu);
-        self.params.data_wire(payload, q.send_off == 0)
+        self.net.qps[qp as usize].next_wire
+    }
+
+    /// Make message `m` (or none) the QP's send cursor, caching what packetizing needs.
+    fn load_send(&mut self, qp: u32, m: u32) {
+        let (bytes, atomic, prog, ready) = if m == NONE {
+            (0, false, 0, Time::MAX)
+        } else {
+            let msg = &self.net.msgs[m];
+            (msg.bytes, msg.atomic, msg.prog, msg.ready_at)
+        };
+        let next_wire = if atomic {
+            self.params.hdr.atomic_req
+        } else {
+            self.params.data_wire(bytes.min(self.params.mtu), true)
+        };
+        let q = &mut self.net.qps[qp as usize];
+        q.send = m;
+        q.send_off = 0;
+        q.send_left = bytes;
+        q.send_atomic = atomic;
+        q.send_prog = prog;
+        q.send_ready = ready;
+        q.next_wire = next_wire;
     }
 
     /// The QP at the head of `port`'s `lane` queue sends one packet; it goes to the back of
     /// the queue if it has more ready to send (packet-level round robin between QPs).
     pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> u32 {
         let now = self.now;
-        let wire = self.qp_next_wire(qp);
         let q = &self.net.qps[qp as usize];
-        let m = q.send;
-        let msg = self.net.msgs[m];
-        let (payload, kind, last) = if msg.atomic {
+        let (wire, m, prog) = (q.next_wire, q.send, q.send_prog);
+        let (payload, kind, last) = if q.send_atomic {
             (0, PktKind::AtomicReq, true)
         } else {
-            let payload = (msg.bytes - q.send_off).min(self.params.mtu);
-            (payload, PktKind::Data, q.send_off + payload >= msg.bytes)
+            let payload = q.send_left.min(self.params.mtu);
+            let last = payload >= q.send_left;
+            (payload, if last { PktKind::DataLast } else { PktKind::Data }, last)
         };
         let pkt = self.net.pkts.insert(Pkt {
             msg: m,
@@ -279,55 +318,57 @@ impl Core {
             dst_nic: q.peer_nic,
             from_port: NONE,
             next: NONE,
+            next_wire: 0,
             lane,
             kind,
+            prog,
         });
-        self.ensure_op(msg.prog);
-        let ob = &mut self.op_bytes[msg.prog as usize];
+        let ob = &mut self.op_bytes[prog as usize];
         ob.wire += wire as u64;
         ob.rdma_payload += payload as u64;
-        let q = &mut self.net.qps[qp as usize];
         if last {
-            q.send = msg.next;
-            q.send_off = 0;
+            // Only a message boundary touches the message records.
+            let next = self.net.msgs[m].next;
+            self.load_send(qp, next);
         } else {
+            let q = &mut self.net.qps[qp as usize];
             q.send_off += payload;
+            q.send_left -= payload;
+            q.next_wire = self.params.data_wire(q.send_left.min(self.params.mtu), false);
         }
         // Pop the QP from the lane queue.
         let l = lane as usize;
-        let next = q.port_next;
+        let q = &self.net.qps[qp as usize];
+        let (next, next_wire) = (q.port_next, q.port_next_wire);
+        let more = q.send != NONE && q.send_ready <= now;
+        let qp_wire = q.next_wire;
         let p = &mut self.net.ports[port as usize];
         p.head[l] = next;
+        p.head_wire[l] = next_wire;
         if next == NONE {
             p.tail[l] = NONE;
             p.nonempty &= !(1 << lane);
         }
-        let q = &self.net.qps[qp as usize];
-        let more = q.send != NONE && self.net.msgs[q.send].ready_at <= now;
         if more {
             // Back of the round robin (no try_start: the caller is arbitrating this port).
-            let p = &mut self.net.ports[port as usize];
             let tail = p.tail[l];
             p.tail[l] = QP_ITEM | qp;
             if tail == NONE {
                 p.head[l] = QP_ITEM | qp;
+                p.head_wire[l] = qp_wire;
                 p.nonempty |= 1 << lane;
-            } else if tail & QP_ITEM != 0 {
-                self.net.qps[(tail & !QP_ITEM) as usize].port_next = QP_ITEM | qp;
             } else {
-                self.net.pkts[tail].next = QP_ITEM | qp;
+                self.set_next(tail, QP_ITEM | qp, qp_wire);
             }
-            self.net.qps[qp as usize].port_next = NONE;
+            self.set_next(QP_ITEM | qp, NONE, 0);
         } else {
             let q = &mut self.net.qps[qp as usize];
             q.active = false;
             q.port_next = NONE;
-            if q.send != NONE {
-                let ready = self.net.msgs[q.send].ready_at;
-                if ready != Time::MAX && !q.ready_pending {
-                    q.ready_pending = true;
-                    self.push(ready, Ev::QpReady(qp));
-                }
+            if q.send != NONE && q.send_ready != Time::MAX && !q.ready_pending {
+                q.ready_pending = true;
+                let ready = q.send_ready;
+                self.push(ready, Ev::QpReady(qp));
             }
         }
         pkt
@@ -349,12 +390,17 @@ impl Core {
         let lat = self.net.ports[p as usize].latency;
         self.return_credits(p, k.lane, k.blocks(), done + lat + self.params.credit_delay);
         match k.kind {
-            PktKind::Data => {
-                let m = &mut self.net.msgs[k.msg];
-                m.arrived += 1;
-                let complete = m.arrived == m.npkts;
-                let prog = m.prog;
-                self.op_bytes[prog as usize].rdma_delivered += k.payload as u64;
+            PktKind::Data | PktKind::DataLast => {
+                self.op_bytes[k.prog as usize].rdma_delivered += k.payload as u64;
+                // Static routing keeps a QP's packets in order: the last one completes the
+                // message. Adaptive routing may reorder them, so count.
+                let complete = if self.params.adaptive {
+                    let m = &mut self.net.msgs[k.msg];
+                    m.arrived += 1;
+                    m.arrived == m.npkts
+                } else {
+                    k.kind == PktKind::DataLast
+                };
                 if complete {
                     self.push(done, Ev::NicDeliver(pkt));
                 } else {
@@ -373,7 +419,7 @@ impl Core {
         let k = self.net.pkts[pkt];
         self.net.pkts.remove(pkt);
         match k.kind {
-            PktKind::Data | PktKind::AtomicReq => {
+            PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
                 self.net.msgs[k.msg].arrived_all = true;
                 self.execute_in_order(self.net.msgs[k.msg].qp);
             }
@@ -409,6 +455,12 @@ impl Core {
             } else {
                 (PktKind::Ack, self.params.hdr.ack)
             };
+            let pending = self.net.qps[qp as usize].ack_pkt;
+            if kind == PktKind::Ack && pending != NONE {
+                // Coalesce into the ACK still queued at the NIC.
+                self.net.pkts[pending].payload = msg.seq;
+                continue;
+            }
             // An ACK carries (QP, sequence) rather than the message id: with adaptive routing a
             // later cumulative ACK may already have retired the message.
             let ack = self.net.pkts.insert(Pkt {
@@ -419,11 +471,16 @@ impl Core {
                 dst_nic: src,
                 from_port: NONE,
                 next: NONE,
+                next_wire: 0,
                 lane,
                 kind,
+                prog: msg.prog,
             });
             self.ensure_op(msg.prog);
             self.op_bytes[msg.prog as usize].wire += wire as u64;
+            if kind == PktKind::Ack {
+                self.net.qps[qp as usize].ack_pkt = ack;
+            }
             let port = self.net.nics[dst as usize].tx_port;
             self.enqueue(port, lane, ack, wire);
         }

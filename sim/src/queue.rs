@@ -31,6 +31,8 @@ pub struct RadixQueue<T> {
     seq: u64,
     len: usize,
     buckets: Vec<Vec<(u128, T)>>,
+    /// Bit b - 1 set when bucket b (1..=128) is non-empty: the next bucket is one instruction.
+    nonempty: u128,
 }
 
 impl<T: Copy> Default for RadixQueue<T> {
@@ -41,7 +43,13 @@ impl<T: Copy> Default for RadixQueue<T> {
 
 impl<T: Copy> RadixQueue<T> {
     pub fn new() -> Self {
-        RadixQueue { last: 0, seq: 0, len: 0, buckets: (0..BUCKETS).map(|_| Vec::new()).collect() }
+        RadixQueue {
+            last: 0,
+            seq: 0,
+            len: 0,
+            buckets: (0..BUCKETS).map(|_| Vec::new()).collect(),
+            nonempty: 0,
+        }
     }
 
     #[inline]
@@ -61,6 +69,9 @@ impl<T: Copy> EventQueue<T> for RadixQueue<T> {
         let key = key.max(self.last);
         let b = self.bucket_of(key);
         self.buckets[b].push((key, item));
+        if b > 0 {
+            self.nonempty |= 1 << (b - 1);
+        }
         self.len += 1;
     }
 
@@ -70,16 +81,23 @@ impl<T: Copy> EventQueue<T> for RadixQueue<T> {
             return None;
         }
         if self.buckets[0].is_empty() {
-            let i = self.buckets.iter().position(|b| !b.is_empty())?;
+            if self.nonempty == 0 {
+                return None;
+            }
+            let i = self.nonempty.trailing_zeros() as usize + 1;
+            self.nonempty &= !(1 << (i - 1));
             let min = self.buckets[i].iter().map(|e| e.0).min().expect("non-empty bucket");
             self.last = min;
-            let moved = std::mem::take(&mut self.buckets[i]);
+            let mut moved = std::mem::take(&mut self.buckets[i]);
             for entry in &moved {
+                // Every entry lands in a lower bucket (they share the bits above `i`).
                 let b = self.bucket_of(entry.0);
                 self.buckets[b].push(*entry);
+                if b > 0 {
+                    self.nonempty |= 1 << (b - 1);
+                }
             }
             // Keep the allocation for reuse.
-            let mut moved = moved;
             moved.clear();
             self.buckets[i] = moved;
         }
