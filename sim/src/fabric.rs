@@ -69,6 +69,8 @@ pub struct Port {
     pub rate: Rate,
     pub latency: Time,
     pub to: Endpoint,
+    /// Where the port is (its transmitter side).
+    pub from: Endpoint,
     /// Where the port sits, for messages ("nic 3", "leaf 2 up 1").
     /// When the scheduled `PortDone` fires (Time::MAX: none). Only a busy port with more queued
     /// has one: an idle path costs no event per packet.
@@ -173,7 +175,7 @@ impl Net {
             starved: Vec::new(),
         };
         let credits = params.credits_per_lane;
-        let port = |net: &mut Net, rate: Rate, to: Endpoint, name: String| -> u32 {
+        let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
             let mut c = [0i32; MAX_LANES];
             for (lane, v) in c.iter_mut().enumerate() {
                 *v = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
@@ -182,6 +184,7 @@ impl Net {
                 rate,
                 latency: params.link_latency,
                 to,
+                from,
                 done_at: Time::MAX,
                 busy_until: 0,
                 head: [NONE; MAX_LANES],
@@ -206,13 +209,25 @@ impl Net {
         // NIC transmit ports first: port id = NIC id.
         for n in 0..num_nics {
             let sw = if single { 0 } else { net.leaf_of(n) };
-            let p = port(&mut net, params.nic_rate, Endpoint::Switch(sw), format!("nic{n}.tx"));
+            let p = port(
+                &mut net,
+                params.nic_rate,
+                Endpoint::Nic(n),
+                Endpoint::Switch(sw),
+                format!("nic{n}.tx"),
+            );
             net.nics.push(Nic::new(p));
         }
         if single {
             let down = net.sw_ports.len() as u32;
             for n in 0..num_nics {
-                let p = port(&mut net, params.link_rate, Endpoint::Nic(n), format!("switch.p{n}"));
+                let p = port(
+                    &mut net,
+                    params.link_rate,
+                    Endpoint::Switch(0),
+                    Endpoint::Nic(n),
+                    format!("switch.p{n}"),
+                );
                 net.sw_ports.push(p);
             }
             net.switches.push(Switch {
@@ -233,7 +248,13 @@ impl Net {
                 let node = group * nodes_per_leaf + i;
                 let nic = node * rails + rail;
                 let to = if node < nodes { Endpoint::Nic(nic) } else { Endpoint::Nic(NONE) };
-                let p = port(&mut net, params.link_rate, to, format!("leaf{l}.down{i}"));
+                let p = port(
+                    &mut net,
+                    params.link_rate,
+                    Endpoint::Switch(l),
+                    to,
+                    format!("leaf{l}.down{i}"),
+                );
                 net.sw_ports.push(p);
             }
             let up = net.sw_ports.len() as u32;
@@ -241,6 +262,7 @@ impl Net {
                 let p = port(
                     &mut net,
                     params.link_rate,
+                    Endpoint::Switch(l),
                     Endpoint::Switch(leaves + s),
                     format!("leaf{l}.up{s}"),
                 );
@@ -261,6 +283,7 @@ impl Net {
                 let p = port(
                     &mut net,
                     params.link_rate,
+                    Endpoint::Switch(leaves + s),
                     Endpoint::Switch(l),
                     format!("spine{s}.down{l}"),
                 );
@@ -551,8 +574,8 @@ impl Core {
             let t = now + up.latency + self.params.credit_delay;
             self.return_credits(pkt.from_port, lane as u8, blocks, t);
         }
-        if let Some(tr) = self.trace.as_mut() {
-            tr.port_packet(p, now, ser, &pkt);
+        if self.trace.is_some() {
+            self.trace_packet(p, now, ser, &pkt);
         }
         let latency = self.net.ports[pi].latency;
         match self.net.ports[pi].to {
@@ -573,6 +596,39 @@ impl Core {
             }
             Endpoint::Nic(n) => self.nic_receive(n, p, pkt_id, now + latency, now + ser + latency),
         }
+    }
+
+    /// Trace one packet on its port's track, with credit and queue counters.
+    fn trace_packet(&mut self, p: u32, now: Time, ser: Time, pkt: &Pkt) {
+        use crate::trace::{PID_NIC, PID_SWITCH, TID_NIC_PORT};
+        let port = &self.net.ports[p as usize];
+        let (pid, tid, pname) = match port.from {
+            Endpoint::Nic(n) => (PID_NIC + n, TID_NIC_PORT, format!("NIC {n}")),
+            Endpoint::Switch(s) => (PID_SWITCH + s, p, self.net.switches[s as usize].name.clone()),
+        };
+        let tname = self.net.port_names[p as usize].clone();
+        let credits = port.credits[pkt.lane as usize];
+        let queued = port.queued_bytes;
+        let kind = match pkt.kind {
+            PktKind::Data | PktKind::DataLast => "data",
+            PktKind::Ack => "ack",
+            PktKind::AtomicReq => "atomic",
+            PktKind::AtomicResp => "atomic-resp",
+        };
+        let lossless = self.net.lossless & (1 << pkt.lane) != 0;
+        let tr = self.trace.as_mut().expect("tracing");
+        tr.name_process(pid, &pname);
+        tr.name_thread(pid, tid, &tname);
+        let args = format!(
+            "\"bytes\":{},\"payload\":{},\"src_nic\":{},\"dst_nic\":{}",
+            pkt.wire, pkt.payload, pkt.src_nic, pkt.dst_nic
+        );
+        tr.span(pid, tid, &format!("VL{} {kind}", pkt.lane), now, now + ser, &args);
+        if lossless {
+            let name = format!("{tname} VL{} credits", pkt.lane);
+            tr.counter(pid, (p, pkt.lane), &name, now, "credits", credits as i64);
+        }
+        tr.counter(pid, (p, 255), &format!("{tname} queue"), now, "bytes", queued as i64);
     }
 
     fn watch_starvation(&mut self, p: u32, bypassed: LaneMask) {

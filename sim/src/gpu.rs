@@ -114,6 +114,9 @@ impl Core {
             ob.nvlink += bytes;
         }
         let issue_end = at + issuer.time(bytes);
+        if self.trace.is_some() {
+            self.trace_copy(at, src, dst, kind, bytes, issue_end);
+        }
         match kind {
             PathKind::Local => {
                 let (_, end) = self.gpus.gpus[src as usize].hbm.reserve(at, bytes);
@@ -136,6 +139,21 @@ impl Core {
                 near_end
             }
         }
+    }
+
+    /// Trace a copy on its source GPU's NVLink (or HBM) track: issue to the issuer's end.
+    fn trace_copy(&mut self, at: Time, src: u32, dst: u32, kind: PathKind, bytes: u64, end: Time) {
+        use crate::trace::{PID_GPU, TID_HBM, TID_NVLINK};
+        let (tid, tname) = match kind {
+            PathKind::Local => (TID_HBM, "HBM copies"),
+            PathKind::Nvlink => (TID_NVLINK, "NVLink egress"),
+            PathKind::Pcie => (TID_NVLINK, "PCIe P2P egress"),
+        };
+        let pid = PID_GPU + src;
+        let tr = self.trace.as_mut().expect("tracing");
+        tr.name_process(pid, &format!("GPU {src}"));
+        tr.name_thread(pid, tid, tname);
+        tr.span(pid, tid, &format!("copy to GPU {dst}"), at, end, &format!("\"bytes\":{bytes}"));
     }
 
     fn latency_of(&self, kind: PathKind) -> Time {

@@ -57,7 +57,9 @@ pub struct Simulator {
     /// identical, so the first run of each is reused (SimOptions::no_cache turns this off).
     cache: BTreeMap<(u32, OpKind), OpSample>,
     use_cache: bool,
-    trace: Option<String>,
+    trace: Option<trace::Trace>,
+    /// Where the next traced op starts in the trace.
+    trace_end: time::Time,
     /// Events handled over all runs (benchmarks report events/s), and per kind.
     pub events: u64,
     pub events_by_kind: [u64; 8],
@@ -71,6 +73,7 @@ impl Simulator {
             cache: BTreeMap::new(),
             use_cache: true,
             trace: None,
+            trace_end: 0,
             events: 0,
             events_by_kind: [0; 8],
         }
@@ -84,7 +87,27 @@ impl Simulator {
 
     /// The trace of the last run (Chrome trace-event JSON), when `SimOptions::trace` was set.
     pub fn trace_json(&self) -> Option<String> {
-        self.trace.clone()
+        self.trace.as_ref().map(|t| t.to_json())
+    }
+
+    /// A machine for `plan`, traced when asked and nothing has been traced for this op yet:
+    /// each traced op is laid out after the previous one in the trace.
+    fn world(&self, plan: &Plan, trace: bool) -> World {
+        let mut world = build_world(plan, trace);
+        if let Some(tr) = world.core.trace.as_mut() {
+            tr.offset = self.trace_end;
+        }
+        world
+    }
+
+    /// Keep a traced world's events.
+    fn keep_trace(&mut self, world: &mut World) {
+        let Some(tr) = world.core.trace.take() else { return };
+        self.trace_end = tr.offset + world.core.now + 10 * time::PS_PER_US;
+        match self.trace.as_mut() {
+            None => self.trace = Some(tr),
+            Some(all) => all.append(tr),
+        }
     }
 
     fn count(&mut self, world: &World) {
@@ -180,6 +203,7 @@ impl Transport for Simulator {
         self.plan = Some(plan.clone());
         self.cache.clear();
         self.trace = None;
+        self.trace_end = 0;
         Ok(())
     }
 
@@ -195,8 +219,8 @@ impl Transport for Simulator {
                     s.warmup = *warmup;
                     return Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() });
                 }
-                let trace = self.options.trace && self.trace.is_none();
-                let mut world = build_world(&plan, trace);
+                // Trace the first run of each op (later iterations reuse it).
+                let mut world = self.world(&plan, self.options.trace);
                 let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
                     make_program(&plan, core, j, o, it, w)
                 };
@@ -209,6 +233,7 @@ impl Transport for Simulator {
                     world.run_one(&mut factory, *job, *op, *iteration, *warmup)
                 };
                 self.count(&world);
+                self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
                 let samples = collect(&mut world);
                 let measured: Vec<OpSample> = if chained(&plan, *job) && ops.contains(op) {
@@ -230,7 +255,7 @@ impl Transport for Simulator {
                 Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() })
             }
             OpSpec::Concurrent { streams } => {
-                let mut world = build_world(&plan, self.options.trace);
+                let mut world = self.world(&plan, self.options.trace);
                 let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
                     make_program(&plan, core, j, o, it, w)
                 };
@@ -240,6 +265,7 @@ impl Transport for Simulator {
                     .collect();
                 let r = world.run_streams(&mut factory, &streams);
                 self.count(&world);
+                self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
                 Ok(OpOutcome { samples: collect(&mut world), measurements: BTreeMap::new() })
             }

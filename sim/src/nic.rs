@@ -450,6 +450,23 @@ impl Core {
             // Data (or the atomic's result) is visible in GPU memory after the PCIe write.
             let visible = self.now + self.params.rx_latency;
             self.act_at(visible, msg.remote);
+            if let Some(tr) = self.trace.as_mut() {
+                use crate::trace::{PID_NIC, TID_NIC_PORT, TID_QP};
+                // The message's path through the fabric: post at the requester, delivery at
+                // the responder's NIC.
+                let (src, dst) =
+                    (self.net.qps[qp as usize].nic, self.net.qps[qp as usize].peer_nic);
+                tr.name_thread(PID_NIC + dst, TID_NIC_PORT, "tx port");
+                tr.flow(
+                    "rdma",
+                    PID_NIC + src,
+                    TID_QP + qp,
+                    msg.posted_at,
+                    PID_NIC + dst,
+                    TID_NIC_PORT,
+                    visible,
+                );
+            }
             let (kind, wire) = if msg.atomic {
                 (PktKind::AtomicResp, self.params.hdr.atomic_resp)
             } else {
@@ -505,6 +522,27 @@ impl Core {
             q.completed += 1;
             self.net.msgs.remove(head);
             self.act(msg.local);
+            if self.trace.is_some() {
+                self.trace_message(qp, &msg);
+            }
         }
+    }
+
+    /// Trace a completed work request on its QP's track (post to completion).
+    fn trace_message(&mut self, qp: u32, msg: &Msg) {
+        use crate::trace::{PID_NIC, TID_QP};
+        let q = &self.net.qps[qp as usize];
+        let (pid, tid) = (PID_NIC + q.nic, TID_QP + qp);
+        let name = format!(
+            "QP {} rank {}->{} #{} (VL{})",
+            qp, q.label.src_rank, q.label.dst_rank, q.label.index, q.lane
+        );
+        let what = if msg.atomic { "atomic".to_string() } else { format!("write {} B", msg.bytes) };
+        let nic = q.nic;
+        let now = self.now;
+        let tr = self.trace.as_mut().expect("tracing");
+        tr.name_process(pid, &format!("NIC {nic}"));
+        tr.name_thread(pid, tid, &name);
+        tr.span(pid, tid, &what, msg.posted_at, now, &format!("\"seq\":{}", msg.seq));
     }
 }

@@ -32,6 +32,10 @@ pub trait Program {
     fn stuck(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Per-rank kernel spans for the trace: (GPU, rank, start, end).
+    fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
+        Vec::new()
+    }
 }
 
 /// Builds the program for one op of one job.
@@ -245,6 +249,16 @@ impl World {
         self.finished[p as usize] = true;
         let mut prog = self.progs[p as usize].take().expect("live program");
         let mut sample = prog.finish(&self.core);
+        if let Some(tr) = self.core.trace.as_mut() {
+            use crate::trace::PID_GPU;
+            let name =
+                format!("{} (job {}, iteration {})", sample.op, sample.job.0, sample.iteration);
+            for (gpu, rank, start, end) in prog.spans() {
+                tr.name_process(PID_GPU + gpu, &format!("GPU {gpu}"));
+                tr.name_thread(PID_GPU + gpu, rank, &format!("rank {rank} kernels"));
+                tr.span(PID_GPU + gpu, rank, &name, start, end, "");
+            }
+        }
         let ob = self.core.op_bytes[p as usize];
         sample.nvlink_bytes = ob.nvlink;
         sample.rdma_bytes = ob.rdma_payload;

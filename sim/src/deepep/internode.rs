@@ -61,6 +61,8 @@ pub struct InternodeProgram {
     out_bytes: u64,
     cfg: Config,
     gpu: Vec<u32>,
+    /// Global rank of each job rank (trace tracks).
+    global: Vec<u32>,
     paths: Vec<PathKind>,
     costs: GpuCosts,
     ranks: Ranks,
@@ -174,6 +176,7 @@ impl InternodeProgram {
             out_bytes,
             cfg,
             gpu: core.jobs[meta.job.index()].gpu.clone(),
+            global: core.jobs[meta.job.index()].ranks.iter().map(|r| r.0).collect(),
             paths,
             sender_rate: warps(7),
             fwd_rate: warps(1),
@@ -1205,6 +1208,10 @@ impl Program for InternodeProgram {
             }
         }
         self.ranks.sample(&self.meta, 0.0)
+    }
+
+    fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
+        self.ranks.spans(&self.gpu, &self.global)
     }
 
     fn describe(&self, actor: u32) -> String {

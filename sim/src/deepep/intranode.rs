@@ -40,6 +40,8 @@ pub struct IntranodeProgram {
     chunk: u32,
     paths: Vec<PathKind>,
     gpu: Vec<u32>,
+    /// Global rank of each job rank (trace tracks).
+    global: Vec<u32>,
     costs: GpuCosts,
     ranks: Ranks,
     routing: RoutingTable,
@@ -105,6 +107,7 @@ impl IntranodeProgram {
             chunk: cfg.num_max_nvl_chunked_send_tokens.max(1),
             paths,
             gpu: core.jobs[meta.job.index()].gpu.clone(),
+            global: core.jobs[meta.job.index()].ranks.iter().map(|r| r.0).collect(),
             costs,
             ranks: Ranks::new(n),
             routing: d.routing.clone(),
@@ -443,6 +446,10 @@ impl Program for IntranodeProgram {
             }
         }
         self.ranks.sample(&self.meta, 0.0)
+    }
+
+    fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
+        self.ranks.spans(&self.gpu, &self.global)
     }
 
     fn describe(&self, actor: u32) -> String {

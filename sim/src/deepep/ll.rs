@@ -49,6 +49,8 @@ pub struct LlProgram {
     routing: RoutingTable,
     routes: Vec<Route>,
     gpu: Vec<u32>,
+    /// Global rank of each job rank (trace tracks).
+    global: Vec<u32>,
     costs: GpuCosts,
     ranks: Ranks,
     // --- dispatch -----------------------------------------------------------------------
@@ -149,6 +151,7 @@ impl LlProgram {
             msg_bytes,
             routes,
             gpu: core.jobs[job].gpu.clone(),
+            global: core.jobs[job].ranks.iter().map(|r| r.0).collect(),
             costs,
             ranks: Ranks::new(n),
             next_token: Vec::new(),
@@ -711,6 +714,10 @@ impl Program for LlProgram {
             s.latency_ns = s.phases.iter().map(|p| p.latency_ns).sum();
         }
         s
+    }
+
+    fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
+        self.ranks.spans(&self.gpu, &self.global)
     }
 
     fn describe(&self, actor: u32) -> String {

@@ -214,6 +214,15 @@ impl Ranks {
         }
     }
 
+    /// (GPU, global rank, start, end) of every finished rank, for the trace.
+    pub fn spans(&self, gpu: &[u32], ranks: &[u32]) -> Vec<(u32, u32, Time, Time)> {
+        self.end
+            .iter()
+            .enumerate()
+            .filter_map(|(r, e)| e.map(|e| (gpu[r], ranks[r], self.start[r], e)))
+            .collect()
+    }
+
     /// Kernel time of rank `r` so far (for phases).
     pub fn since_start(&self, r: u32, t: Time) -> Time {
         t.saturating_sub(self.start[r as usize])

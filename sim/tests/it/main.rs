@@ -7,5 +7,6 @@ mod isolation;
 mod properties;
 mod qp_depth;
 mod scenarios;
+mod trace;
 mod util;
 mod validation;
