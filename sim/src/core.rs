@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use crate::fabric::Net;
 use crate::gpu::Gpus;
 use crate::params::Params;
-use crate::queue::{EventQueue, RadixQueue};
+use crate::queue::{EventQueue, HeapQueue, Queue, RadixQueue};
 use crate::time::{Time, fmt_us};
 use crate::trace::Trace;
 
@@ -79,7 +79,7 @@ pub struct OpBytes {
 
 pub struct Core {
     pub now: Time,
-    pub queue: RadixQueue<Ev>,
+    pub queue: Queue<Ev>,
     pub params: Params,
     pub net: Net,
     pub gpus: Gpus,
@@ -107,7 +107,7 @@ impl Core {
     pub fn new(params: Params, net: Net, gpus: Gpus, trace: bool) -> Core {
         Core {
             now: 0,
-            queue: RadixQueue::new(),
+            queue: Queue::Radix(RadixQueue::new()),
             params,
             net,
             gpus,
@@ -122,6 +122,12 @@ impl Core {
             jobs: Vec::new(),
             starvations: Vec::new(),
         }
+    }
+
+    /// Use the binary-heap baseline queue (benchmarks compare the two in the same run).
+    pub fn use_binary_heap(&mut self) {
+        assert!(self.queue.is_empty(), "switch queues before the run");
+        self.queue = Queue::Heap(HeapQueue::default());
     }
 
     #[inline]

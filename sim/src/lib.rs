@@ -49,6 +49,14 @@ pub struct SimOptions {
     pub trace: bool,
 }
 
+/// Which event queue a simulation uses (results are identical; benchmarks compare speed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueChoice {
+    #[default]
+    Radix,
+    BinaryHeap,
+}
+
 /// The simulator as a [`Transport`].
 pub struct Simulator {
     options: SimOptions,
@@ -60,6 +68,7 @@ pub struct Simulator {
     trace: Option<trace::Trace>,
     /// Where the next traced op starts in the trace.
     trace_end: time::Time,
+    queue: QueueChoice,
     /// Events handled over all runs (benchmarks report events/s), and per kind.
     pub events: u64,
     pub events_by_kind: [u64; 8],
@@ -74,9 +83,16 @@ impl Simulator {
             use_cache: true,
             trace: None,
             trace_end: 0,
+            queue: QueueChoice::Radix,
             events: 0,
             events_by_kind: [0; 8],
         }
+    }
+
+    /// Run on the binary-heap baseline queue (for benchmarks).
+    pub fn with_queue(mut self, queue: QueueChoice) -> Self {
+        self.queue = queue;
+        self
     }
 
     /// Simulate every iteration instead of reusing the (identical) first run of an op.
@@ -94,6 +110,9 @@ impl Simulator {
     /// each traced op is laid out after the previous one in the trace.
     fn world(&self, plan: &Plan, trace: bool) -> World {
         let mut world = build_world(plan, trace);
+        if self.queue == QueueChoice::BinaryHeap {
+            world.core.use_binary_heap();
+        }
         if let Some(tr) = world.core.trace.as_mut() {
             tr.offset = self.trace_end;
         }

@@ -112,6 +112,38 @@ impl<T: Copy> EventQueue<T> for RadixQueue<T> {
     }
 }
 
+/// The simulator's queue: the radix heap, or the binary-heap baseline benchmarks compare it
+/// with (identical event order either way).
+pub enum Queue<T> {
+    Radix(RadixQueue<T>),
+    Heap(HeapQueue<T>),
+}
+
+impl<T: Copy> EventQueue<T> for Queue<T> {
+    #[inline]
+    fn push(&mut self, time: Time, item: T) {
+        match self {
+            Queue::Radix(q) => q.push(time, item),
+            Queue::Heap(q) => q.push(time, item),
+        }
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<(Time, T)> {
+        match self {
+            Queue::Radix(q) => q.pop(),
+            Queue::Heap(q) => q.pop(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Queue::Radix(q) => q.len(),
+            Queue::Heap(q) => q.len(),
+        }
+    }
+}
+
 /// The baseline: `std::collections::BinaryHeap` with the same (time, seq) order.
 pub struct HeapQueue<T> {
     seq: u64,
