@@ -67,6 +67,10 @@ pub struct LlProgram {
     signals_left: Vec<u32>,
     send_done: Vec<Time>,
     sent_hash: Vec<u64>,
+    /// What routing says each (source rank, expert) must carry, computed independently of the
+    /// senders: token count and identity hash.
+    want_count: Vec<u32>,
+    want_hash: Vec<u64>,
     /// Counters: data messages delivered and count signal per (receiver, source, local expert).
     data_ctr: u32,
     cnt_ctr: u32,
@@ -164,6 +168,8 @@ impl LlProgram {
             signals_left: vec![experts; n as usize],
             send_done: vec![0; n as usize],
             sent_hash: vec![0; ne],
+            want_count: vec![0; ne],
+            want_hash: vec![0; ne],
             data_ctr: 0,
             cnt_ctr: 0,
             groups_left: vec![experts; n as usize],
@@ -178,12 +184,15 @@ impl LlProgram {
             expected_msgs: vec![0; n as usize],
             routing,
         };
-        // Per (source rank, expert): how many of the source's tokens selected it.
+        // Per (source rank, expert): how many of the source's tokens selected it, and which.
         for r in 0..n {
             for t in 0..p.tokens {
                 for &e in p.routing.experts(r, t) {
                     if e >= 0 {
-                        p.puts_left[(r * experts + e as u32) as usize] += 1;
+                        let i = (r * experts + e as u32) as usize;
+                        p.puts_left[i] += 1;
+                        p.want_count[i] += 1;
+                        p.want_hash[i] = p.want_hash[i].wrapping_add(mix(r, t, e as u32));
                     }
                 }
             }
@@ -366,13 +375,13 @@ impl LlProgram {
         let delivered = core.value(self.data_ctr + cell);
         let e = r * self.local + le;
         let i = self.idx(s, e);
-        let expected = self.expected_count(s, e);
+        let expected = self.want_count[i];
         if delivered != count {
             self.ranks.fail(format!(
                 "rank {r} local expert {le}: count from rank {s} says {count} tokens but {delivered} arrived before it (per-QP order broken)"
             ));
         }
-        if count != expected as u64 || self.sent_hash[i] != self.expected_hash(s, e) {
+        if count != expected as u64 || self.sent_hash[i] != self.want_hash[i] {
             self.ranks.fail(format!(
                 "rank {r} local expert {le}: received {count} tokens from rank {s}, routing selects {expected} (or a different set)"
             ));
@@ -402,24 +411,6 @@ impl LlProgram {
             let last = self.ranks.last[r as usize];
             core.wake_at(last, self.me, self.a_final(r));
         }
-    }
-
-    fn expected_count(&self, s: u32, e: u32) -> u32 {
-        let mut c = 0;
-        for t in 0..self.tokens {
-            c += self.routing.experts(s, t).iter().filter(|&&x| x == e as i32).count() as u32;
-        }
-        c
-    }
-
-    fn expected_hash(&self, s: u32, e: u32) -> u64 {
-        let mut h = 0u64;
-        for t in 0..self.tokens {
-            if self.routing.experts(s, t).contains(&(e as i32)) {
-                h = h.wrapping_add(mix(s, t, e));
-            }
-        }
-        h
     }
 
     // ---- combine -------------------------------------------------------------------------
