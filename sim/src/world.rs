@@ -348,3 +348,120 @@ impl World {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use eptwin_engine::ids::JobId;
+
+    use super::*;
+    use crate::time::PS_PER_US;
+
+    /// Rank `r` waits for counter `base + r`; only even ranks' counters are ever bumped.
+    struct Waiter {
+        base: u32,
+        n: u32,
+        done: u32,
+    }
+
+    impl Program for Waiter {
+        fn start(&mut self, core: &mut Core, _me: ProgId) {
+            self.base = core.counters(self.n as usize);
+        }
+        fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+            if !core.wait(self.base + r, 1, me, r) {
+                if r % 2 == 0 {
+                    core.act_at(
+                        t + PS_PER_US,
+                        crate::core::Action::Add { counter: self.base + r, delta: 1 },
+                    );
+                }
+            } else {
+                self.done += 1;
+            }
+        }
+        fn num_ranks(&self) -> u32 {
+            self.n
+        }
+        fn wake(&mut self, _core: &mut Core, _me: ProgId, _actor: u32) {
+            self.done += 1;
+        }
+        fn is_done(&self) -> bool {
+            self.done == self.n
+        }
+        fn finish(&mut self, _core: &Core) -> OpSample {
+            OpSample::new(JobId(0), OpKind::Barrier, 0, false, 0.0)
+        }
+        fn describe(&self, actor: u32) -> String {
+            format!("waiter rank {actor}")
+        }
+    }
+
+    fn world() -> World {
+        let text = "schema = 1\nname = \"w\"\n[cluster]\nprofile = \"h800-cx7\"\nnodes = 1\n[[job]]\nname = \"t\"\n[job.traffic]\npattern = \"ring\"\nbytes_per_rank = 1024\n";
+        let loaded = eptwin_engine::parse("w", text).expect("parse");
+        let plan = eptwin_engine::Plan::build(&loaded).expect("plan");
+        crate::build_world(&plan, false)
+    }
+
+    #[test]
+    fn deadlock_is_an_error_naming_the_waiters() {
+        let mut w = world();
+        let mut factory =
+            |_: &mut Core, _: JobId, _: OpKind, _: u32, _: bool| -> Box<dyn Program> {
+                Box::new(Waiter { base: 0, n: 4, done: 0 })
+            };
+        match w.run_one(&mut factory, JobId(0), OpKind::Barrier, 0, false) {
+            Err(RunError::Deadlock(msg)) => {
+                assert!(msg.contains("waiter rank 1 waits for counter"), "{msg}");
+                assert!(msg.contains("waiter rank 3"), "{msg}");
+                assert!(!msg.contains("waiter rank 0"), "{msg}");
+            }
+            other => panic!("expected a deadlock, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn streams_run_ops_back_to_back_aligned_or_chained() {
+        // Every rank's counter is bumped: each op ends 1 us after it starts.
+        struct Quick(u32, Vec<(u32, Time)>);
+        impl Program for Quick {
+            fn start(&mut self, _core: &mut Core, _me: ProgId) {}
+            fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+                // Rank r takes (r + 1) us.
+                core.wake_at(t + (r as Time + 1) * PS_PER_US, me, r);
+            }
+            fn num_ranks(&self) -> u32 {
+                2
+            }
+            fn wake(&mut self, core: &mut Core, _me: ProgId, r: u32) {
+                self.0 += 1;
+                self.1.push((r, core.now));
+            }
+            fn take_finished(&mut self) -> Vec<(u32, Time)> {
+                std::mem::take(&mut self.1)
+            }
+            fn is_done(&self) -> bool {
+                self.0 == 2
+            }
+            fn finish(&mut self, core: &Core) -> OpSample {
+                OpSample::new(JobId(0), OpKind::Barrier, 0, false, core.now as f64 / 1e3)
+            }
+            fn describe(&self, _actor: u32) -> String {
+                String::new()
+            }
+        }
+        for chained in [false, true] {
+            let mut w = world();
+            let mut factory =
+                |_: &mut Core, _: JobId, _: OpKind, _: u32, _: bool| -> Box<dyn Program> {
+                    Box::new(Quick(0, Vec::new()))
+                };
+            w.run_streams(&mut factory, &[(JobId(0), vec![OpKind::Barrier], 0, 3, chained)])
+                .expect("run");
+            let ends: Vec<f64> = w.samples.iter().map(|s| s.latency_ns / 1e3).collect();
+            // Aligned: each op starts when both ranks ended (2 us per op). Chained: rank 0
+            // starts its next op at 1 us, rank 1 (the slow one) still paces the stream.
+            assert_eq!(ends, vec![2.0, 4.0, 6.0], "chained={chained}");
+        }
+    }
+}
