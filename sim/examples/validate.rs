@@ -63,8 +63,11 @@ fn main() {
     errors.sort_by(f64::total_cmp);
     if !errors.is_empty() {
         let mid = errors.len() / 2;
-        let median =
-            if errors.len() % 2 == 0 { (errors[mid - 1] + errors[mid]) / 2.0 } else { errors[mid] };
+        let median = if errors.len().is_multiple_of(2) {
+            (errors[mid - 1] + errors[mid]) / 2.0
+        } else {
+            errors[mid]
+        };
         println!("median |error| {median:.1}%  max {:.1}%", errors[errors.len() - 1]);
     }
 }

@@ -369,7 +369,7 @@ mod tests {
         }
         fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
             if !core.wait(self.base + r, 1, me, r) {
-                if r % 2 == 0 {
+                if r.is_multiple_of(2) {
                     core.act_at(
                         t + PS_PER_US,
                         crate::core::Action::Add { counter: self.base + r, delta: 1 },

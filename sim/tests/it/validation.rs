@@ -49,8 +49,11 @@ fn published_deepep_rows_within_tolerance() {
     }
     errors.sort_by(f64::total_cmp);
     let mid = errors.len() / 2;
-    let median =
-        if errors.len() % 2 == 0 { (errors[mid - 1] + errors[mid]) / 2.0 } else { errors[mid] };
+    let median = if errors.len().is_multiple_of(2) {
+        (errors[mid - 1] + errors[mid]) / 2.0
+    } else {
+        errors[mid]
+    };
     lines.push(format!("median |error| {median:.1}%, max {:.1}%", errors[errors.len() - 1]));
     println!("{}", lines.join("\n"));
     assert!(bad.is_empty(), "rows beyond tolerance: {bad:?}");
