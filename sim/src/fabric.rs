@@ -76,12 +76,10 @@ pub struct Port {
     /// has one: an idle path costs no event per packet.
     pub done_at: Time,
     pub busy_until: Time,
-    pub head: [u32; MAX_LANES],
-    pub tail: [u32; MAX_LANES],
-    /// Wire bytes of each lane's head packet (kept here so arbitration touches no packet).
-    pub head_wire: [u32; MAX_LANES],
+    /// Per lane: queue head and tail, the head's wire bytes (so arbitration touches no
+    /// packet) and the credits in hand — one 16-byte record per lane for locality.
+    pub lanes: [Lane; MAX_LANES],
     pub nonempty: LaneMask,
-    pub credits: [i32; MAX_LANES],
     pub arb: ArbState,
     /// Pending `PortWake` (Time::MAX: none).
     pub wake_at: Time,
@@ -92,6 +90,14 @@ pub struct Port {
     pub busy_ps: Time,
     /// Since when a lane has been eligible but passed over by the high table (starvation).
     pub bypassed_since: [Time; MAX_LANES],
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Lane {
+    pub head: u32,
+    pub tail: u32,
+    pub head_wire: u32,
+    pub credits: i32,
 }
 
 #[derive(Debug, Clone)]
@@ -176,9 +182,9 @@ impl Net {
         };
         let credits = params.credits_per_lane;
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
-            let mut c = [0i32; MAX_LANES];
-            for (lane, v) in c.iter_mut().enumerate() {
-                *v = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
+            let mut lanes = [Lane { head: NONE, tail: NONE, head_wire: 0, credits: 0 }; MAX_LANES];
+            for (lane, v) in lanes.iter_mut().enumerate() {
+                v.credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
             }
             net.ports.push(Port {
                 rate,
@@ -187,11 +193,8 @@ impl Net {
                 from,
                 done_at: Time::MAX,
                 busy_until: 0,
-                head: [NONE; MAX_LANES],
-                tail: [NONE; MAX_LANES],
-                head_wire: [0; MAX_LANES],
+                lanes,
                 nonempty: 0,
-                credits: c,
                 arb: ArbState::new(&net.arb),
                 wake_at: Time::MAX,
                 queued_bytes: 0,
@@ -365,15 +368,15 @@ impl Core {
         let l = lane as usize;
         {
             let port = &mut self.net.ports[p as usize];
-            let tail = port.tail[l];
+            let tail = port.lanes[l].tail;
             if tail == NONE {
-                port.head[l] = item;
-                port.head_wire[l] = bytes;
+                port.lanes[l].head = item;
+                port.lanes[l].head_wire = bytes;
             } else {
                 self.set_next(tail, item, bytes);
             }
             let port = &mut self.net.ports[p as usize];
-            port.tail[l] = item;
+            port.lanes[l].tail = item;
             port.nonempty |= 1 << lane;
             port.queued_bytes += bytes as u64;
         }
@@ -410,8 +413,8 @@ impl Core {
             q.pop_front();
         }
         let port = &mut self.net.ports[p as usize];
-        port.credits[lane] += got;
-        port.credits[lane]
+        port.lanes[lane].credits += got;
+        port.lanes[lane].credits
     }
 
     /// Return `blocks` credits of `lane` to port `p` at time `t` (kept time-ordered).
@@ -473,12 +476,12 @@ impl Core {
         while lanes != 0 {
             let lane = lanes.trailing_zeros() as usize;
             lanes &= lanes - 1;
-            let wire = self.net.ports[pi].head_wire[lane];
+            let wire = self.net.ports[pi].lanes[lane].head_wire;
             sizes[lane] = wire;
             let need = wire.div_ceil(64) as i32;
             // Returned credits are absorbed only when the ones in hand do not suffice: they
             // only ever add, and most of the time the buffer is far from full.
-            let mut credits = self.net.ports[pi].credits[lane];
+            let mut credits = self.net.ports[pi].lanes[lane].credits;
             if credits < need {
                 credits = self.absorb_credits(p, lane);
             }
@@ -505,7 +508,7 @@ impl Core {
         }
         let lane = pick.lane as usize;
         self.net.ports[pi].bypassed_since[lane] = Time::MAX;
-        let head = self.net.ports[pi].head[lane];
+        let head = self.net.ports[pi].lanes[lane].head;
         let pkt_id = if head & QP_ITEM != 0 {
             self.take_qp_packet(p, lane as u8, head & !QP_ITEM)
         } else {
@@ -514,10 +517,10 @@ impl Core {
                 (k.next, k.next_wire)
             };
             let port = &mut self.net.ports[pi];
-            port.head[lane] = next;
-            port.head_wire[lane] = next_wire;
+            port.lanes[lane].head = next;
+            port.lanes[lane].head_wire = next_wire;
             if next == NONE {
-                port.tail[lane] = NONE;
+                port.lanes[lane].tail = NONE;
                 port.nonempty &= !(1 << lane);
             }
             head
@@ -535,15 +538,15 @@ impl Core {
             let arb_cfg = &self.net.arb;
             let port = &mut self.net.ports[pi];
             port.arb.sent(arb_cfg, lane as u8, pkt.wire);
-            if port.credits[lane] < blocks && self.net.lossless & (1 << lane) != 0 {
+            if port.lanes[lane].credits < blocks && self.net.lossless & (1 << lane) != 0 {
                 let msg = format!(
                     "credit overdraft on {} lane {lane}: {} credits, packet needs {blocks}",
-                    self.net.port_names[pi], port.credits[lane]
+                    self.net.port_names[pi], port.lanes[lane].credits
                 );
                 self.violations.push(msg);
             }
             let port = &mut self.net.ports[pi];
-            port.credits[lane] -= blocks;
+            port.lanes[lane].credits -= blocks;
             if now < port.busy_until {
                 let msg = format!(
                     "link above capacity: {} starts a packet at {} while busy until {}",
@@ -607,7 +610,7 @@ impl Core {
             Endpoint::Switch(s) => (PID_SWITCH + s, p, self.net.switches[s as usize].name.clone()),
         };
         let tname = self.net.port_names[p as usize].clone();
-        let credits = port.credits[pkt.lane as usize];
+        let credits = port.lanes[pkt.lane as usize].credits;
         let queued = port.queued_bytes;
         let kind = match pkt.kind {
             PktKind::Data | PktKind::DataLast => "data",

@@ -343,19 +343,19 @@ impl Core {
         let more = q.send != NONE && q.send_ready <= now;
         let qp_wire = q.next_wire;
         let p = &mut self.net.ports[port as usize];
-        p.head[l] = next;
-        p.head_wire[l] = next_wire;
+        p.lanes[l].head = next;
+        p.lanes[l].head_wire = next_wire;
         if next == NONE {
-            p.tail[l] = NONE;
+            p.lanes[l].tail = NONE;
             p.nonempty &= !(1 << lane);
         }
         if more {
             // Back of the round robin (no try_start: the caller is arbitrating this port).
-            let tail = p.tail[l];
-            p.tail[l] = QP_ITEM | qp;
+            let tail = p.lanes[l].tail;
+            p.lanes[l].tail = QP_ITEM | qp;
             if tail == NONE {
-                p.head[l] = QP_ITEM | qp;
-                p.head_wire[l] = qp_wire;
+                p.lanes[l].head = QP_ITEM | qp;
+                p.lanes[l].head_wire = qp_wire;
                 p.nonempty |= 1 << lane;
             } else {
                 self.set_next(tail, QP_ITEM | qp, qp_wire);

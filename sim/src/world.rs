@@ -302,7 +302,7 @@ impl World {
                         } else {
                             "waiting for credits"
                         };
-                        format!("VL{l} ({why}, {} credits)", port.credits[l])
+                        format!("VL{l} ({why}, {} credits)", port.lanes[l].credits)
                     })
                     .collect();
                 lines.push(format!(
