@@ -261,19 +261,19 @@ fn memory_model_probes(
     let out = devs.list[0].gpu.alloc(64)?;
     let sink = devs.list[0].gpu.alloc(64)?;
     let mut chase = serde_json::Map::new();
-    let l2_lines = (8u64 << 20) / 128;
-    let big_lines = big as u64 / 128;
-    for (name, lines, blocks, threads, iters, resident) in [
-        ("l2_1x32", l2_lines, 1u32, 32u32, 4000i32, true),
-        ("hbm_1x32", big_lines, 1, 32, 4000, false),
-        ("l2_132x1024", l2_lines, 132, 1024, 48, true),
-        ("hbm_132x1024", big_lines, 132, 1024, 48, false),
+    let l2_int4 = (8u64 << 20) / 16;
+    let big_int4 = big as u64 / 16;
+    for (name, n_int4, blocks, threads, iters, resident) in [
+        ("l2_1x32", l2_int4, 1u32, 32u32, 4000i32, true),
+        ("hbm_1x32", big_int4, 1, 32, 4000, false),
+        ("l2_132x1024", l2_int4, 132, 1024, 48, true),
+        ("hbm_132x1024", big_int4, 132, 1024, 48, false),
     ] {
         let (b, o, k) = (src, out.ptr, sink.ptr);
         let launch = |dev: &Device| {
             let f = dev.module("probes")?.function("probe_chase");
-            let mut a = kernel_args![b, lines, iters, o, k];
-            // SAFETY: every line index is < lines, inside the buffer.
+            let mut a = kernel_args![b, n_int4, iters, o, k];
+            // SAFETY: every int4 index is < n_int4, inside the buffer.
             unsafe { dev.gpu.launch(f, blocks, threads, &mut a) }
         };
         let us =

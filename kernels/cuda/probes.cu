@@ -77,22 +77,23 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     }
 }
 
-// Dependent 16-byte loads (one in flight per thread): thread t of T reads lines t, t + T,
-// t + 2T, ... (mod n_lines, 128-byte lines), the next address waiting for the loaded value (it
-// never equals the marker, so the walk is fixed but cannot be issued ahead). Thread 0 of block 0
-// writes its %globaltimer nanoseconds to out_ns[0]. A region that fits in L2 (warmed first)
-// measures L2 hits, a large one HBM.
+// Dependent 16-byte loads (one in flight per thread), coalesced like the low-latency kernels'
+// row loops (a warp reads 512 contiguous bytes): thread t of T reads int4 t, t + T, t + 2T, ...
+// (mod n_int4), the next address waiting for the loaded value (it never equals the marker, so
+// the walk is fixed but cannot be issued ahead). Thread 0 of block 0 writes its %globaltimer
+// nanoseconds to out_ns[0]. A region that fits in L2 (warmed first) measures L2 hits, a large
+// one HBM.
 extern "C" __global__ void __launch_bounds__(1024, 1)
-    probe_chase(const int4* __restrict__ buf, u64 n_lines, int iters, u64* out_ns, int* sink) {
+    probe_chase(const int4* __restrict__ buf, u64 n_int4, int iters, u64* out_ns, int* sink) {
     const u64 total = (u64)gridDim.x * blockDim.x;
     const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    u64 line = t % n_lines;
+    u64 i = t % n_int4;
     int acc = 0;
     const u64 t0 = globaltimer_ns();
     for (int k = 0; k < iters; ++k) {
-        const int4 v = ld_cg_v4(buf + line * 8);
+        const int4 v = ld_cg_v4(buf + i);
         acc += v.x;
-        line = (line + total + (v.x == 0x7fffffff ? 1 : 0)) % n_lines;
+        i = (i + total + (v.x == 0x7fffffff ? 1 : 0)) % n_int4;
     }
     const u64 t1 = globaltimer_ns();
     if (t == 0) out_ns[0] = t1 - t0;
