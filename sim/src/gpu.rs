@@ -60,6 +60,8 @@ pub struct Gpu {
     /// copies, each a server of its own (rates set by the one-GPU programs from the profile).
     pub l2: Server,
     pub dram: Server,
+    /// Per SM: its load/store port (empty until a one-GPU program sizes it).
+    pub sms: Vec<Server>,
 }
 
 /// A copy waiting for its far-side reservation.
@@ -89,6 +91,7 @@ impl Gpus {
             hbm: Server::new(hbm),
             l2: Server::new(hbm),
             dram: Server::new(hbm),
+            sms: Vec::new(),
         };
         Gpus { gpus: vec![gpu; count as usize], xfers: Slab::default() }
     }
@@ -148,15 +151,17 @@ impl Core {
     }
 
     /// Memory traffic of SMs on one GPU (the one-GPU model): `l2_bytes` loaded and stored
-    /// through L2 and `dram_bytes` read from or written back to HBM, issued at `at` (≥ now) by
-    /// warps that need `issue` on their own (their latency chain). Done when the slowest of the
-    /// three is: each server is FIFO, so concurrent traffic queues for its bandwidth. `done`
-    /// runs then; `nvl_bytes` are charged to `prog` as transport bytes between ranks.
+    /// through SM `sm`'s port and L2, `dram_bytes` read from or written back to HBM, issued at
+    /// `at` (≥ now) by warps that need `issue` on their own (their latency chain). Done when the
+    /// slowest of the four is: each server is FIFO, so concurrent traffic queues for its
+    /// bandwidth. `done` runs then; `nvl_bytes` are charged to `prog` as transport bytes
+    /// between ranks.
     #[allow(clippy::too_many_arguments)]
     pub fn sm_traffic(
         &mut self,
         at: Time,
         gpu: u32,
+        sm: u32,
         l2_bytes: u64,
         dram_bytes: u64,
         issue: Time,
@@ -173,6 +178,9 @@ impl Core {
         let mut end = at + issue;
         if l2_bytes > 0 {
             end = end.max(g.l2.reserve(at, l2_bytes).1);
+            if let Some(port) = g.sms.get_mut(sm as usize) {
+                end = end.max(port.reserve(at, l2_bytes).1);
+            }
         }
         if dram_bytes > 0 {
             end = end.max(g.dram.reserve(at, dram_bytes).1);

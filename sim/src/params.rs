@@ -93,9 +93,9 @@ pub struct OneGpu {
     /// One warp's copy of a 7,168-byte row (two rounds of 7 × 16-B loads per lane).
     pub row_l2: Time,
     pub row_hbm: Time,
-    /// One SM's copy rate, source in L2 / in HBM.
-    pub sm_l2: Rate,
-    pub sm_hbm: Rate,
+    /// One SM's load/store port: bytes loaded plus stored per second, the most a block of the
+    /// copy probes moved through one SM (L2-resident or HBM source, whichever is higher).
+    pub sm_port: Rate,
     pub load_l2: Time,
     pub load_hbm: Time,
     pub load_hbm_busy: Time,
@@ -148,8 +148,7 @@ impl Params {
                 dram_rate: Rate::from_gbps(m.dram_bw_gbps),
                 row_l2: ns_f(m.warp_row_l2_ns),
                 row_hbm: ns_f(m.warp_row_hbm_ns),
-                sm_l2: Rate::from_gbps(m.sm_copy_l2_gbps),
-                sm_hbm: Rate::from_gbps(m.sm_copy_hbm_gbps),
+                sm_port: Rate::from_gbps(2.0 * m.sm_copy_l2_gbps.max(m.sm_copy_hbm_gbps)),
                 load_l2: ns(m.load_l2_ns),
                 load_hbm: ns(m.load_hbm_ns),
                 load_hbm_busy: ns(m.load_hbm_busy_ns),
