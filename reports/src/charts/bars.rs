@@ -1,0 +1,149 @@
+//! Grouped horizontal bars: one row per (scenario, op), one bar per source (simulator,
+//! measured, published), an optional whisker per bar, and a note (the error %) per row.
+//! Horizontal because row labels are scenario names, which do not fit under vertical bars.
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use super::{
+    Chart, DrawResult, GRID, INK, KeyedAxis, LegendEntry, Mark, axis_desc_style, draw_header,
+    fmt_num, fmt_tick, label_style, small_style,
+};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BarSeries {
+    pub label: String,
+    pub color: RGBColor,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BarRow {
+    pub label: String,
+    /// One value per series (`None`: this source has no number for the row).
+    pub values: Vec<Option<f64>>,
+    /// Spread per series, drawn as a thin line (e.g. min..p99 of the samples).
+    pub whiskers: Vec<Option<(f64, f64)>>,
+    /// Text right of the row's bars (the error %).
+    pub note: Option<String>,
+    /// Draw the note in the alert colour (outside the tolerance).
+    pub alert: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupedBars {
+    pub title: String,
+    pub subtitle: String,
+    /// Value axis description with its unit.
+    pub x_desc: String,
+    pub series: Vec<BarSeries>,
+    pub rows: Vec<BarRow>,
+}
+
+const ALERT: RGBColor = RGBColor(190, 30, 30);
+
+impl GroupedBars {
+    fn row_height(&self) -> u32 {
+        (self.series.len() as u32 * 18 + 16).max(34)
+    }
+}
+
+impl Chart for GroupedBars {
+    fn size(&self) -> (u32, u32) {
+        let header = 120 + 24 * (self.series.len() as u32).div_ceil(2);
+        (1200, (header + 90 + self.rows.len() as u32 * self.row_height()).max(360))
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
+    where
+        DB::ErrorType: 'static,
+    {
+        let legend: Vec<LegendEntry> =
+            self.series.iter().map(|s| LegendEntry::new(&s.label, Mark::Bar(s.color))).collect();
+        let body = draw_header(root, &self.title, &self.subtitle, &legend)?;
+        let n = self.rows.len().max(1);
+        let max_value = self
+            .rows
+            .iter()
+            .flat_map(|r| {
+                r.values.iter().flatten().copied().chain(r.whiskers.iter().flatten().map(|w| w.1))
+            })
+            .fold(0.0f64, f64::max);
+        let x_max = if max_value > 0.0 { max_value * 1.28 } else { 1.0 };
+        let label_width = self
+            .rows
+            .iter()
+            .map(|r| body.estimate_text_size(&r.label, &label_style()).map(|s| s.0).unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+            + 24;
+        let centers: Vec<f64> = (0..n).map(|i| n as f64 - i as f64 - 0.5).collect();
+        let labels: Vec<(f64, String)> =
+            self.rows.iter().enumerate().map(|(i, r)| (centers[i], r.label.clone())).collect();
+        let mut chart = ChartBuilder::on(&body)
+            .margin_left(10)
+            .margin_right(30)
+            .margin_bottom(10)
+            .x_label_area_size(50)
+            .y_label_area_size(label_width)
+            .build_cartesian_2d(0f64..x_max, KeyedAxis::new(0.0, n as f64, centers.clone()))?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .max_light_lines(1)
+            .light_line_style(GRID)
+            .bold_line_style(GRID)
+            .axis_style(INK)
+            .x_desc(&self.x_desc)
+            .axis_desc_style(axis_desc_style())
+            .label_style(label_style())
+            .x_label_formatter(&|v| fmt_tick(*v))
+            .y_label_formatter(&|y| {
+                labels
+                    .iter()
+                    .find(|(c, _)| (c - y).abs() < 1e-6)
+                    .map(|(_, l)| l.clone())
+                    .unwrap_or_default()
+            })
+            .draw()?;
+        let k = self.series.len().max(1) as f64;
+        let band = 0.8 / k;
+        for (i, row) in self.rows.iter().enumerate() {
+            let top = centers[i] + 0.4;
+            let mut row_end = 0.0f64;
+            for (s, series) in self.series.iter().enumerate() {
+                let y1 = top - band * s as f64 - band * 0.08;
+                let y0 = top - band * (s as f64 + 1.0) + band * 0.08;
+                let yc = (y0 + y1) / 2.0;
+                let Some(v) = row.values.get(s).copied().flatten() else { continue };
+                chart.draw_series([Rectangle::new([(0.0, y0), (v, y1)], series.color.filled())])?;
+                let mut end = v;
+                if let Some((lo, hi)) = row.whiskers.get(s).copied().flatten() {
+                    let cap = band * 0.25;
+                    chart.draw_series([
+                        PathElement::new(vec![(lo, yc), (hi, yc)], INK.stroke_width(1)),
+                        PathElement::new(vec![(lo, yc - cap), (lo, yc + cap)], INK.stroke_width(1)),
+                        PathElement::new(vec![(hi, yc - cap), (hi, yc + cap)], INK.stroke_width(1)),
+                    ])?;
+                    end = end.max(hi);
+                }
+                chart.draw_series([Text::new(
+                    fmt_num(v),
+                    (end + x_max * 0.006, yc),
+                    small_style().pos(Pos::new(HPos::Left, VPos::Center)),
+                )])?;
+                row_end = row_end.max(end);
+            }
+            if let Some(note) = &row.note {
+                let style = label_style().pos(Pos::new(HPos::Left, VPos::Center));
+                let style = if row.alert { style.color(&ALERT) } else { style };
+                chart.draw_series([Text::new(
+                    note.clone(),
+                    (row_end + x_max * 0.06, centers[i]),
+                    style,
+                )])?;
+            }
+        }
+        Ok(())
+    }
+}
