@@ -12,7 +12,8 @@ fn main() {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     let commit = run(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty = run(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let dirty =
+        run(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     let value = if dirty && commit != "unknown" { format!("{commit}-dirty") } else { commit };
     println!("cargo:rustc-env=EPTWIN_GIT_COMMIT={value}");
     println!("cargo:rerun-if-changed=.git/HEAD");

@@ -5,8 +5,14 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "eptwin", version, about = "Simulation-backed test harness for DeepEP-style MoE expert-parallel communication")]
-#[command(after_help = "Exit codes: 0 ok, 1 a correctness check or expectation failed, 2 bad input or usage, 77 waived (the hardware the scenario needs is not here).\nLogs go to stderr (RUST_LOG=info|debug); results to stdout.")]
+#[command(
+    name = "eptwin",
+    version,
+    about = "Simulation-backed test harness for DeepEP-style MoE expert-parallel communication"
+)]
+#[command(
+    after_help = "Exit codes: 0 ok, 1 a correctness check or expectation failed, 2 bad input or usage, 77 waived (the hardware the scenario needs is not here).\nLogs go to stderr (RUST_LOG=info|debug); results to stdout."
+)]
 pub struct Cli {
     /// More logging on stderr (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 
 use eptwin_engine::Plan;
-use eptwin_engine::transport::{BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError};
+use eptwin_engine::transport::{
+    BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
+};
 
 #[derive(Debug, Clone, Default)]
 pub struct HwOptions {}

@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::deepep::config::EpMode;
-use eptwin_engine::transport::{BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError};
 use eptwin_engine::Plan;
+use eptwin_engine::deepep::config::EpMode;
+use eptwin_engine::transport::{
+    BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
+};
 
 /// Options of a simulation run.
 #[derive(Debug, Clone, Default)]
@@ -36,7 +38,10 @@ impl Transport for Simulator {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: BackendKind::Sim,
-            identity: BTreeMap::from([("version".into(), serde_json::json!(eptwin_engine::VERSION))]),
+            identity: BTreeMap::from([(
+                "version".into(),
+                serde_json::json!(eptwin_engine::VERSION),
+            )]),
             unavailable: Some("the simulator is not implemented yet".into()),
             modes: vec![EpMode::Intranode, EpMode::Internode, EpMode::LowLatency],
             traffic: true,

@@ -34,8 +34,12 @@ pub fn env(scenario: &Path, job: Option<&str>, explain: bool) -> Result<ExitCode
         }
         let note = match (var.origin, &var.source, &var.overwritten) {
             (EnvOrigin::User, ..) => "user value; DeepEP does not touch it".to_string(),
-            (EnvOrigin::UserKeptByDeepEp, Some(src), _) => format!("user value kept by DeepEP ({src})"),
-            (EnvOrigin::DeepEp, Some(src), Some(old)) => format!("written by DeepEP ({src}); user value {old:?} overwritten"),
+            (EnvOrigin::UserKeptByDeepEp, Some(src), _) => {
+                format!("user value kept by DeepEP ({src})")
+            }
+            (EnvOrigin::DeepEp, Some(src), Some(old)) => {
+                format!("written by DeepEP ({src}); user value {old:?} overwritten")
+            }
             (EnvOrigin::DeepEp, Some(src), None) => format!("written by DeepEP ({src})"),
             _ => String::new(),
         };

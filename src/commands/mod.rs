@@ -17,10 +17,14 @@ use crate::cli::{BackendArg, Command};
 
 pub fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { scenarios, backend, out, json, trace } => run::run(&scenarios, backend, &out, json, trace.as_deref()),
+        Command::Run { scenarios, backend, out, json, trace } => {
+            run::run(&scenarios, backend, &out, json, trace.as_deref())
+        }
         Command::Validate { scenarios } => validate::validate(&scenarios),
         Command::Env { scenario, job, explain } => env::env(&scenario, job.as_deref(), explain),
-        Command::Topo { scenario, disable_nvlink, hw } => topo::topo(scenario.as_deref(), disable_nvlink, hw),
+        Command::Topo { scenario, disable_nvlink, hw } => {
+            topo::topo(scenario.as_deref(), disable_nvlink, hw)
+        }
         Command::Compare { scenarios, out, measured, tolerance, json } => {
             compare::compare(&scenarios, &out, &measured, tolerance, json)
         }

@@ -9,7 +9,13 @@ use super::{load_plan, provenance};
 use crate::ExitCode;
 use crate::cli::BackendArg;
 
-pub fn run(scenarios: &[PathBuf], backend: BackendArg, out: &Path, json: bool, trace: Option<&Path>) -> Result<ExitCode> {
+pub fn run(
+    scenarios: &[PathBuf],
+    backend: BackendArg,
+    out: &Path,
+    json: bool,
+    trace: Option<&Path>,
+) -> Result<ExitCode> {
     if trace.is_some() && (scenarios.len() != 1 || backend != BackendArg::Sim) {
         bail!("--trace takes one scenario on the simulator backend");
     }
@@ -19,13 +25,17 @@ pub fn run(scenarios: &[PathBuf], backend: BackendArg, out: &Path, json: bool, t
             code = code.worst(ExitCode::BadInput);
             continue;
         };
-        let (result, trace_json) = execute(&plan, backend, trace.is_some()).with_context(|| format!("running {}", path.display()))?;
+        let (result, trace_json) = execute(&plan, backend, trace.is_some())
+            .with_context(|| format!("running {}", path.display()))?;
         let file = result_path(out, &plan.scenario.name, None);
         write_atomic(&file, &result.to_json())?;
         tracing::info!("wrote {}", file.display());
         if let (Some(trace_path), Some(trace_json)) = (trace, trace_json) {
             write_atomic(trace_path, &trace_json)?;
-            eprintln!("eptwin: trace written to {} (open in https://ui.perfetto.dev)", trace_path.display());
+            eprintln!(
+                "eptwin: trace written to {} (open in https://ui.perfetto.dev)",
+                trace_path.display()
+            );
         }
         if json {
             println!("{}", serde_json::to_string(&result)?);
@@ -39,7 +49,11 @@ pub fn run(scenarios: &[PathBuf], backend: BackendArg, out: &Path, json: bool, t
 }
 
 /// Run one plan on one backend; the simulator also hands back its trace when asked.
-pub fn execute(plan: &eptwin_engine::Plan, backend: BackendArg, trace: bool) -> Result<(RunResult, Option<String>)> {
+pub fn execute(
+    plan: &eptwin_engine::Plan,
+    backend: BackendArg,
+    trace: bool,
+) -> Result<(RunResult, Option<String>)> {
     match backend {
         BackendArg::Sim => {
             let mut sim = eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace });

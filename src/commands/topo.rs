@@ -5,7 +5,9 @@ use std::path::Path;
 
 use anyhow::Result;
 use eptwin_engine::ids::GpuId;
-use eptwin_engine::topology::{DeclaredProbe, NvlinkCheckMode, NvlinkReport, TopologyProbe, check_nvlink_connections};
+use eptwin_engine::topology::{
+    DeclaredProbe, NvlinkCheckMode, NvlinkReport, TopologyProbe, check_nvlink_connections,
+};
 
 use super::load_plan;
 use crate::ExitCode;
@@ -19,22 +21,22 @@ pub fn topo(scenario: Option<&Path>, disable_nvlink: bool, hw: bool) -> Result<E
         None => None,
     };
     let bypass = disable_nvlink
-        || plan.as_ref().is_some_and(|p| p.jobs.iter().any(|j| j.env.get("DISABLE_NVLINK_CHECK").is_some_and(|v| v.value == "1")));
-    let probe: Box<dyn TopologyProbe> = if hw || plan.is_none() {
-        match eptwin_hw::nvml_probe() {
+        || plan.as_ref().is_some_and(|p| {
+            p.jobs.iter().any(|j| j.env.get("DISABLE_NVLINK_CHECK").is_some_and(|v| v.value == "1"))
+        });
+    let probe: Box<dyn TopologyProbe> = match (&plan, hw) {
+        (Some(p), false) => Box::new(DeclaredProbe {
+            topology: p.topology.clone(),
+            gpu_name: p.profile.gpu.name.clone(),
+            label: format!("declared topology of {}", p.scenario_file),
+        }),
+        _ => match eptwin_hw::nvml_probe() {
             Ok(probe) => probe,
             Err(reason) => {
                 println!("# eptwin topo: Waived: {reason}");
                 return Ok(ExitCode::Waived);
             }
-        }
-    } else {
-        let p = plan.as_ref().expect("checked above");
-        Box::new(DeclaredProbe {
-            topology: p.topology.clone(),
-            gpu_name: p.profile.gpu.name.clone(),
-            label: format!("declared topology of {}", p.scenario_file),
-        })
+        },
     };
     let count = probe.gpu_count().map_err(anyhow::Error::msg)?;
     let gpus: Vec<u32> = (0..count).collect();
@@ -61,13 +63,15 @@ pub fn topo(scenario: Option<&Path>, disable_nvlink: bool, hw: bool) -> Result<E
     if groups.is_empty() {
         groups.push(("all GPUs".into(), gpus.clone()));
     }
-    let full = check_nvlink_connections(probe.as_ref(), &gpus, &domains, NvlinkCheckMode::Strict, bypass)
-        .map_err(anyhow::Error::msg)?;
+    let full =
+        check_nvlink_connections(probe.as_ref(), &gpus, &domains, NvlinkCheckMode::Strict, bypass)
+            .map_err(anyhow::Error::msg)?;
     print_matrix(&full);
     let mut reports = Vec::new();
     for (label, group) in &groups {
-        let report = check_nvlink_connections(probe.as_ref(), group, &[], NvlinkCheckMode::DeepEp, bypass)
-            .map_err(anyhow::Error::msg)?;
+        let report =
+            check_nvlink_connections(probe.as_ref(), group, &[], NvlinkCheckMode::DeepEp, bypass)
+                .map_err(anyhow::Error::msg)?;
         reports.push((format!("DeepEP-compatible, {label}"), report));
     }
     reports.push(("strict, every pair within an NVLink domain".to_string(), full));
@@ -100,7 +104,10 @@ fn print_matrix(report: &NvlinkReport) {
     }
     if report.gpus.len() > 32 {
         let connected = report.pairs.iter().filter(|p| p.nvlink).count();
-        println!("#   {connected} of {} GPU pairs NVLink-connected (matrix omitted above 32 GPUs)", report.pairs.len());
+        println!(
+            "#   {connected} of {} GPU pairs NVLink-connected (matrix omitted above 32 GPUs)",
+            report.pairs.len()
+        );
         return;
     }
     let mut header = String::from("        ");
