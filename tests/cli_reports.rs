@@ -65,7 +65,10 @@ fn report_of_the_fixtures() {
     let o = run(eptwin().arg("report").arg(fixtures()).arg("--out").arg(out.path()));
     assert_eq!(o.status.code(), Some(0));
     let stdout = String::from_utf8(o.stdout).unwrap();
-    assert!(stdout.contains("17 result(s), 1 sweep index(es), 1 trace(s)"), "{stdout}");
+    assert!(
+        stdout.contains("17 result(s), 1 sweep index(es) (0 point results), 1 trace(s)"),
+        "{stdout}"
+    );
     for chart in [
         "latency-sim-vs-measured",
         "ep-scaling",

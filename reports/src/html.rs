@@ -45,7 +45,7 @@ fn rel(path: &Path, out: &Path) -> String {
 const STYLE: &str = "body{font-family:'DejaVu Sans',sans-serif;margin:2em auto;max-width:1250px;\
 color:#222;padding:0 1em}table{border-collapse:collapse;font-size:13px;margin:1em 0}\
 th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f2f2f2}\
-td.l,th.l{text-align:left}.alert{color:#b01e1e;font-weight:bold}figure{margin:2em 0}\
+td.l,th.l{text-align:left}td.n{white-space:nowrap}td.s{font-size:11px;color:#555}.alert{color:#b01e1e;font-weight:bold}figure{margin:2em 0}\
 figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:14px;color:#444;\
 max-width:1150px}code{font-size:13px}.muted{color:#777}";
 
@@ -115,7 +115,9 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
          <tr><th>mean</th><th>p99</th><th>mean</th><th>p99</th><th>sim</th><th>meas</th>\
          <th>value</th><th>error %</th><th class=l>source</th></tr>"
     );
-    for c in comparisons {
+    let mut ordered: Vec<&Comparison> = comparisons.iter().collect();
+    ordered.sort_by_key(|c| crate::report::natural_key(&c.scenario));
+    for c in ordered {
         let verdicts = [&c.simulated, &c.measured]
             .iter()
             .filter_map(|s| s.as_ref())
@@ -149,10 +151,10 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
             });
             let _ = writeln!(
                 h,
-                "<tr><td class=l>{scn}{mark}</td><td class=l>{job}</td><td class=l>{op}</td>\
+                "<tr><td class=\"l n\">{scn}{mark}</td><td class=l>{job}</td><td class=l>{op}</td>\
                  <td>{ranks}</td><td>{sm}</td><td>{sp}</td><td>{mm}</td><td>{mp}</td><td>{le}</td>\
                  <td>{sb}</td><td>{mb}</td><td>{be}</td><td>{pv}</td><td>{pe}</td>\
-                 <td class=l>{ps}</td></tr>",
+                 <td class=\"l s\">{ps}</td></tr>",
                 scn = escape(&c.scenario),
                 mark = if c.same_scenario_text { "" } else { " †" },
                 job = escape(&r.job),
@@ -182,10 +184,14 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
             );
         }
     }
+    let dagger = if comparisons.iter().any(|c| !c.same_scenario_text) {
+        "† the simulated and measured results ran different scenario texts (sha256 differ). "
+    } else {
+        ""
+    };
     let _ = writeln!(
         h,
-        "</table><p class=muted>† the simulated and measured results ran different scenario \
-         texts (sha256 differ). Red: outside the scenario's tolerance.</p>"
+        "</table><p class=muted>{dagger}Red: outside the tolerance the scenario states.</p>"
     );
 }
 
@@ -236,6 +242,13 @@ fn sources(h: &mut String, inputs: &Inputs) {
         );
     }
     let _ = writeln!(h, "</table>");
+    if !inputs.sweep_points.is_empty() {
+        let _ = writeln!(
+            h,
+            "<p>{} result file(s) are points of a sweep above: its chart and index show them.</p>",
+            inputs.sweep_points.len()
+        );
+    }
     if !inputs.ignored.is_empty() {
         let _ = writeln!(h, "<p>Ignored files:</p><ul>");
         for (path, why) in &inputs.ignored {

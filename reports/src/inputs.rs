@@ -25,6 +25,9 @@ pub struct Inputs {
     pub traces: Vec<Loaded<Trace>>,
     /// Files found in a directory that are none of the above, with the reason.
     pub ignored: Vec<(PathBuf, String)>,
+    /// Result files that are points of a loaded sweep: the sweep's chart shows them, so they
+    /// stay out of the summary table and the other charts.
+    pub sweep_points: Vec<PathBuf>,
 }
 
 impl Inputs {
@@ -47,7 +50,23 @@ impl Inputs {
                     .map_err(|message| ReportError::Input { path: path.clone(), message })?;
             }
         }
+        inputs.set_aside_sweep_points();
         Ok(inputs)
+    }
+
+    fn set_aside_sweep_points(&mut self) {
+        let mut points = Vec::new();
+        for s in &self.sweeps {
+            let dir = s.path.parent().unwrap_or(Path::new("."));
+            points.extend(s.doc.points.iter().filter_map(|p| p.file.as_ref()).map(|f| dir.join(f)));
+        }
+        let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let points: Vec<PathBuf> = points.iter().map(|p| canonical(p)).collect();
+        let (aside, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.results)
+            .into_iter()
+            .partition(|r| points.contains(&canonical(&r.path)));
+        self.results = keep;
+        self.sweep_points = aside.into_iter().map(|r| r.path).collect();
     }
 
     fn add(&mut self, path: &Path) -> Result<(), String> {

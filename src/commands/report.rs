@@ -28,9 +28,10 @@ pub fn report(inputs: &[PathBuf], out: &Path, json: bool) -> Result<ExitCode> {
         return Ok(ExitCode::Ok);
     }
     println!(
-        "# eptwin report: {} result(s), {} sweep index(es), {} trace(s)",
+        "# eptwin report: {} result(s), {} sweep index(es) ({} point results), {} trace(s)",
         loaded.results.len(),
         loaded.sweeps.len(),
+        loaded.sweep_points.len(),
         loaded.traces.len()
     );
     for c in &output.charts {

@@ -140,7 +140,7 @@ fn renders_every_chart_from_fixtures() {
         );
     }
     // The summary table: the simulator's error against the measurement, and the waived run.
-    assert!(html.contains("<td class=l>h200-ep8-ll-128</td>"), "summary row");
+    assert!(html.contains("<td class=\"l n\">h200-ep8-ll-128</td>"), "summary row");
     assert!(html.contains("hw waived: 2 jobs share the fabric"), "waived reason");
     // ep32-ll combine is the fixture's one number outside its tolerance (+11.x %).
     assert_eq!(html.matches("<span class=alert>+11.").count(), 1, "out-of-tolerance error in red");
@@ -197,4 +197,20 @@ fn report_output_is_deterministic() {
         let y = std::fs::read(b.path().join(name)).unwrap();
         assert!(x == y, "{name} differs between two renders");
     }
+}
+
+#[test]
+fn sweep_point_results_stay_out_of_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = fixtures();
+    std::fs::copy(f.join("sweep/index.json"), dir.path().join("index.json")).unwrap();
+    // A point result of the sweep (p002.json per the index) and an unrelated result.
+    std::fs::copy(f.join("results/sim/ep8-ll.json"), dir.path().join("p002.json")).unwrap();
+    std::fs::copy(f.join("results/sim/ep16-ll.json"), dir.path().join("ep16-ll.json")).unwrap();
+    std::fs::create_dir(dir.path().join("qp-depth")).unwrap();
+    std::fs::rename(dir.path().join("p002.json"), dir.path().join("qp-depth/p002.json")).unwrap();
+    let inputs = Inputs::load(&[dir.path().to_path_buf()]).unwrap();
+    assert_eq!(inputs.results.len(), 1);
+    assert_eq!(inputs.results[0].doc.scenario.name, "ep16-ll");
+    assert_eq!(inputs.sweep_points.len(), 1);
 }
