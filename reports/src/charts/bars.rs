@@ -69,7 +69,6 @@ impl Chart for GroupedBars {
                 r.values.iter().flatten().copied().chain(r.whiskers.iter().flatten().map(|w| w.1))
             })
             .fold(0.0f64, f64::max);
-        let x_max = if max_value > 0.0 { max_value * 1.28 } else { 1.0 };
         let label_width = self
             .rows
             .iter()
@@ -77,6 +76,32 @@ impl Chart for GroupedBars {
             .max()
             .unwrap_or(0)
             + 24;
+        // Leave room right of the longest bar for its value and the row's note: the value axis
+        // ends where the widest (bar end + texts) fits, in pixels of the plot.
+        let plot_px = body.dim_in_pixel().0.saturating_sub(label_width + 50).max(200) as f64;
+        let text_px = |t: &str, style: &TextStyle| {
+            body.estimate_text_size(t, style).map(|s| s.0).unwrap_or(0) as f64
+        };
+        let mut x_max = 0.0f64;
+        for row in &self.rows {
+            let end = row
+                .values
+                .iter()
+                .flatten()
+                .copied()
+                .chain(row.whiskers.iter().flatten().map(|w| w.1))
+                .fold(0.0f64, f64::max);
+            let value_px = row
+                .values
+                .iter()
+                .flatten()
+                .map(|v| text_px(&fmt_num(*v), &small_style()))
+                .fold(0.0, f64::max);
+            let note_px = row.note.as_deref().map_or(0.0, |n| text_px(n, &label_style()));
+            let reserved = (value_px + 8.0 + note_px + 24.0).min(plot_px * 0.7);
+            x_max = x_max.max(end / (1.0 - reserved / plot_px));
+        }
+        let x_max = if x_max > 0.0 && max_value > 0.0 { x_max * 1.02 } else { 1.0 };
         let centers: Vec<f64> = (0..n).map(|i| n as f64 - i as f64 - 0.5).collect();
         let labels: Vec<(f64, String)> =
             self.rows.iter().enumerate().map(|(i, r)| (centers[i], r.label.clone())).collect();
@@ -108,7 +133,14 @@ impl Chart for GroupedBars {
             .draw()?;
         let k = self.series.len().max(1) as f64;
         let band = 0.8 / k;
+        let per_px = x_max / plot_px;
         for (i, row) in self.rows.iter().enumerate() {
+            let row_value_px = row
+                .values
+                .iter()
+                .flatten()
+                .map(|v| text_px(&fmt_num(*v), &small_style()))
+                .fold(0.0, f64::max);
             let top = centers[i] + 0.4;
             let mut row_end = 0.0f64;
             for (s, series) in self.series.iter().enumerate() {
@@ -129,7 +161,7 @@ impl Chart for GroupedBars {
                 }
                 chart.draw_series([Text::new(
                     fmt_num(v),
-                    (end + x_max * 0.006, yc),
+                    (end + per_px * 4.0, yc),
                     small_style().pos(Pos::new(HPos::Left, VPos::Center)),
                 )])?;
                 row_end = row_end.max(end);
@@ -139,7 +171,7 @@ impl Chart for GroupedBars {
                 let style = if row.alert { style.color(&ALERT) } else { style };
                 chart.draw_series([Text::new(
                     note.clone(),
-                    (row_end + x_max * 0.06, centers[i]),
+                    (row_end + per_px * (row_value_px + 16.0), centers[i]),
                     style,
                 )])?;
             }
