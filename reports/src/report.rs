@@ -1177,6 +1177,28 @@ mod tests {
         assert_eq!(names, ["ep8-ll", "ep16-ll", "ep16-ll-pure-rdma", "ep64-ll"]);
     }
 
+    proptest::proptest! {
+        /// The CDF is a staircase over the sorted samples: monotone in both coordinates,
+        /// from (min, 0) to (max, 1), with one rise of 1/n per sample.
+        #[test]
+        fn cdf_is_a_monotone_staircase(samples in proptest::collection::vec(0.0f64..1e6, 1..200)) {
+            let cdf = empirical_cdf(&samples);
+            let min = samples.iter().copied().fold(f64::MAX, f64::min);
+            let max = samples.iter().copied().fold(f64::MIN, f64::max);
+            proptest::prop_assert_eq!(cdf.len(), 2 * samples.len());
+            proptest::prop_assert_eq!(cdf[0], (min, 0.0));
+            proptest::prop_assert_eq!(*cdf.last().unwrap(), (max, 1.0));
+            proptest::prop_assert!(cdf.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        }
+
+        /// Digit runs compare as numbers: `eN` sorts by N whatever the widths.
+        #[test]
+        fn natural_key_orders_numbers(a in 0u32..100_000, b in 0u32..100_000) {
+            let (ka, kb) = (natural_key(&format!("ep{a}-ll")), natural_key(&format!("ep{b}-ll")));
+            proptest::prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+        }
+    }
+
     #[test]
     fn cdf_steps_reach_one() {
         let cdf = empirical_cdf(&[3.0, 1.0, 2.0]);

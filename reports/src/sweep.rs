@@ -208,6 +208,27 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever the shard count, merging every shard of a grid gives back the grid once.
+        #[test]
+        fn shards_merge_back_to_the_grid(count in 1u32..12, total in 0usize..60) {
+            let shards: Vec<SweepIndex> = (0..count)
+                .map(|k| {
+                    let shard = Shard { index: k, count };
+                    let mine: Vec<usize> = (0..total).filter(|&i| shard.contains(i)).collect();
+                    let mut ix = index(shard, &mine);
+                    ix.total_points = total;
+                    ix
+                })
+                .collect();
+            let merged = SweepIndex::merge(shards);
+            proptest::prop_assert_eq!(merged.len(), 1);
+            let order: Vec<usize> = merged[0].points.iter().map(|p| p.index).collect();
+            proptest::prop_assert_eq!(order, (0..total).collect::<Vec<_>>());
+            proptest::prop_assert_eq!(merged[0].missing_points(), 0);
+        }
+    }
+
     #[test]
     fn merges_shards_in_grid_order() {
         let a = index(Shard { index: 0, count: 2 }, &[0, 2]);

@@ -726,6 +726,17 @@ bytes_per_rank = "16MiB"
         assert!(e.contains("\"two\" is not an integer"), "{e}");
     }
 
+    proptest::proptest! {
+        /// The grid holds every combination exactly once, in row-major order.
+        #[test]
+        fn grid_is_the_full_product(sizes in proptest::collection::vec(1usize..5, 0..4)) {
+            let points = grid(&sizes);
+            proptest::prop_assert_eq!(points.len(), sizes.iter().product::<usize>());
+            proptest::prop_assert!(points.windows(2).all(|w| w[0] < w[1]), "ascending, so unique");
+            proptest::prop_assert!(points.iter().all(|p| p.iter().zip(&sizes).all(|(i, n)| i < n)));
+        }
+    }
+
     #[test]
     fn grid_is_row_major() {
         assert_eq!(grid(&[2, 3]), [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]);
