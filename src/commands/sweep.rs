@@ -528,6 +528,7 @@ pub fn sweep(
                     run.point.verdict,
                     run.wall_s
                 );
+                bar.set_message(format!("last: point {} {}", p.index, run.point.verdict));
                 bar.inc(1);
                 run
             })
