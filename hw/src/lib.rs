@@ -1,55 +1,588 @@
 //! eptwin hardware backend: real CUDA kernels (NVRTC through cudarc), NVML topology, ibverbs.
 //!
-//! Architecture Invariant: every GPU library is loaded at run time; a missing GPU, driver or
-//! library makes capabilities() report the plan as waived, never a panic.
+//! `HwTransport` implements the engine's `Transport`: it places the job's ranks on the GPUs
+//! (`placement`), compiles the embedded kernels for the device (`compile`), measures the copy
+//! ceilings and the NCCL all-to-all baseline in the same run (`probes`, `nccl`), then times
+//! each dispatch/combine with CUDA events after an L2 flush and checks the received tokens and
+//! the combined sums the way DeepEP's tests do (`intranode`, `low_latency`).
 //!
-//! Placeholder: the CUDA path lands in later commits.
+//! Architecture Invariant: every GPU library is loaded at run time; a missing GPU, driver,
+//! NVRTC or NCCL makes `capabilities()` report the plan as waived with one line, never a panic.
+//!
+//! Architecture Invariant: every spin-wait in a kernel is bounded; a wait that gives up records
+//! who waited for what, and the op fails with that line (`error::ErrorRecord::describe`).
+
+pub mod compile;
+pub mod cuda;
+pub mod data;
+pub mod error;
+pub mod exec;
+pub mod intranode;
+pub mod kernel_defines;
+pub mod low_latency;
+pub mod nccl;
+pub mod nvml;
+pub mod placement;
+pub mod probes;
 
 use std::collections::BTreeMap;
 
 use eptwin_engine::Plan;
+use eptwin_engine::deepep::config::EpMode;
+use eptwin_engine::ids::JobId;
+use eptwin_engine::plan::JobKind;
+use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
 };
+use eptwin_kernels::ModuleId;
+use serde_json::{Value, json};
 
-#[derive(Debug, Clone, Default)]
-pub struct HwOptions {}
+use crate::cuda::Gpu;
+use crate::error::HwError;
+use crate::exec::{Device, Devices};
+use crate::intranode::{NormalJob, NormalLaunch};
+use crate::low_latency::{LlJob, LlLaunch};
+use crate::placement::{GpuInventory, Placement};
+use crate::probes::round3;
+
+/// Knobs of the hardware backend. `Default` reads the environment:
+/// `EPTWIN_KERNEL_TIMEOUT_MS` (bound of every in-kernel wait, default 10000),
+/// `EPTWIN_L2_DISCARD=0` (keep consumed ring lines in L2 instead of dropping them),
+/// `EPTWIN_PROBES=0` (skip the copy probes), `EPTWIN_NCCL_BASELINE=0` (skip NCCL).
+#[derive(Debug, Clone)]
+pub struct HwOptions {
+    pub kernel_timeout_ms: u64,
+    pub l2_discard: bool,
+    pub probes: bool,
+    pub nccl_baseline: bool,
+}
+
+impl Default for HwOptions {
+    fn default() -> Self {
+        let flag = |name: &str| std::env::var(name).map(|v| v != "0").unwrap_or(true);
+        HwOptions {
+            kernel_timeout_ms: std::env::var("EPTWIN_KERNEL_TIMEOUT_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(10_000),
+            l2_discard: flag("EPTWIN_L2_DISCARD"),
+            probes: flag("EPTWIN_PROBES"),
+            nccl_baseline: flag("EPTWIN_NCCL_BASELINE"),
+        }
+    }
+}
+
+/// What was found on this machine.
+struct Environment {
+    gpus: Vec<Gpu>,
+    driver_api: i32,
+    nvrtc: (i32, i32),
+    nccl: i32,
+    nvml_driver: Option<String>,
+}
+
+enum Runtime {
+    Normal(NormalJob),
+    LowLatency(LlJob),
+}
+
+struct State {
+    devs: Devices,
+    placement: Placement,
+    job: JobId,
+    runtime: Runtime,
+    /// Measured (non-warmup) latencies per op.
+    latencies_ns: BTreeMap<OpKind, Vec<f64>>,
+    /// Bytes DeepEP's tests count, summed over ranks, per op.
+    logical_bytes: BTreeMap<OpKind, f64>,
+    transported_bytes: BTreeMap<OpKind, u64>,
+    nccl_us: BTreeMap<OpKind, f64>,
+    memcpy_gbps: Option<f64>,
+}
 
 pub struct HwTransport {
-    #[allow(dead_code)]
     options: HwOptions,
+    env: Result<Environment, String>,
+    state: Option<State>,
+    measurements: BTreeMap<String, Value>,
 }
 
 impl HwTransport {
     pub fn new(options: HwOptions) -> Self {
-        HwTransport { options }
+        HwTransport { options, env: detect(), state: None, measurements: BTreeMap::new() }
+    }
+}
+
+fn detect() -> Result<Environment, String> {
+    let count = cuda::init_driver()?;
+    let driver_api = cuda::driver_api_version()?;
+    let nvrtc = compile::nvrtc_version()?;
+    let nccl = nccl::nccl_version()?;
+    let mut gpus = Vec::with_capacity(count);
+    for ordinal in 0..count {
+        let gpu = cuda::guarded("opening the GPU", || Gpu::open(ordinal))?
+            .map_err(|e| format!("GPU {ordinal} cannot be used: {e}"))?;
+        gpus.push(gpu);
+    }
+    let nvml_driver = nvml::RealNvml::init().ok().and_then(|n| {
+        use nvml::NvmlApi;
+        n.driver_version().ok()
+    });
+    Ok(Environment { gpus, driver_api, nvrtc, nccl, nvml_driver })
+}
+
+fn identity(env: &Environment) -> BTreeMap<String, Value> {
+    let names: Vec<&str> = env.gpus.iter().map(|g| g.name.as_str()).collect();
+    let mut summary = String::new();
+    let mut i = 0;
+    while i < names.len() {
+        let j = names[i..].iter().take_while(|n| **n == names[i]).count();
+        if !summary.is_empty() {
+            summary.push_str(", ");
+        }
+        summary.push_str(&format!("{j} x {}", names[i]));
+        i += j;
+    }
+    let g0 = &env.gpus[0];
+    BTreeMap::from([
+        ("gpus".to_string(), json!(summary)),
+        ("gpu_names".to_string(), json!(names)),
+        ("gpu_count".to_string(), json!(env.gpus.len())),
+        ("sm_count".to_string(), json!(g0.sm_count)),
+        (
+            "compute_capability".to_string(),
+            json!(format!("{}.{}", g0.compute_capability.0, g0.compute_capability.1)),
+        ),
+        ("l2_bytes".to_string(), json!(g0.l2_bytes)),
+        ("memory_bytes".to_string(), json!(g0.total_mem_bytes)),
+        (
+            "pci_bus_ids".to_string(),
+            json!(env.gpus.iter().map(|g| &g.pci_bus_id).collect::<Vec<_>>()),
+        ),
+        (
+            "driver_version".to_string(),
+            json!(env.nvml_driver.clone().unwrap_or_else(|| "unknown (NVML not available)".into())),
+        ),
+        (
+            "cuda_version".to_string(),
+            json!(format!("{}.{}", env.driver_api / 1000, env.driver_api % 1000 / 10)),
+        ),
+        ("nvrtc_version".to_string(), json!(format!("{}.{}", env.nvrtc.0, env.nvrtc.1))),
+        ("nccl_version".to_string(), json!(nccl::version_string(env.nccl))),
+    ])
+}
+
+struct Inventory<'a>(&'a [Gpu]);
+
+impl GpuInventory for Inventory<'_> {
+    fn gpu_count(&self) -> u32 {
+        self.0.len() as u32
+    }
+    fn can_access_peer(&self, a: u32, b: u32) -> bool {
+        self.0[a as usize].can_access_peer(&self.0[b as usize]).unwrap_or(false)
     }
 }
 
 impl Transport for HwTransport {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            backend: BackendKind::Hw,
-            identity: BTreeMap::new(),
-            unavailable: Some("the hardware backend is not built yet".into()),
-            modes: Vec::new(),
-            traffic: false,
-            concurrent_jobs: false,
-            max_ranks: None,
-            rdma: false,
+        match &self.env {
+            Err(reason) => Capabilities {
+                backend: BackendKind::Hw,
+                identity: BTreeMap::new(),
+                unavailable: Some(reason.clone()),
+                modes: Vec::new(),
+                traffic: false,
+                concurrent_jobs: false,
+                max_ranks: None,
+                rdma: false,
+            },
+            Ok(env) => Capabilities {
+                backend: BackendKind::Hw,
+                identity: identity(env),
+                unavailable: None,
+                modes: vec![EpMode::Intranode, EpMode::LowLatency],
+                traffic: false,
+                concurrent_jobs: false,
+                max_ranks: None,
+                rdma: false,
+            },
         }
     }
 
-    fn prepare(&mut self, _plan: &Plan) -> Result<(), TransportError> {
-        Err(TransportError::Unsupported("the hardware backend is not built yet".into()))
+    fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
+        let env = match &mut self.env {
+            Ok(env) => env,
+            Err(reason) => return Err(TransportError::Unsupported(reason.clone())),
+        };
+        let state = prepare(&self.options, env, plan, &mut self.measurements)?;
+        self.state = Some(state);
+        Ok(())
     }
 
-    fn execute(&mut self, _op: &OpSpec) -> Result<OpOutcome, TransportError> {
-        Err(TransportError::Unsupported("the hardware backend is not built yet".into()))
+    fn execute(&mut self, op: &OpSpec) -> Result<OpOutcome, TransportError> {
+        let Some(state) = self.state.as_mut() else {
+            return Err(TransportError::Backend {
+                context: "hw".into(),
+                message: "execute before prepare".into(),
+            });
+        };
+        let OpSpec::Op { job, op, iteration, warmup } = op else {
+            return Err(TransportError::Unsupported(
+                "several jobs at once: the hardware backend runs one job at a time".into(),
+            ));
+        };
+        if *job != state.job {
+            return Err(TransportError::Backend {
+                context: "hw".into(),
+                message: format!("op for job {job:?}, prepared {:?}", state.job),
+            });
+        }
+        let gpu_of_rank = state.placement.gpu_of_rank.clone();
+        let devs = &mut state.devs;
+        let sample = match (&mut state.runtime, op) {
+            (Runtime::Normal(j), OpKind::Dispatch) => {
+                j.dispatch(devs, &gpu_of_rank, *iteration, *warmup, *job)
+            }
+            (Runtime::Normal(j), OpKind::Combine) => {
+                j.combine(devs, &gpu_of_rank, *iteration, *warmup, *job)
+            }
+            (Runtime::LowLatency(j), OpKind::Dispatch) => {
+                j.dispatch(devs, &gpu_of_rank, *iteration, *warmup, *job)
+            }
+            (Runtime::LowLatency(j), OpKind::Combine) => {
+                j.combine(devs, &gpu_of_rank, *iteration, *warmup, *job)
+            }
+            (_, other) => {
+                return Err(TransportError::Unsupported(format!(
+                    "op {other} is not a DeepEP dispatch or combine"
+                )));
+            }
+        }
+        .map_err(TransportError::from)?;
+        if !*warmup {
+            state.latencies_ns.entry(*op).or_default().push(sample.latency_ns);
+            state.transported_bytes.insert(*op, sample.nvlink_bytes);
+            derived_measurements(state, *op, &mut self.measurements);
+        }
+        Ok(OpOutcome { samples: vec![sample], measurements: self.measurements.clone() })
     }
+}
+
+/// Kernel bandwidth against the ceilings, from the measured samples so far.
+fn derived_measurements(state: &State, op: OpKind, m: &mut BTreeMap<String, Value>) {
+    let Some(lat) = state.latencies_ns.get(&op) else { return };
+    let mean_ns = lat.iter().sum::<f64>() / lat.len().max(1) as f64;
+    if mean_ns <= 0.0 {
+        return;
+    }
+    let logical = state.logical_bytes.get(&op).copied().unwrap_or(0.0);
+    let transported = state.transported_bytes.get(&op).copied().unwrap_or(0) as f64;
+    let bw = logical / mean_ns;
+    m.insert(format!("{op}.kernel_mean_us"), json!(round3(mean_ns / 1e3)));
+    m.insert(format!("{op}.logical_bytes_all_ranks"), json!(logical));
+    m.insert(format!("{op}.kernel_bw_gbps"), json!(round3(bw)));
+    m.insert(format!("{op}.transported_bytes_all_ranks"), json!(transported));
+    m.insert(format!("{op}.kernel_transport_bw_gbps"), json!(round3(transported / mean_ns)));
+    if let Some(memcpy) = state.memcpy_gbps {
+        m.insert(format!("{op}.kernel_bw_vs_memcpy_pct"), json!(round3(100.0 * bw / memcpy)));
+    }
+    if let Some(&nccl_us) = state.nccl_us.get(&op) {
+        m.insert(
+            format!("{op}.kernel_speedup_vs_nccl_alltoall"),
+            json!(round3(nccl_us * 1e3 / mean_ns)),
+        );
+    }
+}
+
+fn prepare(
+    options: &HwOptions,
+    env: &mut Environment,
+    plan: &Plan,
+    m: &mut BTreeMap<String, Value>,
+) -> Result<State, HwError> {
+    let job =
+        plan.jobs.first().ok_or_else(|| HwError::Unsupported("the scenario has no job".into()))?;
+    let JobKind::DeepEp(d) = &job.kind else {
+        return Err(HwError::Unsupported(format!(
+            "job {:?}: background traffic is not implemented on the hardware backend",
+            job.name
+        )));
+    };
+    let d = d.as_ref();
+    if d.mode == EpMode::Internode {
+        return Err(HwError::Unsupported(format!(
+            "job {:?}: normal internode kernels need RDMA between nodes (not built)",
+            job.name
+        )));
+    }
+    let n = job.num_ranks();
+    let placement = placement::place(n, plan.topology.ranks_per_gpu, &Inventory(&env.gpus))
+        .map_err(|e| HwError::Unsupported(e.to_string()))?;
+    // Take the GPUs in use out of the environment; the rest stay closed to this job.
+    let mut taken: Vec<Option<Gpu>> = std::mem::take(&mut env.gpus).into_iter().map(Some).collect();
+    let mut list = Vec::new();
+    for &g in &placement.gpus {
+        let gpu = taken[g as usize].take().expect("placement GPUs are distinct");
+        list.push(Device::new(gpu, placement.ranks_on(g))?);
+    }
+    env.gpus = taken.into_iter().flatten().collect();
+    for a in &list {
+        for b in &list {
+            if a.gpu.ordinal != b.gpu.ordinal {
+                a.gpu.enable_peer_access(&b.gpu)?;
+            }
+        }
+    }
+    let mut devs = Devices::new(list, options.kernel_timeout_ms);
+    let compiler = compile::Compiler::new(env.nvrtc, compile::default_cache_dir());
+    let sm_count = devs.list[0].gpu.sm_count;
+    let max_local = devs.list.iter().map(|d| d.ranks.len() as u32).max().unwrap_or(1);
+    let w = &d.workload;
+
+    // Compile and load; the main module depends on the mode.
+    let main_defines = match d.mode {
+        EpMode::Intranode => {
+            let num_sms = d.dispatch_config.as_ref().map(|c| c.num_sms).unwrap_or(20);
+            let min_blocks = (max_local * num_sms).div_ceil(sm_count).max(1);
+            let threads = kernel_defines::normal_threads(n, min_blocks);
+            (ModuleId::Intranode, "intranode", kernel_defines::intranode(n, threads, min_blocks))
+        }
+        _ => (
+            ModuleId::LowLatency,
+            "low_latency",
+            kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS),
+        ),
+    };
+    let modules = [
+        (ModuleId::Layout, "layout", Vec::new()),
+        (ModuleId::Probes, "probes", Vec::new()),
+        (ModuleId::TestData, "testdata", Vec::new()),
+        main_defines.clone(),
+    ];
+    for (id, name, defines) in &modules {
+        let module = eptwin_kernels::module(*id);
+        for dev in &mut devs.list {
+            let cubin = compiler.cubin(module, dev.gpu.compute_capability, defines)?;
+            let loaded = dev.gpu.load_module(&cubin, module.entry_points)?;
+            dev.modules.insert(name, loaded);
+        }
+    }
+    let (hits, compiles) = compiler.stats.get();
+    m.insert("hw.kernel_cache".into(), json!(format!("{hits} cached, {compiles} compiled")));
+    m.insert("hw.placement".into(), placement.to_json());
+    m.insert("hw.l2_discard_consumed_lines".into(), json!(options.l2_discard));
+    m.insert("hw.kernel_timeout_ms".into(), json!(options.kernel_timeout_ms));
+
+    let mut memcpy_gbps = None;
+    if options.probes {
+        let p = probes::run(&mut devs)?;
+        memcpy_gbps = p.get("probe.memcpy_dtod_bw_gbps").and_then(|v| v.as_f64());
+        if let Some(bw) = memcpy_gbps {
+            eprintln!(
+                "eptwin hw: memcpy ceiling (1 GiB device-to-device cuMemcpy): {bw:.1} GB/s copied, \
+                 {:.1} GB/s read+write",
+                2.0 * bw
+            );
+        }
+        m.extend(p);
+    }
+
+    let gpu_of_rank = placement.gpu_of_rank.clone();
+    let runtime = match d.mode {
+        EpMode::Intranode => {
+            let cfg = d.dispatch_config.as_ref().expect("normal mode has a dispatch config");
+            let dev0 = &devs.list[0];
+            let intr = dev0.module("intranode")?;
+            let threads: u32 = main_defines.2[1].1.parse().expect("NUM_THREADS define");
+            let min_blocks: u32 = main_defines.2[2].1.parse().expect("MIN_BLOCKS define");
+            let mut resident = u32::MAX;
+            let (mut regs, mut local) = (0, 0);
+            for k in ["intranode_dispatch", "intranode_combine"] {
+                let f = intr.function(k);
+                resident = resident.min(dev0.gpu.occupancy(f, threads)?);
+                let (r, l) = dev0.gpu.function_resources(f)?;
+                regs = regs.max(r);
+                local = local.max(l);
+            }
+            let per_gpu = max_local * cfg.num_sms;
+            if resident * sm_count < per_gpu {
+                return Err(HwError::Unsupported(format!(
+                    "{per_gpu} sender/receiver blocks of {threads} threads per GPU cannot all be resident \
+                     ({resident} per SM × {sm_count} SMs); they would deadlock"
+                )));
+            }
+            let launch = NormalLaunch {
+                threads,
+                min_blocks,
+                blocks_per_rank: cfg.num_sms,
+                blocks_per_gpu: per_gpu,
+                resident_blocks_per_sm: resident,
+                registers: regs,
+                local_bytes: local,
+            };
+            m.insert(
+                "hw.normal_kernels".into(),
+                json!({
+                    "threads_per_block": launch.threads,
+                    "blocks_per_rank": launch.blocks_per_rank,
+                    "channels_per_rank": launch.blocks_per_rank / 2,
+                    "blocks_per_gpu": launch.blocks_per_gpu,
+                    "resident_blocks_per_sm": launch.resident_blocks_per_sm,
+                    "effective_sms_per_rank": round3(sm_count as f64 / max_local as f64),
+                    "registers_per_thread": launch.registers,
+                    "local_memory_bytes_per_thread": launch.local_bytes,
+                }),
+            );
+            Runtime::Normal(NormalJob::prepare(
+                &mut devs,
+                job,
+                d,
+                &gpu_of_rank,
+                options.l2_discard,
+                launch,
+            )?)
+        }
+        _ => {
+            let mut dispatch_blocks = Vec::new();
+            let mut combine_blocks = Vec::new();
+            let (mut regs, mut local) = ((0, 0), (0, 0));
+            for dev in &devs.list {
+                let ll = dev.module("low_latency")?;
+                let (fd, fc) = (ll.function("ll_dispatch"), ll.function("ll_combine"));
+                let od = dev.gpu.occupancy(fd, low_latency::LL_THREADS)?;
+                let oc = dev.gpu.occupancy(fc, low_latency::LL_THREADS)?;
+                if od == 0 || oc == 0 {
+                    return Err(HwError::Unsupported(
+                        "the low-latency kernels do not fit one block per SM".into(),
+                    ));
+                }
+                dispatch_blocks.push(dev.gpu.sm_count * od);
+                combine_blocks.push(dev.gpu.sm_count * oc);
+                let (rd, ld) = dev.gpu.function_resources(fd)?;
+                let (rc, lc) = dev.gpu.function_resources(fc)?;
+                regs = (rd, rc);
+                local = (ld, lc);
+            }
+            let launch = LlLaunch {
+                dispatch_blocks: dispatch_blocks.clone(),
+                combine_blocks: combine_blocks.clone(),
+                threads: low_latency::LL_THREADS,
+                registers: regs,
+                local_bytes: local,
+            };
+            m.insert(
+                "hw.low_latency_kernels".into(),
+                json!({
+                    "threads_per_block": launch.threads,
+                    "dispatch_blocks_per_gpu": dispatch_blocks,
+                    "combine_blocks_per_gpu": combine_blocks,
+                    "effective_sms_per_rank": round3(sm_count as f64 / max_local as f64),
+                    "registers_per_thread": [regs.0, regs.1],
+                    "local_memory_bytes_per_thread": [local.0, local.1],
+                    "warps_per_receive_group": low_latency::WARPS_PER_GROUP,
+                }),
+            );
+            Runtime::LowLatency(LlJob::prepare(
+                &mut devs,
+                job,
+                d,
+                &gpu_of_rank,
+                options.l2_discard,
+                launch,
+            )?)
+        }
+    };
+
+    let logical_sum = |v: &[u64]| v.iter().sum::<u64>() as f64;
+    let logical_bytes = BTreeMap::from([
+        (OpKind::Dispatch, logical_sum(&d.logical.dispatch_per_rank)),
+        (OpKind::Combine, logical_sum(&d.logical.combine_per_rank)),
+    ]);
+    let mut nccl_us = BTreeMap::new();
+    if options.nccl_baseline {
+        let comms = nccl::Comms::init(&devs)?;
+        let (rows, dispatch_row, combine_row) = match &runtime {
+            Runtime::Normal(j) => (
+                j.pair_rows(),
+                eptwin_engine::deepep::bytes::logical_row_bytes(w.hidden, w.dispatch_dtype),
+                2 * w.hidden as u64,
+            ),
+            Runtime::LowLatency(j) => (
+                j.pair_rows(),
+                match w.dispatch_dtype {
+                    Dtype::Fp8 => {
+                        eptwin_engine::deepep::bytes::ll_dispatch_msg_bytes(w.hidden, Dtype::Fp8)
+                    }
+                    _ => 2 * w.hidden as u64,
+                },
+                eptwin_engine::deepep::bytes::ll_combine_msg_bytes(w.hidden, Dtype::Bf16),
+            ),
+        };
+        let transposed: Vec<Vec<u64>> =
+            (0..rows.len()).map(|s| (0..rows.len()).map(|d2| rows[d2][s]).collect()).collect();
+        for (op, r, row_bytes) in
+            [(OpKind::Dispatch, &rows, dispatch_row), (OpKind::Combine, &transposed, combine_row)]
+        {
+            let (us, bytes) = probes::nccl_alltoall(&mut devs, &comms, &gpu_of_rank, r, row_bytes)?;
+            nccl_us.insert(op, us);
+            m.insert(format!("{op}.nccl_alltoall_us"), json!(round3(us)));
+            m.insert(format!("{op}.nccl_alltoall_bytes_all_ranks"), json!(bytes));
+            m.insert(
+                format!("{op}.nccl_alltoall_bw_gbps"),
+                json!(round3(bytes as f64 / (us * 1e3))),
+            );
+        }
+        m.insert(
+            "hw.nccl_baseline".into(),
+            json!(
+                "grouped ncclSend/ncclRecv of every (source, destination) rank pair's bytes; ranks \
+                 sharing a GPU share its one communicator rank (NCCL allows one rank per GPU), so \
+                 their chunks are sends to self"
+            ),
+        );
+    }
+    devs.sync("prepare")?;
+    Ok(State {
+        devs,
+        placement,
+        job: job.id,
+        runtime,
+        latencies_ns: BTreeMap::new(),
+        logical_bytes,
+        transported_bytes: BTreeMap::new(),
+        nccl_us,
+        memcpy_gbps,
+    })
 }
 
 /// The NVML implementation of the engine's `TopologyProbe`, or why there is none here.
 pub fn nvml_probe() -> Result<Box<dyn eptwin_engine::topology::TopologyProbe>, String> {
-    Err("NVML is not available: the hardware backend is not built yet".into())
+    let api = nvml::RealNvml::init()?;
+    let probe = nvml::NvmlProbe::new(api, nvml::cuda_bus_ids())?;
+    Ok(Box::new(probe))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without a GPU (CI, laptops) the backend says why in one line and the run
+    /// is waived; `EPTWIN_REQUIRE_HW=1` makes a missing GPU a failure on the GPU machine.
+    #[test]
+    fn capabilities_without_a_gpu_are_a_one_line_waiver() {
+        let t = HwTransport::new(HwOptions::default());
+        let caps = t.capabilities();
+        match &caps.unavailable {
+            Some(reason) => {
+                assert!(std::env::var("EPTWIN_REQUIRE_HW").as_deref() != Ok("1"), "{reason}");
+                assert!(!reason.contains('\n'), "one line: {reason:?}");
+                assert!(caps.modes.is_empty());
+            }
+            None => {
+                assert!(caps.identity.contains_key("gpus"));
+                assert!(caps.identity.contains_key("nccl_version"));
+            }
+        }
+    }
 }

@@ -1,0 +1,218 @@
+//! Test data and the host mirrors of the kernels' number formats.
+//!
+//! Tokens are random but chosen so that every conversion the kernels make is exact: each
+//! 128-channel block is a power of two `2^s` (s in -3..=3) times random e4m3 values, with one
+//! element of the block at ±448 (the e4m3 maximum). Then the kernel's amax is `448·2^s`, its
+//! FP8 scale `448/amax = 2^-s` and scale-inverse `amax/448 = 2^s` are exact, `x·scale` is an
+//! e4m3 value exactly, and the stand-in experts' `x·(8+j)/8` fits bf16's 8 significant bits.
+//! So the host predicts every received byte, and a single wrong row cannot hide in rounding.
+//! No zero codes: zeros hide unwritten outputs.
+
+/// bf16 -> f32 (exact).
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// f32 -> bf16, round to nearest even (finite inputs), as `f32_to_bf16` in common.cuh.
+pub fn f32_to_bf16(f: f32) -> u16 {
+    let u = f.to_bits();
+    let u = u.wrapping_add(0x7fff + ((u >> 16) & 1));
+    (u >> 16) as u16
+}
+
+/// e4m3 -> f32 (exact), as `e4m3_to_f32` in common.cuh.
+pub fn e4m3_to_f32(v: u8) -> f32 {
+    let sign = v >> 7;
+    let exp = ((v >> 3) & 0xf) as u32;
+    let man = (v & 7) as u32;
+    let mag = if exp == 0 {
+        man as f32 * 0.001953125
+    } else {
+        f32::from_bits(((exp + 120) << 23) | (man << 20))
+    };
+    if sign == 1 { -mag } else { mag }
+}
+
+/// The largest finite e4m3 value's code (448), without sign.
+pub const E4M3_MAX_CODE: u8 = 0x7e;
+
+/// SplitMix64: small, fast and good enough for test data (not the engine's routing PRNG).
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// One rank's input tokens in the three forms the kernels use.
+#[derive(Debug, Clone)]
+pub struct RankTokens {
+    pub num_tokens: usize,
+    pub hidden: usize,
+    /// [token][hidden] e4m3 codes (normal-mode FP8 dispatch input; what LL must produce).
+    pub fp8: Vec<u8>,
+    /// [token][hidden / 128] dequantisation factors (DeepEP's `x_scales`): `2^s`.
+    pub scales: Vec<f32>,
+    /// [token][hidden] bf16 = e4m3 value × scale (LL input, BF16 dispatch input).
+    pub bf16: Vec<u16>,
+}
+
+impl RankTokens {
+    pub fn fp8_row(&self, t: usize) -> &[u8] {
+        &self.fp8[t * self.hidden..(t + 1) * self.hidden]
+    }
+    pub fn scales_row(&self, t: usize) -> &[f32] {
+        let s = self.hidden / 128;
+        &self.scales[t * s..(t + 1) * s]
+    }
+    pub fn bf16_row(&self, t: usize) -> &[u16] {
+        &self.bf16[t * self.hidden..(t + 1) * self.hidden]
+    }
+    /// The exact value of element `h` of token `t`.
+    pub fn value(&self, t: usize, h: usize) -> f32 {
+        bf16_to_f32(self.bf16[t * self.hidden + h])
+    }
+}
+
+/// Generate one rank's tokens; `hidden` must be a multiple of 128.
+pub fn generate(seed: u64, rank: u32, num_tokens: usize, hidden: usize) -> RankTokens {
+    assert!(hidden.is_multiple_of(128), "hidden must be a multiple of 128");
+    let mut rng = SplitMix64::new(
+        seed ^ (0xe9_7a1c_0000_0000 | rank as u64).wrapping_mul(0x2545_f491_4f6c_dd1d),
+    );
+    let blocks = hidden / 128;
+    let mut fp8 = vec![0u8; num_tokens * hidden];
+    let mut scales = vec![0f32; num_tokens * blocks];
+    let mut bf16 = vec![0u16; num_tokens * hidden];
+    for t in 0..num_tokens {
+        for b in 0..blocks {
+            let r = rng.next_u64();
+            let shift = (r % 7) as i32 - 3;
+            let scale = 2f32.powi(shift);
+            scales[t * blocks + b] = scale;
+            let amax_at = (t * 7 + b * 13 + (r >> 8) as usize) % 128;
+            let mut bits = 0u64;
+            for i in 0..128 {
+                if i % 8 == 0 {
+                    bits = rng.next_u64();
+                }
+                let raw = (bits >> ((i % 8) * 8)) as u8;
+                let sign = raw & 0x80;
+                // Codes 1..=0x7e: no zero, no NaN (0x7f).
+                let mag = if i == amax_at { E4M3_MAX_CODE } else { 1 + (raw & 0x7f) % 0x7e };
+                let code = sign | mag;
+                let idx = t * hidden + b * 128 + i;
+                fp8[idx] = code;
+                bf16[idx] = f32_to_bf16(e4m3_to_f32(code) * scale);
+            }
+        }
+    }
+    RankTokens { num_tokens, hidden, fp8, scales, bf16 }
+}
+
+/// The stand-in expert's multiplier for a rank (normal mode) or a global expert (LL mode).
+pub fn expert_factor(id: u32) -> f32 {
+    (8 + id % 7) as f32 / 8.0
+}
+
+/// Expert output element: bf16(x · factor), as `expert_value` in testdata.cu.
+pub fn expert_output(x: f32, factor: f32) -> u16 {
+    f32_to_bf16(x * factor)
+}
+
+/// DeepEP's `calc_diff`: 1 - 2·Σxy / Σ(x² + y²), in f64.
+pub fn calc_diff(a: &[f32], b: &[f32]) -> f64 {
+    let (mut xy, mut sq) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (x as f64 + 1.0, y as f64 + 1.0);
+        xy += x * y;
+        sq += x * x + y * y;
+    }
+    if sq == 0.0 { 0.0 } else { 1.0 - 2.0 * xy / sq }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Round to nearest even into e4m3 with saturation (what `cvt.rn.satfinite.e4m3x2.f32`
+    /// does), by search over the 254 finite codes: slow but obviously right.
+    fn f32_to_e4m3_reference(f: f32) -> u8 {
+        let mut best = 0u8;
+        let mut best_err = f32::INFINITY;
+        for code in 0..=255u8 {
+            if code & 0x7f == 0x7f {
+                continue;
+            }
+            let v = e4m3_to_f32(code);
+            let err = (v - f).abs();
+            let tie_even = err == best_err && code & 1 == 0;
+            if err < best_err || tie_even {
+                best = code;
+                best_err = err;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn e4m3_decoding() {
+        assert_eq!(e4m3_to_f32(0x7e), 448.0);
+        assert_eq!(e4m3_to_f32(0xfe), -448.0);
+        assert_eq!(e4m3_to_f32(0x38), 1.0);
+        assert_eq!(e4m3_to_f32(0x01), 0.001953125);
+        assert_eq!(e4m3_to_f32(0x08), 0.015625);
+    }
+
+    #[test]
+    fn bf16_rounding() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        assert_eq!(bf16_to_f32(0x3f80), 1.0);
+        // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even wins.
+        assert_eq!(f32_to_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
+        assert_eq!(f32_to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
+    }
+
+    #[test]
+    fn generated_tokens_survive_every_conversion_exactly() {
+        let d = generate(7, 3, 4, 512);
+        for t in 0..4 {
+            for b in 0..4 {
+                let block: Vec<f32> = (0..128).map(|i| d.value(t, b * 128 + i)).collect();
+                let amax = block.iter().fold(0f32, |a, &v| a.max(v.abs()));
+                let scale = 448.0 / amax;
+                assert_eq!(amax / 448.0, d.scales_row(t)[b], "scale-inverse is exact");
+                for (i, &v) in block.iter().enumerate() {
+                    let code = d.fp8_row(t)[b * 128 + i];
+                    assert_ne!(code & 0x7f, 0, "no zeros");
+                    assert_eq!(f32_to_e4m3_reference(v * scale), code, "FP8 cast is exact");
+                    for j in 0..7 {
+                        let out = expert_output(v, expert_factor(j));
+                        assert_eq!(bf16_to_f32(out), v * expert_factor(j), "expert output exact");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ranks_get_different_tokens() {
+        assert_ne!(generate(1, 0, 2, 128).fp8, generate(1, 1, 2, 128).fp8);
+        assert_eq!(generate(1, 0, 2, 128).fp8, generate(1, 0, 2, 128).fp8);
+    }
+
+    #[test]
+    fn calc_diff_is_zero_for_equal() {
+        assert_eq!(calc_diff(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!(calc_diff(&[1.0, 2.0], &[1.0, 3.0]) > 0.0);
+    }
+}

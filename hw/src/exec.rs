@@ -1,0 +1,284 @@
+//! What every op on the hardware shares: the GPUs of a placement with their loaded modules,
+//! L2 flushing, the device error records of bounded waits, CUDA-event timing across GPUs,
+//! output digests and the failure list of a check.
+
+use std::collections::BTreeMap;
+
+use crate::cuda::{DeviceBuffer, Event, Gpu, Module};
+use crate::error::{ErrorRecord, HwError};
+use crate::kernel_args;
+
+/// DeepEP's tests flush L2 with a 256 MB memset before every timed call (deepep.md §17).
+pub const L2_FLUSH_BYTES: usize = 256_000_000;
+
+/// One GPU of the placement with its per-GPU state.
+pub struct Device {
+    pub gpu: Gpu,
+    pub flush: DeviceBuffer,
+    pub err: DeviceBuffer,
+    pub digest: DeviceBuffer,
+    /// Loaded modules by name ("layout", "intranode", ...).
+    pub modules: BTreeMap<&'static str, Module>,
+    /// Job ranks placed on this GPU (consecutive).
+    pub ranks: Vec<u32>,
+}
+
+impl Device {
+    pub fn new(gpu: Gpu, ranks: Vec<u32>) -> Result<Device, HwError> {
+        let flush = gpu.alloc(L2_FLUSH_BYTES)?;
+        let err = gpu.alloc(std::mem::size_of::<ErrorRecord>())?;
+        let digest = gpu.alloc(8)?;
+        gpu.memset_u8(err.ptr, 0, err.bytes)?;
+        Ok(Device { gpu, flush, err, digest, modules: BTreeMap::new(), ranks })
+    }
+
+    pub fn module(&self, name: &str) -> Result<&Module, HwError> {
+        self.modules.get(name).ok_or_else(|| HwError::Setup {
+            context: format!("GPU {}", self.gpu.ordinal),
+            message: format!("module {name} is not loaded"),
+        })
+    }
+
+    pub fn rank_base(&self) -> u32 {
+        self.ranks.first().copied().unwrap_or(0)
+    }
+}
+
+/// The GPUs of one job.
+pub struct Devices {
+    pub list: Vec<Device>,
+    flush_value: u32,
+    pub kernel_timeout_ms: u64,
+    pub host_timeout_ms: u64,
+}
+
+impl Devices {
+    pub fn new(list: Vec<Device>, kernel_timeout_ms: u64) -> Self {
+        // The host waits long enough for every chained bounded wait to give up first.
+        let host_timeout_ms = kernel_timeout_ms * 4 + 30_000;
+        Devices { list, flush_value: 0, kernel_timeout_ms, host_timeout_ms }
+    }
+
+    pub fn timeout_ns(&self) -> u64 {
+        self.kernel_timeout_ms * 1_000_000
+    }
+
+    /// Overwrite 256 MB on every GPU so that the next op starts with a cold L2.
+    pub fn flush_l2(&mut self) -> Result<(), HwError> {
+        self.flush_value = self.flush_value.wrapping_add(0x0101_0101);
+        for d in &self.list {
+            d.gpu.memset_u32(d.flush.ptr, self.flush_value, L2_FLUSH_BYTES / 4)?;
+        }
+        Ok(())
+    }
+
+    pub fn clear_errors(&self) -> Result<(), HwError> {
+        for d in &self.list {
+            d.gpu.memset_u8(d.err.ptr, 0, d.err.bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Wait for every GPU (host watchdog), then turn a device error record into an error.
+    pub fn finish(&self, op: &str) -> Result<(), HwError> {
+        for d in &self.list {
+            d.gpu.wait(op, self.host_timeout_ms)?;
+        }
+        for d in &self.list {
+            let mut rec = [ErrorRecord::default()];
+            d.gpu.download(d.err.ptr, &mut rec)?;
+            if rec[0].flag != 0 {
+                return Err(HwError::KernelTimeout {
+                    op: op.to_string(),
+                    what: format!(
+                        "GPU {}: {}",
+                        d.gpu.ordinal,
+                        rec[0].describe(self.kernel_timeout_ms)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Synchronise every GPU (between setup steps).
+    pub fn sync(&self, what: &str) -> Result<(), HwError> {
+        for d in &self.list {
+            d.gpu.synchronize(what)?;
+        }
+        Ok(())
+    }
+}
+
+/// CUDA events on every GPU: `mark(name)` records one per GPU; intervals are the maximum over
+/// GPUs (every rank's op ends when its slowest kernel does).
+pub struct Timer {
+    marks: Vec<(String, Vec<Event>)>,
+}
+
+impl Timer {
+    pub fn start(devs: &Devices) -> Result<Timer, HwError> {
+        let mut t = Timer { marks: Vec::new() };
+        t.mark(devs, "start")?;
+        Ok(t)
+    }
+
+    pub fn mark(&mut self, devs: &Devices, name: &str) -> Result<(), HwError> {
+        let mut evs = Vec::with_capacity(devs.list.len());
+        for d in &devs.list {
+            let ev = d.gpu.new_event()?;
+            d.gpu.record(&ev)?;
+            evs.push(ev);
+        }
+        self.marks.push((name.to_string(), evs));
+        Ok(())
+    }
+
+    /// Nanoseconds from mark `from` to mark `to`, maximum over GPUs (after `Devices::finish`).
+    pub fn between_ns(&self, from: &str, to: &str) -> Result<f64, HwError> {
+        let find = |n: &str| {
+            self.marks.iter().find(|(m, _)| m == n).map(|(_, e)| e).ok_or_else(|| HwError::Setup {
+                context: "timer".into(),
+                message: format!("no mark {n}"),
+            })
+        };
+        let (a, b) = (find(from)?, find(to)?);
+        let mut worst = 0f64;
+        for (ea, eb) in a.iter().zip(b) {
+            worst = worst.max(ea.elapsed_ms(eb)? as f64 * 1e6);
+        }
+        Ok(worst)
+    }
+}
+
+/// A region of device memory hashed as rows (see `digest_rows` in testdata.cu).
+pub struct DigestRegion {
+    pub ptr: u64,
+    pub num_rows: u64,
+    pub row_words: i32,
+    pub row_stride_words: u64,
+    /// Optional per-group valid-row counts (device pointer) and rows per group.
+    pub row_counts: u64,
+    pub rows_per_group: i32,
+}
+
+/// The order-independent digest of the regions on one device.
+pub fn digest(dev: &Device, regions: &[DigestRegion]) -> Result<u64, HwError> {
+    dev.gpu.memset_u8(dev.digest.ptr, 0, 8)?;
+    let f = dev.module("testdata")?.function("digest_rows");
+    for r in regions {
+        if r.num_rows == 0 || r.row_words == 0 {
+            continue;
+        }
+        let out = dev.digest.ptr;
+        let mut args = kernel_args![
+            r.ptr,
+            r.num_rows,
+            r.row_words,
+            r.row_stride_words,
+            r.row_counts,
+            r.rows_per_group,
+            out
+        ];
+        // SAFETY: the regions lie inside live allocations of this device (callers).
+        unsafe { dev.gpu.launch(f, dev.gpu.sm_count * 4, 256, &mut args)? };
+    }
+    let mut v = [0u64];
+    dev.gpu.download(dev.digest.ptr, &mut v)?;
+    Ok(v[0])
+}
+
+/// Failures of one check, capped so that a broken kernel does not print a million lines.
+#[derive(Debug, Default)]
+pub struct Failures {
+    pub lines: Vec<String>,
+    pub total: u64,
+}
+
+impl Failures {
+    pub const MAX_LINES: usize = 8;
+
+    pub fn push(&mut self, line: impl FnOnce() -> String) {
+        self.total += 1;
+        if self.lines.len() < Self::MAX_LINES {
+            self.lines.push(line());
+        }
+    }
+
+    pub fn extend(&mut self, other: Failures) {
+        self.total += other.total;
+        for l in other.lines {
+            if self.lines.len() < Self::MAX_LINES {
+                self.lines.push(l);
+            }
+        }
+    }
+
+    pub fn into_lines(self, check: &str) -> Vec<String> {
+        let mut out: Vec<String> =
+            self.lines.into_iter().map(|l| format!("{check}: {l}")).collect();
+        if self.total as usize > out.len() {
+            out.push(format!("{check}: {} mismatches in all", self.total));
+        }
+        out
+    }
+}
+
+/// Whether two bf16 results agree within bf16 rounding (one unit in the last place of the
+/// expected value, plus a little for cancellation).
+pub fn bf16_close(got: f32, want: f32, scale: f32) -> bool {
+    if got.is_nan() || want.is_nan() {
+        return false;
+    }
+    (got - want).abs() <= want.abs() * (1.0 / 128.0) + scale * 1e-6
+}
+
+/// Run `f` over `0..n` on up to 16 host threads and collect the results in order.
+pub fn parallel_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let threads = std::thread::available_parallelism().map(|p| p.get()).unwrap_or(1).clamp(1, 16);
+    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let chunks: Vec<_> = out.chunks_mut(n.div_ceil(threads).max(1)).enumerate().collect();
+        let chunk_len = n.div_ceil(threads).max(1);
+        for (ci, chunk) in chunks {
+            let f = &f;
+            s.spawn(move || {
+                for (j, slot) in chunk.iter_mut().enumerate() {
+                    *slot = Some(f(ci * chunk_len + j));
+                }
+            });
+        }
+    });
+    out.into_iter().map(|x| x.expect("every slot filled")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_capped() {
+        let mut f = Failures::default();
+        for i in 0..20 {
+            f.push(|| format!("row {i}"));
+        }
+        let lines = f.into_lines("dispatch data");
+        assert_eq!(lines.len(), Failures::MAX_LINES + 1);
+        assert!(lines.last().unwrap().contains("20 mismatches"));
+    }
+
+    #[test]
+    fn parallel_map_keeps_order() {
+        let v = parallel_map(37, |i| i * 2);
+        assert_eq!(v, (0..37).map(|i| i * 2).collect::<Vec<_>>());
+        assert!(parallel_map(0, |i| i).is_empty());
+    }
+
+    #[test]
+    fn bf16_tolerance() {
+        assert!(bf16_close(1.0, 1.0, 1.0));
+        assert!(bf16_close(1.0078125, 1.0, 1.0));
+        assert!(!bf16_close(1.03, 1.0, 1.0));
+        assert!(!bf16_close(f32::NAN, 1.0, 1.0));
+    }
+}

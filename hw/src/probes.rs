@@ -1,0 +1,302 @@
+//! Calibration probes and ceilings, measured in the same run as the scenario: device-to-device
+//! `cuMemcpy` bandwidth (the ceiling of a copy-bound dispatch/combine on one GPU), small-copy
+//! latency, a 16-byte-vector copy kernel at several block counts (per-SM copy rate), kernel
+//! launch overhead, flag round-trip latency, and peer copies when several GPUs are in use.
+//!
+//! Figures are medians of CUDA-event-timed repetitions, each after an L2 flush.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::error::HwError;
+use crate::exec::{Device, Devices};
+use crate::kernel_args;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
+}
+
+/// Time `op` `reps` times on one device (L2 flushed before each), median in microseconds.
+fn time_us(
+    devs: &mut Devices,
+    idx: usize,
+    reps: usize,
+    mut op: impl FnMut(&Device) -> Result<(), HwError>,
+) -> Result<f64, HwError> {
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..reps + 1 {
+        devs.flush_l2()?;
+        let dev = &devs.list[idx];
+        let (a, b) = (dev.gpu.new_event()?, dev.gpu.new_event()?);
+        dev.gpu.record(&a)?;
+        op(dev)?;
+        dev.gpu.record(&b)?;
+        dev.gpu.wait("probe", devs.host_timeout_ms)?;
+        // The first repetition warms up (module load, TLB, clocks).
+        if rep > 0 {
+            samples.push(a.elapsed_ms(&b)? as f64 * 1e3);
+        }
+    }
+    Ok(median(samples))
+}
+
+/// Run every probe on the placement's GPUs; keys go into the result's measurements.
+pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
+    let mut m = BTreeMap::new();
+    let big = 1usize << 30;
+    let (src, dst) = {
+        let g = &devs.list[0].gpu;
+        let src = g.alloc(big)?;
+        let dst = g.alloc(big)?;
+        // Never time on zeros: fill the source with a pattern.
+        g.memset_u32(src.ptr, 0x3c5a_a5c3, big / 4)?;
+        g.memset_u32(dst.ptr, 0, big / 4)?;
+        (src, dst)
+    };
+    let sm_count = devs.list[0].gpu.sm_count;
+
+    // cuMemcpy device-to-device at several sizes.
+    let mut by_size = serde_json::Map::new();
+    let mut copy_1g_us = 0.0;
+    let mut small_us = 0.0;
+    for bytes in [4096usize, 65_536, 1 << 20, 16 << 20, 256 << 20, 1 << 30] {
+        let reps = if bytes >= 256 << 20 { 10 } else { 20 };
+        let us = time_us(devs, 0, reps, |d| d.gpu.copy_dtod(dst.ptr, src.ptr, bytes))?;
+        by_size.insert(bytes.to_string(), json!(round3(us)));
+        if bytes == 1 << 30 {
+            copy_1g_us = us;
+        }
+        if bytes == 4096 {
+            small_us = us;
+        }
+    }
+    let memcpy_gbps = big as f64 / (copy_1g_us * 1e3);
+    m.insert("probe.memcpy_dtod_bw_gbps".into(), json!(round3(memcpy_gbps)));
+    m.insert("probe.memcpy_dtod_read_write_bw_gbps".into(), json!(round3(2.0 * memcpy_gbps)));
+    m.insert("probe.memcpy_dtod_us_by_bytes".into(), Value::Object(by_size));
+    m.insert("probe.memcpy_small_4KiB_latency_us".into(), json!(round3(small_us)));
+
+    // The copy kernel, full grid and a sweep of block counts (1024 threads per block).
+    let copy_bytes = 256usize << 20;
+    let n_int4 = (copy_bytes / 16) as u64;
+    let mut by_blocks = serde_json::Map::new();
+    let mut per_sm = 0.0;
+    let occupancy = {
+        let d = &devs.list[0];
+        d.gpu.occupancy(d.module("probes")?.function("probe_copy"), 1024)?.max(1)
+    };
+    let full = sm_count * occupancy;
+    let mut blocks_list = vec![1u32, 2, 4, 8, 16, 32, sm_count / 2, sm_count, full];
+    blocks_list.dedup();
+    for blocks in blocks_list {
+        let (s, t) = (src.ptr, dst.ptr);
+        let us = time_us(devs, 0, 5, |d| {
+            let f = d.module("probes")?.function("probe_copy");
+            let mut a = kernel_args![s, t, n_int4];
+            // SAFETY: both buffers hold n_int4 int4.
+            unsafe { d.gpu.launch(f, blocks, 1024, &mut a) }
+        })?;
+        let gbps = copy_bytes as f64 / (us * 1e3);
+        by_blocks.insert(blocks.to_string(), json!(round3(gbps)));
+        if blocks == 1 {
+            per_sm = gbps;
+        }
+        if blocks == full {
+            m.insert("probe.copy_kernel_bw_gbps".into(), json!(round3(gbps)));
+        }
+    }
+    m.insert("probe.copy_kernel_bw_gbps_by_blocks".into(), Value::Object(by_blocks));
+    m.insert("probe.copy_kernel_one_block_bw_gbps".into(), json!(round3(per_sm)));
+
+    // Launch overhead: one empty kernel between two events, and 1000 back to back.
+    let empty_us = time_us(devs, 0, 20, |d| {
+        let f = d.module("probes")?.function("probe_empty");
+        // SAFETY: no parameters.
+        unsafe { d.gpu.launch(f, 1, 32, &mut []) }
+    })?;
+    m.insert("probe.empty_kernel_event_us".into(), json!(round3(empty_us)));
+    let burst_us = time_us(devs, 0, 3, |d| {
+        let f = d.module("probes")?.function("probe_empty");
+        for _ in 0..1000 {
+            // SAFETY: no parameters.
+            unsafe { d.gpu.launch(f, 1, 32, &mut [])? };
+        }
+        Ok(())
+    })?;
+    m.insert("probe.launch_interval_us".into(), json!(round3(burst_us / 1000.0)));
+
+    // Flag round trip between two blocks of one GPU (release store / acquire poll).
+    let iters = 10_000i32;
+    let flags = devs.list[0].gpu.alloc(4096)?;
+    let out = devs.list[0].gpu.alloc(8)?;
+    {
+        let d = &devs.list[0];
+        d.gpu.memset_u8(flags.ptr, 0, 4096)?;
+        devs.clear_errors()?;
+        let (ping, pong, role, o, err, to) =
+            (flags.ptr, flags.ptr + 2048, -1i32, out.ptr, d.err.ptr, devs.timeout_ns());
+        let f = d.module("probes")?.function("probe_pingpong");
+        let mut a = kernel_args![ping, pong, role, iters, o, err, to];
+        // SAFETY: flag words and output are live; two blocks of one thread each are resident.
+        unsafe { d.gpu.launch(f, 2, 32, &mut a)? };
+    }
+    devs.finish("flag ping-pong probe")?;
+    let mut ns = [0u64];
+    devs.list[0].gpu.download(out.ptr, &mut ns)?;
+    let rtt = ns[0] as f64 / iters as f64;
+    m.insert("probe.flag_roundtrip_same_gpu_ns".into(), json!(round3(rtt)));
+    m.insert("probe.flag_latency_same_gpu_ns".into(), json!(round3(rtt / 2.0)));
+
+    if devs.list.len() > 1 {
+        peer_probes(devs, &mut m)?;
+    }
+    Ok(m)
+}
+
+/// Peer copy bandwidth and flag latency for every pair of GPUs in use.
+fn peer_probes(devs: &mut Devices, m: &mut BTreeMap<String, Value>) -> Result<(), HwError> {
+    let bytes = 256usize << 20;
+    let mut bw = serde_json::Map::new();
+    let mut lat = serde_json::Map::new();
+    for a in 0..devs.list.len() {
+        for b in 0..devs.list.len() {
+            if a == b {
+                continue;
+            }
+            let src = devs.list[a].gpu.alloc(bytes)?;
+            let dst = devs.list[b].gpu.alloc(bytes)?;
+            devs.list[a].gpu.memset_u32(src.ptr, 0x1234_5678, bytes / 4)?;
+            // With peer access enabled and unified addressing, a device-to-device copy on GPU
+            // a's stream moves the bytes over the link.
+            let (s, t) = (src.ptr, dst.ptr);
+            let us = time_us(devs, a, 5, |d| d.gpu.copy_dtod(t, s, bytes))?;
+            let key = format!("{}->{}", devs.list[a].gpu.ordinal, devs.list[b].gpu.ordinal);
+            bw.insert(key.clone(), json!(round3(bytes as f64 / (us * 1e3))));
+
+            // Ping-pong: each side polls memory on its own GPU.
+            let ping = devs.list[b].gpu.alloc(128)?;
+            let pong = devs.list[a].gpu.alloc(128)?;
+            let out = devs.list[a].gpu.alloc(8)?;
+            devs.list[b].gpu.memset_u8(ping.ptr, 0, 128)?;
+            devs.list[a].gpu.memset_u8(pong.ptr, 0, 128)?;
+            devs.sync("peer probe setup")?;
+            devs.clear_errors()?;
+            let iters = 2000i32;
+            for (side, idx) in [(1i32, b), (0i32, a)] {
+                let d = &devs.list[idx];
+                let (pi, po, o, err, to) =
+                    (ping.ptr, pong.ptr, out.ptr, d.err.ptr, devs.timeout_ns());
+                let f = d.module("probes")?.function("probe_pingpong");
+                let mut args = kernel_args![pi, po, side, iters, o, err, to];
+                // SAFETY: peer access is enabled between a and b; flags are live.
+                unsafe { d.gpu.launch(f, 1, 32, &mut args)? };
+            }
+            devs.finish("peer flag probe")?;
+            let mut ns = [0u64];
+            devs.list[a].gpu.download(out.ptr, &mut ns)?;
+            lat.insert(key, json!(round3(ns[0] as f64 / iters as f64 / 2.0)));
+        }
+    }
+    m.insert("probe.peer_copy_bw_gbps".into(), Value::Object(bw));
+    m.insert("probe.flag_latency_peer_ns".into(), Value::Object(lat));
+    Ok(())
+}
+
+pub fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// The NCCL all-to-all baseline on the same data: every (source, destination) rank pair sends
+/// `rows[s][d] · row_bytes` bytes with grouped `ncclSend`/`ncclRecv`. NCCL refuses two ranks of
+/// one communicator on one GPU, so co-located ranks' chunks travel within their GPU's single
+/// communicator rank (a send to itself); across GPUs they go to the peer's rank.
+pub fn nccl_alltoall(
+    devs: &mut Devices,
+    comms: &crate::nccl::Comms,
+    gpu_of_rank: &[u32],
+    rows: &[Vec<u64>],
+    row_bytes: u64,
+) -> Result<(f64, u64), HwError> {
+    let n = rows.len();
+    let idx_of = |gpu: u32| {
+        devs.list
+            .iter()
+            .position(|d| d.gpu.ordinal == gpu as usize)
+            .expect("rank GPU is in the placement")
+    };
+    // Per rank: one send buffer (its chunks to every destination) and one receive buffer.
+    let mut send = Vec::with_capacity(n);
+    let mut recv = Vec::with_capacity(n);
+    for r in 0..n {
+        let g = &devs.list[idx_of(gpu_of_rank[r])].gpu;
+        let out: u64 = rows[r].iter().sum::<u64>() * row_bytes;
+        let inn: u64 = rows.iter().map(|row| row[r]).sum::<u64>() * row_bytes;
+        let s = g.alloc(out as usize)?;
+        g.memset_u32(s.ptr, 0x5a5a_1234, s.bytes / 4)?;
+        send.push(s);
+        recv.push(g.alloc(inn as usize)?);
+    }
+    let mut pairs = Vec::new();
+    let mut recv_off = vec![0u64; n];
+    for s in 0..n {
+        let mut send_off = 0u64;
+        for d in 0..n {
+            let bytes = rows[s][d] * row_bytes;
+            if bytes > 0 {
+                pairs.push(crate::nccl::Transfer {
+                    src_comm: idx_of(gpu_of_rank[s]),
+                    dst_comm: idx_of(gpu_of_rank[d]),
+                    send_ptr: send[s].ptr + send_off,
+                    recv_ptr: recv[d].ptr + recv_off[d],
+                    bytes,
+                });
+            }
+            send_off += bytes;
+            recv_off[d] += bytes;
+        }
+    }
+    let total: u64 = pairs.iter().map(|p| p.bytes).sum();
+    let mut samples = Vec::new();
+    for rep in 0..11 {
+        devs.flush_l2()?;
+        let starts: Vec<_> =
+            devs.list.iter().map(|d| d.gpu.new_event()).collect::<Result<_, _>>()?;
+        let ends: Vec<_> = devs.list.iter().map(|d| d.gpu.new_event()).collect::<Result<_, _>>()?;
+        for (d, e) in devs.list.iter().zip(&starts) {
+            d.gpu.record(e)?;
+        }
+        comms.alltoallv(devs, &pairs)?;
+        for (d, e) in devs.list.iter().zip(&ends) {
+            d.gpu.record(e)?;
+        }
+        for d in &devs.list {
+            d.gpu.wait("NCCL all-to-all baseline", devs.host_timeout_ms)?;
+        }
+        if rep > 0 {
+            let mut worst = 0f64;
+            for (a, b) in starts.iter().zip(&ends) {
+                worst = worst.max(a.elapsed_ms(b)? as f64 * 1e3);
+            }
+            samples.push(worst);
+        }
+    }
+    Ok((median(samples), total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_samples() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
+}

@@ -1,0 +1,564 @@
+// Normal (high-throughput) intranode dispatch and combine, after DeepEP V1 `intranode.cu`.
+//
+// Channels of sender/receiver blocks: block 2c sends channel c, block 2c+1 receives it. Per
+// (channel, source rank) a ring buffer of `nvl_recv` token slots lives in the *receiver's*
+// NVL buffer (a peer pointer over NVLink, or device-local when ranks share a GPU). The sender
+// pushes up to `nvl_send` tokens, then publishes the tail with a release store; the receiver
+// polls the tail with acquire loads, drains the slots into its output and publishes the head.
+// Combine mirrors it: the expert side pushes each received row back to its source rank, which
+// sums the partials of every rank the token visited.
+//
+// One launch covers every rank placed on this GPU: blocks [l * blocks_per_rank,
+// (l + 1) * blocks_per_rank) belong to local rank l (= job rank rank_base + l). All blocks
+// must be resident at once (senders and receivers spin on each other); the host sizes the
+// grid and MIN_BLOCKS from the occupancy API and refuses to launch otherwise.
+//
+// Compile-time parameters (NVRTC -D): NUM_RANKS (ranks of the job), NUM_THREADS (threads per
+// block), MIN_BLOCKS (resident blocks per SM needed for co-residency).
+#include "common.cuh"
+
+#ifndef NUM_RANKS
+#error "NUM_RANKS must be defined"
+#endif
+#ifndef NUM_THREADS
+#define NUM_THREADS 768
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+
+// Per-rank pointers (host: hw/src/intranode.rs `NormalRankArgs`, same field order).
+struct NormalRankArgs {
+    // Source side (this rank's tokens).
+    const int4* x;                   // [num_tokens][hidden_int4] dispatch payload (fp8 or bf16)
+    const float* x_scales;           // [num_tokens][num_scales] (fp8 only)
+    const int* topk_idx;             // [num_tokens][num_topk]
+    const float* topk_weights;       // [num_tokens][num_topk]
+    const u8* is_token_in_rank;      // [num_tokens][NUM_RANKS]  (layout)
+    const int* num_tokens_per_rank;  // [NUM_RANKS]              (layout)
+    const int* num_tokens_per_expert;  // [num_experts]          (layout)
+    int* channel_prefix_matrix;      // [NUM_RANKS][num_channels] inclusive, tokens to each rank
+    int* send_head;                  // [num_tokens][NUM_RANKS] ring index of each sent token
+    // Receiver side.
+    int* rank_prefix;                // [NUM_RANKS] inclusive prefix of tokens received per source
+    int* num_recv_tokens_per_expert;  // [num_local_experts]
+    int* num_recv_tokens;            // [1]
+    int4* recv_x;                    // [num_recv][hidden_int4]
+    float* recv_x_scales;            // [num_recv][num_scales]
+    int* recv_src_idx;               // [num_recv]
+    int* recv_topk_idx;              // [num_recv][num_topk] local expert index or -1
+    float* recv_topk_weights;        // [num_recv][num_topk]
+    int* recv_channel_offset;        // [NUM_RANKS][num_channels]
+    // Combine.
+    const int4* combine_x;           // [num_recv][combine_hidden_int4] bf16 expert outputs
+    const float* combine_topk_weights;  // [num_recv][num_topk]
+    int4* combined_x;                // [num_tokens][combine_hidden_int4] bf16
+    float* combined_topk_weights;    // [num_tokens][num_topk]
+    u8* buffer;                      // this rank's NVL buffer
+    int num_tokens;
+    int reserved;
+};
+
+// Launch parameters and the NVL buffer layout (host: `NormalParams`, same field order).
+struct NormalParams {
+    u64 timeout_ns;
+    u64 off_recv_counts;         // int [NUM_RANKS]
+    u64 off_recv_expert_counts;  // int [NUM_RANKS][num_local_experts]
+    u64 off_barrier;             // int, monotonic
+    u64 off_d_start, off_d_end, off_d_head, off_d_tail;  // int [num_channels][NUM_RANKS] each
+    u64 off_c_head, off_c_tail;                          // int [num_channels][NUM_RANKS] each
+    u64 off_x;                   // [num_channels][NUM_RANKS][nvl_recv][slot_bytes]
+    u64 off_src_idx;             // int [num_channels][NUM_RANKS][nvl_recv]
+    u64 off_topk_idx;            // int [...][nvl_recv][num_topk]
+    u64 off_topk_weights;        // float [...][nvl_recv][num_topk]
+    u64 off_scales;              // float [...][nvl_recv][num_scales]
+    u64 slot_bytes;              // stride of one payload slot (multiple of 128)
+    int num_channels;
+    int num_experts;
+    int num_topk;
+    int hidden_int4;             // dispatch payload int4 per token
+    int combine_hidden_int4;     // bf16 combine payload int4 per token
+    int num_scales;
+    int nvl_send;
+    int nvl_recv;
+    int rank_base;
+    int num_local_ranks;
+    int blocks_per_rank;
+    int use_discard;
+    int epoch;                   // barrier epoch: the barrier waits for NUM_RANKS * epoch arrivals
+    int reserved;
+};
+
+constexpr int kThreadsPerRank = NUM_THREADS / NUM_RANKS;
+constexpr int kWarpsPerRank = kThreadsPerRank / 32;
+static_assert(kThreadsPerRank % 32 == 0, "threads per rank must be whole warps");
+static_assert(NUM_RANKS <= 14, "one named barrier per rank group");
+
+DEVICE int* meta(u8* buffer, u64 off) { return (int*)(buffer + off); }
+
+// Exchange per-rank and per-expert counts, build the channel prefix matrix, clean the dispatch
+// ring metadata and barrier across ranks (DeepEP `notify_dispatch`). One block per local rank.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    intranode_notify_dispatch(const NormalRankArgs* args, NormalParams p, ErrorRecord* err) {
+    const int rank = p.rank_base + blockIdx.x;
+    const NormalRankArgs a = args[rank];
+    const int C = p.num_channels, L = p.num_experts / NUM_RANKS;
+    u8* my = a.buffer;
+    for (int i = threadIdx.x; i < C * NUM_RANKS; i += blockDim.x) {
+        meta(my, p.off_d_start)[i] = 0;
+        meta(my, p.off_d_end)[i] = 0;
+        meta(my, p.off_d_head)[i] = 0;
+        meta(my, p.off_d_tail)[i] = 0;
+    }
+    for (int i = threadIdx.x; i < NUM_RANKS * C; i += blockDim.x) {
+        const int d = i / C, c = i % C;
+        int ts, te;
+        channel_task_range(a.num_tokens, C, c, ts, te);
+        int count = 0;
+        for (int t = ts; t < te; ++t) count += a.is_token_in_rank[t * NUM_RANKS + d];
+        a.channel_prefix_matrix[i] = count;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < NUM_RANKS; d += blockDim.x) {
+        int run = 0;
+        for (int c = 0; c < C; ++c) {
+            run += a.channel_prefix_matrix[d * C + c];
+            a.channel_prefix_matrix[d * C + c] = run;
+        }
+    }
+    for (int d = threadIdx.x; d < NUM_RANKS; d += blockDim.x)
+        meta(args[d].buffer, p.off_recv_counts)[rank] = a.num_tokens_per_rank[d];
+    for (int i = threadIdx.x; i < NUM_RANKS * L; i += blockDim.x) {
+        const int d = i / L, le = i % L;
+        meta(args[d].buffer, p.off_recv_expert_counts)[rank * L + le] = a.num_tokens_per_expert[i];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (int d = 0; d < NUM_RANKS; ++d) red_add_release_sys(meta(args[d].buffer, p.off_barrier), 1);
+        const int target = NUM_RANKS * p.epoch;
+        const u64 t0 = globaltimer_ns();
+        int v;
+        while ((v = ld_acquire_sys(meta(my, p.off_barrier))) < target) {
+            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                record_timeout(err, WAIT_NOTIFY_BARRIER, rank, -1, -1, -1, target, v);
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int s = 0; s < NUM_RANKS; ++s) {
+            run += ld_cg_s32(meta(my, p.off_recv_counts) + s);
+            a.rank_prefix[s] = run;
+        }
+        *a.num_recv_tokens = run;
+    }
+    for (int le = threadIdx.x; le < L; le += blockDim.x) {
+        int sum = 0;
+        for (int s = 0; s < NUM_RANKS; ++s) sum += ld_cg_s32(meta(my, p.off_recv_expert_counts) + s * L + le);
+        a.num_recv_tokens_per_expert[le] = sum;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
+    intranode_dispatch(const NormalRankArgs* args, NormalParams p, ErrorRecord* err) {
+    const int local = blockIdx.x / p.blocks_per_rank, sm_id = blockIdx.x % p.blocks_per_rank;
+    const int rank = p.rank_base + local;
+    const int channel = sm_id / 2;
+    const bool is_sender = sm_id % 2 == 0;
+    const int C = p.num_channels, R = p.nvl_recv, K = p.num_topk, S = p.num_scales;
+    const int hidden_int4 = p.hidden_int4;
+    const int slot_int4 = (int)(p.slot_bytes / 16);
+    const int L = p.num_experts / NUM_RANKS;
+    const int thread_id = threadIdx.x, lane = thread_id % 32;
+    const int responsible_rank = thread_id / kThreadsPerRank;
+    const int thread_in_rank = thread_id % kThreadsPerRank;
+    const int warp_in_rank = thread_in_rank / 32;
+    const NormalRankArgs& a = args[rank];
+
+    if (is_sender) {
+        const int dst = responsible_rank;
+        u8* buf = args[dst].buffer;
+        const int ring = channel * NUM_RANKS + rank;  // ring (channel, source = this rank) on dst
+        int* start_ptr = meta(buf, p.off_d_start) + ring;
+        int* end_ptr = meta(buf, p.off_d_end) + ring;
+        const int* head_ptr = meta(buf, p.off_d_head) + ring;
+        int* tail_ptr = meta(buf, p.off_d_tail) + ring;
+        int4* slot_x = (int4*)(buf + p.off_x + (u64)ring * R * p.slot_bytes);
+        int* slot_src = meta(buf, p.off_src_idx) + (u64)ring * R;
+        int* slot_topk = meta(buf, p.off_topk_idx) + (u64)ring * R * K;
+        float* slot_w = (float*)(buf + p.off_topk_weights) + (u64)ring * R * K;
+        float* slot_s = (float*)(buf + p.off_scales) + (u64)ring * R * S;
+
+        // Offsets are sent as `-value - 1` so that 0 means "not yet written".
+        if (warp_in_rank == 0 && lane == 0) {
+            const int* cpm = a.channel_prefix_matrix + dst * C;
+            st_relaxed_sys(start_ptr, -(channel > 0 ? cpm[channel - 1] : 0) - 1);
+            st_relaxed_sys(end_ptr, -cpm[channel] - 1);
+        }
+        __syncwarp();
+
+        int ts, te;
+        channel_task_range(a.num_tokens, C, channel, ts, te);
+        const int recv_begin = dst * L, recv_end = recv_begin + L;
+        int cached_tail = 0;
+        for (int t = ts; t < te;) {
+            // Wait until the ring has room for a whole chunk (rare once the receiver runs).
+            if (lane == 0) {
+                const u64 t0 = globaltimer_ns();
+                while (true) {
+                    const int used = cached_tail - ld_volatile(head_ptr);
+                    if (R - used >= p.nvl_send) break;
+                    if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                        record_timeout(err, WAIT_DISPATCH_RING_SPACE, rank, channel, dst, -1,
+                                       p.nvl_send, R - used);
+                        break;
+                    }
+                }
+            }
+            __syncwarp();
+            int chunk = 0;
+            while (chunk < p.nvl_send && t < te) {
+                const bool selected = a.is_token_in_rank[t * NUM_RANKS + dst] != 0;
+                // The warp that records send_head may differ from the one that copies.
+                if (lane == 0 && t % kWarpsPerRank == warp_in_rank)
+                    a.send_head[t * NUM_RANKS + dst] = selected ? cached_tail : -1;
+                if (!selected) {
+                    ++t;
+                    continue;
+                }
+                const int slot = (cached_tail++) % R;
+                if (cached_tail % kWarpsPerRank == warp_in_rank) {
+                    int4* dst_x = slot_x + (u64)slot * slot_int4;
+                    const int4* src_x = a.x + (u64)t * hidden_int4;
+                    UNROLLED_WARP_COPY(7, lane, hidden_int4, dst_x, src_x, ld_nc_v4, st_na_v4);
+                    if (lane == 0) slot_src[slot] = t;
+                    if (lane < K) {
+                        const int e = a.topk_idx[t * K + lane];
+                        const int le = (e >= recv_begin && e < recv_end) ? e - recv_begin : -1;
+                        slot_topk[slot * K + lane] = le;
+                        slot_w[slot * K + lane] = le >= 0 ? a.topk_weights[t * K + lane] : 0.0f;
+                    }
+                    for (int i = lane; i < S; i += 32) slot_s[slot * S + i] = a.x_scales[t * S + i];
+                }
+                ++chunk;
+                ++t;
+            }
+            // Every warp of this rank group computed the same tail; publish it once all wrote.
+            named_barrier(1 + responsible_rank, kThreadsPerRank);
+            if (warp_in_rank == 0 && lane == 0) st_release_sys(tail_ptr, cached_tail);
+        }
+    } else {
+        const int src = responsible_rank;
+        u8* buf = a.buffer;
+        const int ring = channel * NUM_RANKS + src;
+        const int* start_ptr = meta(buf, p.off_d_start) + ring;
+        const int* end_ptr = meta(buf, p.off_d_end) + ring;
+        int* head_ptr = meta(buf, p.off_d_head) + ring;
+        const int* tail_ptr = meta(buf, p.off_d_tail) + ring;
+        const int4* slot_x = (const int4*)(buf + p.off_x + (u64)ring * R * p.slot_bytes);
+        const int* slot_src = meta(buf, p.off_src_idx) + (u64)ring * R;
+        const int* slot_topk = meta(buf, p.off_topk_idx) + (u64)ring * R * K;
+        const float* slot_w = (const float*)(buf + p.off_topk_weights) + (u64)ring * R * K;
+        const float* slot_s = (const float*)(buf + p.off_scales) + (u64)ring * R * S;
+
+        __shared__ volatile int shared_tail[NUM_RANKS];
+        __shared__ volatile int shared_abort[NUM_RANKS];
+        __shared__ volatile int shared_offsets[NUM_RANKS][2];
+        if (thread_in_rank == 0) {
+            int start = 0, end = 0, abort = 0;
+            const u64 t0 = globaltimer_ns();
+            while ((start = ld_volatile(start_ptr)) == 0 || (end = ld_volatile(end_ptr)) == 0) {
+                if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                    record_timeout(err, WAIT_DISPATCH_OFFSETS, rank, channel, src, -1, 1, 0);
+                    abort = 1;
+                    break;
+                }
+            }
+            shared_offsets[src][0] = start;
+            shared_offsets[src][1] = end;
+            shared_abort[src] = abort;
+        }
+        named_barrier(1 + src, kThreadsPerRank);
+        if (shared_abort[src]) return;
+        int total_offset = -shared_offsets[src][0] - 1;
+        int num_to_recv = -shared_offsets[src][1] - 1 - total_offset;
+        if (warp_in_rank == 0 && lane == 0) a.recv_channel_offset[src * C + channel] = total_offset;
+        total_offset += src > 0 ? a.rank_prefix[src - 1] : 0;
+
+        int cached_head = 0;
+        while (num_to_recv > 0) {
+            if (thread_in_rank == 0) {
+                int tail = cached_head, abort = 0;
+                const u64 t0 = globaltimer_ns();
+                while ((tail = ld_acquire_sys(tail_ptr)) == cached_head) {
+                    if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                        record_timeout(err, WAIT_DISPATCH_TAIL, rank, channel, src, -1,
+                                       cached_head + 1, tail);
+                        abort = 1;
+                        break;
+                    }
+                }
+                shared_tail[src] = tail;
+                shared_abort[src] = abort;
+            }
+            named_barrier(1 + src, kThreadsPerRank);
+            if (shared_abort[src]) break;
+            const int cached_tail = shared_tail[src];
+            const int n = cached_tail - cached_head;
+            for (int i = warp_in_rank; i < n; i += kWarpsPerRank) {
+                const int slot = (cached_head + i) % R;
+                const int4* s = slot_x + (u64)slot * slot_int4;
+                int4* d = a.recv_x + (u64)(total_offset + i) * hidden_int4;
+                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_cg_v4, st_na_v4);
+                if (p.use_discard) {
+                    __syncwarp();
+                    warp_discard(s, (hidden_int4 * 16 + 127) / 128 * 128, lane);
+                }
+            }
+            for (int i = thread_in_rank; i < n; i += kThreadsPerRank)
+                a.recv_src_idx[total_offset + i] = ld_cg_s32(slot_src + (cached_head + i) % R);
+            for (int i = thread_in_rank; i < n * K; i += kThreadsPerRank) {
+                const int tok = i / K, k = i % K, slot = (cached_head + tok) % R;
+                a.recv_topk_idx[(total_offset + tok) * K + k] = ld_cg_s32(slot_topk + slot * K + k);
+                a.recv_topk_weights[(total_offset + tok) * K + k] = ld_cg_f32(slot_w + slot * K + k);
+            }
+            for (int i = thread_in_rank; i < n * S; i += kThreadsPerRank) {
+                const int tok = i / S, j = i % S, slot = (cached_head + tok) % R;
+                a.recv_x_scales[(u64)(total_offset + tok) * S + j] = ld_cg_f32(slot_s + slot * S + j);
+            }
+            cached_head += n;
+            total_offset += n;
+            num_to_recv -= n;
+            named_barrier(1 + src, kThreadsPerRank);
+            if (warp_in_rank == kWarpsPerRank - 1 && lane == 0) st_release_sys(head_ptr, cached_head);
+        }
+    }
+}
+
+// Before combine (DeepEP `cached_notify_combine`): clean the combine ring metadata, and rewrite
+// the send_head entries of tokens not sent to a rank as `-next_head - 1`, so that a receiver
+// warp passing such a token can still advance that ring's head. One block per local rank.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    intranode_notify_combine(const NormalRankArgs* args, NormalParams p, ErrorRecord* err) {
+    const int rank = p.rank_base + blockIdx.x;
+    const NormalRankArgs a = args[rank];
+    const int C = p.num_channels;
+    u8* my = a.buffer;
+    for (int i = threadIdx.x; i < C * NUM_RANKS; i += blockDim.x) {
+        meta(my, p.off_c_head)[i] = 0;
+        meta(my, p.off_c_tail)[i] = 0;
+    }
+    for (int i = threadIdx.x; i < C * NUM_RANKS; i += blockDim.x) {
+        const int c = i / NUM_RANKS, d = i % NUM_RANKS;
+        int ts, te;
+        channel_task_range(a.num_tokens, C, c, ts, te);
+        int last_head = a.channel_prefix_matrix[d * C + c] -
+                        (c > 0 ? a.channel_prefix_matrix[d * C + c - 1] : 0);
+        for (int t = te - 1; t >= ts; --t) {
+            const int h = a.send_head[t * NUM_RANKS + d];
+            if (h < 0)
+                a.send_head[t * NUM_RANKS + d] = -last_head - 1;
+            else
+                last_head = h;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (int d = 0; d < NUM_RANKS; ++d) red_add_release_sys(meta(args[d].buffer, p.off_barrier), 1);
+        const int target = NUM_RANKS * p.epoch;
+        const u64 t0 = globaltimer_ns();
+        int v;
+        while ((v = ld_acquire_sys(meta(my, p.off_barrier))) < target) {
+            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                record_timeout(err, WAIT_NOTIFY_BARRIER, rank, -1, -1, -1, target, v);
+                break;
+            }
+        }
+    }
+}
+
+DEVICE void accumulate_bf16x8(float* acc, int4 v) {
+    const u32 w[4] = {(u32)v.x, (u32)v.y, (u32)v.z, (u32)v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        acc[2 * j] += bf16_to_f32((u16)(w[j] & 0xffffu));
+        acc[2 * j + 1] += bf16_to_f32((u16)(w[j] >> 16));
+    }
+}
+
+DEVICE int4 pack_bf16x8(const float* acc) {
+    u32 w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        w[j] = (u32)f32_to_bf16(acc[2 * j]) | ((u32)f32_to_bf16(acc[2 * j + 1]) << 16);
+    return make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+}
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
+    intranode_combine(const NormalRankArgs* args, NormalParams p, ErrorRecord* err) {
+    constexpr int kNumWarps = NUM_THREADS / 32;
+    const int local = blockIdx.x / p.blocks_per_rank, sm_id = blockIdx.x % p.blocks_per_rank;
+    const int rank = p.rank_base + local;
+    const int channel = sm_id / 2;
+    const bool is_sender = sm_id % 2 == 0;
+    const int C = p.num_channels, R = p.nvl_recv, K = p.num_topk;
+    const int hidden_int4 = p.combine_hidden_int4;
+    const int slot_int4 = (int)(p.slot_bytes / 16);
+    const int thread_id = threadIdx.x, lane = thread_id % 32, warp = thread_id / 32;
+    const NormalRankArgs& a = args[rank];
+
+    if (is_sender) {
+        // This rank holds expert outputs; send the rows it received from `dst` in `channel`
+        // back to `dst`, in the order they arrived.
+        const int dst = thread_id / kThreadsPerRank;
+        const int warp_in_rank = (thread_id % kThreadsPerRank) / 32;
+        u8* buf = args[dst].buffer;
+        const int ring = channel * NUM_RANKS + rank;
+        const int* head_ptr = meta(buf, p.off_c_head) + ring;
+        int* tail_ptr = meta(buf, p.off_c_tail) + ring;
+        int4* slot_x = (int4*)(buf + p.off_x + (u64)ring * R * p.slot_bytes);
+        int* slot_src = meta(buf, p.off_src_idx) + (u64)ring * R;
+        float* slot_w = (float*)(buf + p.off_topk_weights) + (u64)ring * R * K;
+
+        const int rank_offset = dst > 0 ? a.rank_prefix[dst - 1] : 0;
+        const int num_rank_tokens = a.rank_prefix[dst] - rank_offset;
+        const int channel_offset = a.recv_channel_offset[dst * C + channel];
+        const int num_channel_tokens =
+            (channel == C - 1 ? num_rank_tokens : a.recv_channel_offset[dst * C + channel + 1]) -
+            channel_offset;
+        const int ts = rank_offset + channel_offset, te = ts + num_channel_tokens;
+        int current_tail = 0;
+        for (int t = ts; t < te;) {
+            if (lane == 0) {
+                const u64 t0 = globaltimer_ns();
+                while (true) {
+                    const int used = current_tail - ld_volatile(head_ptr);
+                    if (R - used >= p.nvl_send) break;
+                    if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                        record_timeout(err, WAIT_COMBINE_RING_SPACE, rank, channel, dst, -1,
+                                       p.nvl_send, R - used);
+                        break;
+                    }
+                }
+            }
+            __syncwarp();
+            const int chunk = min(p.nvl_send, te - t);
+            for (int i = warp_in_rank; i < chunk; i += kWarpsPerRank) {
+                const int slot = (current_tail + i) % R;
+                int4* d = slot_x + (u64)slot * slot_int4;
+                const int4* s = a.combine_x + (u64)(t + i) * hidden_int4;
+                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_nc_v4, st_na_v4);
+                if (lane == 0) slot_src[slot] = a.recv_src_idx[t + i];
+                if (lane < K) slot_w[slot * K + lane] = a.combine_topk_weights[(t + i) * K + lane];
+            }
+            t += chunk;
+            current_tail += chunk;
+            named_barrier(1 + dst, kThreadsPerRank);
+            if (warp_in_rank == 0 && lane == 0) st_release_sys(tail_ptr, current_tail);
+        }
+    } else {
+        // This rank is the tokens' source: sum the partials of every rank each token visited.
+        __shared__ volatile int warp_head[kNumWarps][NUM_RANKS];
+        __shared__ volatile int warp_retired[kNumWarps];
+        for (int i = thread_id; i < kNumWarps * NUM_RANKS; i += NUM_THREADS)
+            warp_head[i / NUM_RANKS][i % NUM_RANKS] = 0;
+        if (thread_id < kNumWarps) warp_retired[thread_id] = 0;
+        __syncthreads();
+        u8* buf = a.buffer;
+        const int4* ring_x = (const int4*)(buf + p.off_x);
+        const float* ring_w = (const float*)(buf + p.off_topk_weights);
+
+        if (warp == 0) {
+            // Queue-head updater: a ring's head is the slowest reducer warp's position in it.
+            if (lane < NUM_RANKS) {
+                int* head_ptr = meta(buf, p.off_c_head) + channel * NUM_RANKS + lane;
+                int last_head = 0;
+                while (true) {
+                    bool retired = true;
+                    int min_head = 0x7fffffff;
+                    for (int w = 1; w < kNumWarps; ++w) {
+                        if (!warp_retired[w]) {
+                            retired = false;
+                            min_head = min(min_head, warp_head[w][lane]);
+                        }
+                    }
+                    if (retired) break;
+                    if (min_head != 0x7fffffff && min_head > last_head)
+                        st_release_sys(head_ptr, last_head = min_head);
+                }
+            }
+        } else {
+            int ts, te;
+            channel_task_range(a.num_tokens, C, channel, ts, te);
+            const int* tail_base = meta(buf, p.off_c_tail) + channel * NUM_RANKS;
+            int cached_tail = 0;  // per lane < NUM_RANKS
+            for (int t = ts + warp - 1; t < te; t += kNumWarps - 1) {
+                const int expected = lane < NUM_RANKS ? a.send_head[t * NUM_RANKS + lane] : -1;
+                if (lane < NUM_RANKS && expected >= 0 && cached_tail <= expected) {
+                    const u64 t0 = globaltimer_ns();
+                    while ((cached_tail = ld_acquire_sys(tail_base + lane)) <= expected) {
+                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                            record_timeout(err, WAIT_COMBINE_TAIL, rank, channel, lane, -1,
+                                           expected + 1, cached_tail);
+                            break;
+                        }
+                    }
+                }
+                __syncwarp();
+                int head_of[NUM_RANKS];
+#pragma unroll
+                for (int j = 0; j < NUM_RANKS; ++j) head_of[j] = __shfl_sync(0xffffffffu, expected, j);
+                // Loads of kLoadGroup ranks in flight at a time keeps the kernel within the
+                // register budget of MIN_BLOCKS resident blocks (no spills).
+                constexpr int kLoadGroup = NUM_RANKS < 4 ? NUM_RANKS : 4;
+                for (int i = lane; i < hidden_int4; i += 32) {
+                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+                    for (int j0 = 0; j0 < NUM_RANKS; j0 += kLoadGroup) {
+                        int4 v[kLoadGroup];
+#pragma unroll
+                        for (int j = 0; j < kLoadGroup; ++j) {
+                            if (j0 + j < NUM_RANKS && head_of[j0 + j] >= 0) {
+                                const u64 ring = (u64)channel * NUM_RANKS + j0 + j;
+                                v[j] = ld_cg_v4(ring_x + (ring * R + head_of[j0 + j] % R) * slot_int4 + i);
+                            }
+                        }
+#pragma unroll
+                        for (int j = 0; j < kLoadGroup; ++j)
+                            if (j0 + j < NUM_RANKS && head_of[j0 + j] >= 0) accumulate_bf16x8(acc, v[j]);
+                    }
+                    st_na_v4(a.combined_x + (u64)t * hidden_int4 + i, pack_bf16x8(acc));
+                }
+                if (lane < K) {
+                    float w = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < NUM_RANKS; ++j) {
+                        if (head_of[j] >= 0) {
+                            const u64 ring = (u64)channel * NUM_RANKS + j;
+                            w += ld_cg_f32(ring_w + (ring * R + head_of[j] % R) * K + lane);
+                        }
+                    }
+                    a.combined_topk_weights[t * K + lane] = w;
+                }
+                __syncwarp();
+                if (p.use_discard) {
+#pragma unroll
+                    for (int j = 0; j < NUM_RANKS; ++j) {
+                        if (head_of[j] >= 0) {
+                            const u64 ring = (u64)channel * NUM_RANKS + j;
+                            warp_discard(ring_x + (ring * R + head_of[j] % R) * slot_int4,
+                                         (hidden_int4 * 16 + 127) / 128 * 128, lane);
+                        }
+                    }
+                }
+                if (lane < NUM_RANKS) warp_head[warp][lane] = expected < 0 ? -expected - 1 : expected + 1;
+            }
+            __syncwarp();
+            if (lane == 0) warp_retired[warp] = 1;
+        }
+    }
+}

@@ -1,0 +1,345 @@
+// Low-latency dispatch and combine, after DeepEP V1 `internode_ll.cu` on its NVLink path.
+//
+// Dispatch: each token is cast to FP8 with one scale per 128 channels (in the kernel), staged
+// once, and stored once per (token, selected expert) into that expert's slot on the owning rank:
+// `recv_buf[local_expert][src_rank][slot]`, slot = atomicAdd on a per-expert counter. When a
+// rank has sent everything for an expert, one signal carries the count (`-count - 1`) to
+// `recv_count[local_expert][src_rank]` — for every expert, zero-token ones too. Receivers wait
+// for the counts and pack the messages into `packed_recv_x[local_expert][...]`.
+// Combine: each expert output row goes back to its token's source rank as one BF16 store into
+// `combine_recv_buf[token][topk_slot]`, then one flag per (expert, source rank); the source
+// waits for all flags and computes the top-k weighted sum.
+//
+// One launch covers every rank on this GPU with a grid no larger than what is resident at once
+// (the host sizes it with the occupancy API): blocks wait on each other, never on blocks that
+// are not running. Deviations from DeepEP, for eight ranks sharing one GPU: the packed position
+// of a source's block is the prefix of the counts of lower source ranks (deterministic, no
+// atomic, no grid sync); the combine receive slot is (token, top-k slot) instead of (global
+// expert, token), which keeps the buffer at T·K rows instead of E·T; the counters are zeroed by
+// the host before the launch instead of by the previous launch.
+//
+// Compile-time parameters: HIDDEN, LL_THREADS (threads per block).
+#include "common.cuh"
+
+#ifndef HIDDEN
+#error "HIDDEN must be defined"
+#endif
+#ifndef LL_THREADS
+#define LL_THREADS 1024
+#endif
+
+#define FINISH_TAG (1 << 30)
+#define LL_PHASE_SEND 1
+#define LL_PHASE_RECV 2
+#define LL_MAX_ITEMS_PER_BLOCK 128
+#define LL_MAX_GROUPS 32
+
+// DeepEP's low-latency hidden sizes (2048 ... 8192) are multiples of 512; 256 keeps every
+// 128-channel group of the FP8 cast inside one half-warp of fully active warps.
+static_assert(HIDDEN % 256 == 0, "hidden must be a multiple of 256");
+constexpr int kHiddenBf16Int4 = HIDDEN / 8;
+constexpr int kNumScales = HIDDEN / 128;
+constexpr int kNumWarps = LL_THREADS / 32;
+
+// Per-rank pointers (host: hw/src/low_latency.rs `LlRankArgs`, same field order).
+struct LlRankArgs {
+    const int4* x;                    // [num_tokens][HIDDEN] bf16
+    const int* topk_idx;              // [num_tokens][num_topk], -1 = masked
+    const float* topk_weights;        // [num_tokens][num_topk]
+    u8* send_buf;                     // [max_tokens][msg_bytes] staged messages
+    int* atomic_counter;              // [num_experts] slot counters (zeroed by the host)
+    int* finish_counter;              // [num_experts] (zeroed by the host)
+    u8* recv_buf;                     // [local_experts][num_ranks][max_tokens][msg_bytes]
+    int* recv_count;                  // [local_experts][num_ranks] (zeroed by the host)
+    int4* packed_recv_x;              // [local_experts][capacity][payload_int4]
+    float* packed_recv_scales;        // [local_experts][capacity][kNumScales]
+    int* packed_recv_src_info;        // [local_experts][capacity] source token index
+    int* packed_recv_slot;            // [local_experts][capacity] top-k slot at the source
+    long long* packed_recv_layout_range;  // [local_experts][num_ranks]: begin | count << 32
+    int* packed_recv_count;           // [local_experts]
+    const int4* combine_x;            // [local_experts][capacity][HIDDEN] bf16 expert outputs
+    u8* combine_recv_buf;             // [max_tokens][num_topk][combine_slot_bytes]
+    int* combine_recv_flag;           // [num_experts] (zeroed by the host)
+    int4* combined_x;                 // [num_tokens][HIDDEN] bf16
+    int num_tokens;
+    int reserved;
+};
+
+// Host: `LlParams`, same field order.
+struct LlParams {
+    u64 timeout_ns;
+    u64 msg_bytes;           // dispatch message stride (header + payload + scales, 128-aligned)
+    u64 combine_slot_bytes;  // combine receive slot stride (2·HIDDEN, 128-aligned)
+    int num_ranks;
+    int num_experts;
+    int num_topk;
+    int max_tokens;          // T = num_max_dispatch_tokens_per_rank
+    int capacity;            // packed rows per local expert
+    int rank_base;
+    int num_local_ranks;
+    int phases;
+    int use_discard;
+    int warps_per_group;
+    int dispatch_fp8;        // 1: FP8 + scales, 0: BF16
+    int reserved;
+};
+
+DEVICE void unpack_bf16x8(int4 v, float* f) {
+    const u32 w[4] = {(u32)v.x, (u32)v.y, (u32)v.z, (u32)v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        f[2 * j] = bf16_to_f32((u16)(w[j] & 0xffffu));
+        f[2 * j + 1] = bf16_to_f32((u16)(w[j] >> 16));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
+    ll_dispatch(const LlRankArgs* args, LlParams p, ErrorRecord* err) {
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int G = gridDim.x;
+    const int E = p.num_experts, N = p.num_ranks, K = p.num_topk, L = E / N;
+    constexpr int kCastThreads = (kNumWarps - 1) * 32;
+    static_assert(kCastThreads % 16 == 0, "a 128-channel group must not straddle iterations");
+    const int payload_bytes = p.dispatch_fp8 ? HIDDEN : 2 * HIDDEN;
+    const int msg_int4 = (16 + payload_bytes + (p.dispatch_fp8 ? kNumScales * 4 : 0)) / 16;
+
+    // (local rank, expert) pairs whose count this block signals.
+    const int items = p.num_local_ranks * E;
+    const int per_block = (items + G - 1) / G;
+    const int item_begin = min((int)blockIdx.x * per_block, items);
+    const int item_end = min(item_begin + per_block, items);
+    __shared__ int shared_expected[LL_MAX_ITEMS_PER_BLOCK];
+
+    if (p.phases & LL_PHASE_SEND) {
+        if (warp == kNumWarps - 1) {
+            // Counting warp: tokens each of this block's (rank, expert) pairs will send.
+            for (int j = item_begin; j < item_end;) {
+                const int lr = j / E, e_begin = j % E;
+                const int e_end = min(E, e_begin + (item_end - j));
+                const LlRankArgs& a = args[p.rank_base + lr];
+                for (int x = lane; x < e_end - e_begin; x += 32) shared_expected[j - item_begin + x] = 0;
+                __syncwarp();
+                for (int i = lane; i < a.num_tokens * K; i += 32) {
+                    const int e = a.topk_idx[i];
+                    if (e >= e_begin && e < e_end) atomicAdd(&shared_expected[j - item_begin + e - e_begin], 1);
+                }
+                __syncwarp();
+                for (int x = lane; x < e_end - e_begin; x += 32)
+                    red_add_release_gpu(a.finish_counter + e_begin + x,
+                                        FINISH_TAG - shared_expected[j - item_begin + x]);
+                j += e_end - e_begin;
+            }
+        } else {
+            // Cast and send, one (token, rank) per block at a time; ranks interleaved so that all
+            // co-located ranks progress together as they would on separate GPUs.
+            const int total = p.num_local_ranks * p.max_tokens;
+            for (int it = blockIdx.x; it < total; it += G) {
+                const int lr = it % p.num_local_ranks, t = it / p.num_local_ranks;
+                const int rank = p.rank_base + lr;
+                const LlRankArgs& a = args[rank];
+                if (t >= a.num_tokens) continue;
+                u8* msg = a.send_buf + (u64)t * p.msg_bytes;
+                const int4* x = a.x + (u64)t * kHiddenBf16Int4;
+                for (int i = tid; i < kHiddenBf16Int4; i += kCastThreads) {
+                    const int4 v = ld_nc_v4(x + i);
+                    if (p.dispatch_fp8) {
+                        float f[8];
+                        unpack_bf16x8(v, f);
+                        float amax = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+#pragma unroll
+                        for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+                        amax = fmaxf(amax, 1e-4f);
+                        const float scale = 448.0f / amax, scale_inv = amax / 448.0f;
+                        u32 w0 = (u32)f32x2_to_e4m3x2(f[0] * scale, f[1] * scale) |
+                                 ((u32)f32x2_to_e4m3x2(f[2] * scale, f[3] * scale) << 16);
+                        u32 w1 = (u32)f32x2_to_e4m3x2(f[4] * scale, f[5] * scale) |
+                                 ((u32)f32x2_to_e4m3x2(f[6] * scale, f[7] * scale) << 16);
+                        *(uint2*)(msg + 16 + i * 8) = make_uint2(w0, w1);
+                        if (lane % 16 == 0) ((float*)(msg + 16 + HIDDEN))[i / 16] = scale_inv;
+                    } else {
+                        *(int4*)(msg + 16 + i * 16) = v;
+                    }
+                }
+                named_barrier(1, kCastThreads);
+                if (warp < K) {
+                    const int e = a.topk_idx[t * K + warp];
+                    if (e >= 0) {
+                        int slot = 0;
+                        if (lane == 0) slot = atomicAdd(a.atomic_counter + e, 1);
+                        slot = __shfl_sync(0xffffffffu, slot, 0);
+                        const int dst_rank = e / L, le = e % L;
+                        u8* dst = args[dst_rank].recv_buf +
+                                  (((u64)le * N + rank) * p.max_tokens + slot) * p.msg_bytes;
+                        if (lane == 0) *(int4*)dst = make_int4(t, warp, 0, 0);
+                        UNROLLED_WARP_COPY(7, lane, msg_int4 - 1, (int4*)dst + 1,
+                                           (const int4*)msg + 1, ld_cg_v4, st_na_v4);
+                        __syncwarp();
+                        if (lane == 0) red_add_release_gpu(a.finish_counter + e, 1);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        // Count signalling: once every token for an expert is stored, tell its owner how many.
+        for (int j = item_begin + tid; j < item_end; j += LL_THREADS) {
+            const int lr = j / E, e = j % E, rank = p.rank_base + lr;
+            const LlRankArgs& a = args[rank];
+            const u64 t0 = globaltimer_ns();
+            int v;
+            while ((v = ld_acquire_gpu(a.finish_counter + e)) != FINISH_TAG) {
+                if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                    record_timeout(err, WAIT_LL_SEND_DONE, rank, -1, -1, e, FINISH_TAG, v);
+                    break;
+                }
+            }
+            const int count = shared_expected[j - item_begin];
+            st_release_sys(args[e / L].recv_count + (e % L) * N + rank, -count - 1);
+        }
+    }
+
+    if (p.phases & LL_PHASE_RECV) {
+        const int wpg = p.warps_per_group;
+        const int groups = kNumWarps / wpg;
+        const int group = warp / wpg, sub_warp = warp % wpg;
+        const int payload_int4 = payload_bytes / 16;
+        __shared__ int shared_n[LL_MAX_GROUPS], shared_begin[LL_MAX_GROUPS];
+        const int recv_items = p.num_local_ranks * L * N;
+        for (int base = blockIdx.x * groups; base < recv_items; base += G * groups) {
+            const int item = base + group;
+            if (group >= groups || item >= recv_items) continue;
+            const int lr = item % p.num_local_ranks, rest = item / p.num_local_ranks;
+            const int src = rest % N, le = rest / N;
+            const int rank = p.rank_base + lr;
+            const LlRankArgs& a = args[rank];
+            if (sub_warp == 0 && lane == 0) {
+                int begin = 0, n = 0;
+                bool ok = true;
+                for (int s = 0; s <= src && ok; ++s) {
+                    const u64 t0 = globaltimer_ns();
+                    int c;
+                    while ((c = ld_acquire_sys(a.recv_count + le * N + s)) == 0) {
+                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                            record_timeout(err, WAIT_LL_RECV_COUNT, rank, -1, s, rank * L + le, 1, 0);
+                            ok = false;
+                            break;
+                        }
+                    }
+                    c = -c - 1;
+                    if (s < src) begin += c; else n = c;
+                }
+                if (!ok || n < 0 || n > p.max_tokens || begin < 0 || begin + n > p.capacity) n = 0, begin = 0;
+                shared_n[group] = n;
+                shared_begin[group] = begin;
+                a.packed_recv_layout_range[le * N + src] = (long long)begin | ((long long)n << 32);
+                if (src == N - 1) a.packed_recv_count[le] = begin + n;
+            }
+            named_barrier(2 + group, wpg * 32);
+            const int n = shared_n[group], begin = shared_begin[group];
+            const u8* src_base = a.recv_buf + ((u64)le * N + src) * p.max_tokens * p.msg_bytes;
+            for (int i = sub_warp; i < n; i += wpg) {
+                const u8* m = src_base + (u64)i * p.msg_bytes;
+                const int4 hdr = ld_cg_v4((const int4*)m);
+                const u64 row = (u64)le * p.capacity + begin + i;
+                if (lane == 0) {
+                    a.packed_recv_src_info[row] = hdr.x;
+                    a.packed_recv_slot[row] = hdr.y;
+                }
+                UNROLLED_WARP_COPY(7, lane, payload_int4, a.packed_recv_x + row * payload_int4,
+                                   (const int4*)(m + 16), ld_cg_v4, st_na_v4);
+                if (p.dispatch_fp8)
+                    for (int j = lane; j < kNumScales; j += 32)
+                        a.packed_recv_scales[row * kNumScales + j] = ld_cg_f32((const float*)(m + 16 + HIDDEN) + j);
+                if (p.use_discard) {
+                    __syncwarp();
+                    warp_discard(m, (int)p.msg_bytes, lane);
+                }
+            }
+            named_barrier(2 + group, wpg * 32);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
+    ll_combine(const LlRankArgs* args, LlParams p, ErrorRecord* err) {
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int G = gridDim.x;
+    const int E = p.num_experts, N = p.num_ranks, K = p.num_topk, L = E / N;
+    const int slot_int4 = (int)(p.combine_slot_bytes / 16);
+
+    if (p.phases & LL_PHASE_SEND) {
+        const int wpg = p.warps_per_group;
+        const int groups = kNumWarps / wpg;
+        const int group = warp / wpg, sub_warp = warp % wpg;
+        const int items = p.num_local_ranks * L * N;
+        for (int base = blockIdx.x * groups; base < items; base += G * groups) {
+            const int item = base + group;
+            if (group >= groups || item >= items) continue;
+            const int lr = item % p.num_local_ranks, rest = item / p.num_local_ranks;
+            const int dst = rest % N, le = rest / N;
+            const int rank = p.rank_base + lr;
+            const LlRankArgs& a = args[rank];
+            const long long range = a.packed_recv_layout_range[le * N + dst];
+            const int begin = (int)(range & 0xffffffffll), n = (int)(range >> 32);
+            u8* dst_buf = args[dst].combine_recv_buf;
+            for (int i = sub_warp; i < n; i += wpg) {
+                const u64 row = (u64)le * p.capacity + begin + i;
+                const int t = a.packed_recv_src_info[row], k = a.packed_recv_slot[row];
+                const int4* s = a.combine_x + row * kHiddenBf16Int4;
+                int4* d = (int4*)(dst_buf + ((u64)t * K + k) * p.combine_slot_bytes);
+                UNROLLED_WARP_COPY(7, lane, kHiddenBf16Int4, d, s, ld_nc_v4, st_na_v4);
+            }
+            named_barrier(2 + group, wpg * 32);
+            if (sub_warp == 0 && lane == 0) red_add_release_sys(args[dst].combine_recv_flag + rank * L + le, 1);
+        }
+    }
+
+    if (p.phases & LL_PHASE_RECV) {
+        // Bit per local rank whose flags this block has seen; every thread keeps the same copy.
+        unsigned verified = 0;
+        const int total = p.num_local_ranks * p.max_tokens;
+        for (int it = blockIdx.x; it < total; it += G) {
+            const int lr = it % p.num_local_ranks, t = it / p.num_local_ranks;
+            const int rank = p.rank_base + lr;
+            const LlRankArgs& a = args[rank];
+            if (t >= a.num_tokens) continue;
+            if (!((verified >> lr) & 1)) {
+                for (int e = tid; e < E; e += LL_THREADS) {
+                    const u64 t0 = globaltimer_ns();
+                    while (ld_acquire_sys(a.combine_recv_flag + e) == 0) {
+                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                            record_timeout(err, WAIT_LL_COMBINE_FLAG, rank, -1, e / L, e, 1, 0);
+                            break;
+                        }
+                    }
+                }
+                __syncthreads();
+                verified |= 1u << lr;
+            }
+            const int4* recv = (const int4*)(a.combine_recv_buf + (u64)t * K * p.combine_slot_bytes);
+            for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (int k = 0; k < K; ++k) {
+                    if (a.topk_idx[t * K + k] < 0) continue;
+                    const float w = a.topk_weights[t * K + k];
+                    float f[8];
+                    unpack_bf16x8(ld_cg_v4(recv + (u64)k * slot_int4 + i), f);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(w, f[j], acc[j]);
+                }
+                u32 w4[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    w4[j] = (u32)f32_to_bf16(acc[2 * j]) | ((u32)f32_to_bf16(acc[2 * j + 1]) << 16);
+                st_na_v4(a.combined_x + (u64)t * kHiddenBf16Int4 + i,
+                         make_int4((int)w4[0], (int)w4[1], (int)w4[2], (int)w4[3]));
+            }
+            if (p.use_discard) {
+                __syncthreads();
+                if (warp < K && a.topk_idx[t * K + warp] >= 0)
+                    warp_discard(recv + (u64)warp * slot_int4, (int)p.combine_slot_bytes, lane);
+            }
+        }
+    }
+}
