@@ -16,20 +16,31 @@ fn fact<'a>(result: &'a RunResult, key: &str) -> Option<&'a str> {
     result.scenario.facts.get(key).and_then(Value::as_str)
 }
 
-/// The GPU names a hardware result recorded (`backend.gpus`, a list of names or of objects
-/// with a `name`; or `gpu` / `gpu_name` / `device`), counted: "1× NVIDIA H200".
+/// The GPUs a hardware result recorded, counted: "1× NVIDIA H200". Reads `backend.gpu_names`
+/// (a list; eptwin-hw writes it), or `backend.gpus` as a list of names or of objects with a
+/// `name`, or as the hardware backend's own summary string ("1 x NVIDIA H200"), or
+/// `gpu` / `gpu_name` / `device`.
 fn measured_gpus(result: &RunResult) -> Option<String> {
     let b = &result.backend;
-    let names: Vec<String> = match b.get("gpus") {
-        Some(Value::Array(list)) => list
-            .iter()
-            .filter_map(|g| match g {
-                Value::String(s) => Some(s.clone()),
-                Value::Object(o) => o.get("name").and_then(Value::as_str).map(str::to_string),
-                _ => None,
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|g| match g {
+                        Value::String(s) => Some(s.clone()),
+                        Value::Object(o) => {
+                            o.get("name").and_then(Value::as_str).map(str::to_string)
+                        }
+                        _ => None,
+                    })
+                    .collect()
             })
-            .collect(),
-        Some(Value::String(s)) => vec![s.clone()],
+            .unwrap_or_default()
+    };
+    let names: Vec<String> = match (b.get("gpu_names"), b.get("gpus")) {
+        (Some(v @ Value::Array(_)), _) | (None, Some(v @ Value::Array(_))) => list(v),
+        (_, Some(Value::String(summary))) => return Some(summary.replace(" x ", "× ")),
         _ => ["gpu", "gpu_name", "device"]
             .iter()
             .find_map(|k| b.get(*k).and_then(Value::as_str))
@@ -75,9 +86,16 @@ pub fn backend_detail(result: &RunResult) -> String {
         })
     };
     let mut parts = Vec::new();
-    for key in ["version", "seed", "driver", "cuda", "nccl"] {
+    // Simulator: version and seed; hardware (eptwin-hw's identity keys): driver, CUDA, NCCL.
+    for (key, word) in [
+        ("version", "version"),
+        ("seed", "seed"),
+        ("driver_version", "driver"),
+        ("cuda_version", "CUDA"),
+        ("nccl_version", "NCCL"),
+    ] {
         if let Some(v) = get(key) {
-            parts.push(format!("{key} {v}"));
+            parts.push(format!("{word} {v}"));
         }
     }
     parts.join(", ")
@@ -116,5 +134,15 @@ mod tests {
         assert_eq!(hardware(&hw), "A, B");
         let hw = result("hw", serde_json::json!({}));
         assert_eq!(hardware(&hw), "NVIDIA H200");
+        // eptwin-hw's identity: a summary string and the list of names.
+        let hw = result(
+            "hw",
+            serde_json::json!({"gpus": "1 x NVIDIA H200", "gpu_names": ["NVIDIA H200"],
+                               "driver_version": "580.159.04", "cuda_version": "13.0"}),
+        );
+        assert_eq!(hardware(&hw), "1× NVIDIA H200");
+        assert_eq!(backend_detail(&hw), "driver 580.159.04, CUDA 13.0");
+        let hw = result("hw", serde_json::json!({"gpus": "1 x NVIDIA H200"}));
+        assert_eq!(hardware(&hw), "1× NVIDIA H200");
     }
 }
