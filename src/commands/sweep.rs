@@ -379,7 +379,8 @@ fn run_point(p: &PointPlan, dir: &Path, keys: &[String], backend: BackendArg) ->
         reason: None,
         ops: Vec::new(),
     };
-    let outcome: Result<Result<RunResult, String>> = (|| {
+    // A backend panic fails this point only: a long sweep keeps its other points.
+    let attempt = || -> Result<Result<RunResult, String>> {
         write_atomic(&toml_path, &p.text)?;
         let loaded = match eptwin_engine::parse(&toml_path.display().to_string(), &p.text) {
             Ok(l) => l,
@@ -392,7 +393,16 @@ fn run_point(p: &PointPlan, dir: &Path, keys: &[String], backend: BackendArg) ->
         let (result, _) = execute(&plan, backend, false)?;
         write_atomic(&json_path, &result.to_json())?;
         Ok(Ok(result))
-    })();
+    };
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt)).unwrap_or_else(|payload| {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            Err(anyhow!("the backend panicked: {what}"))
+        });
     let code = match outcome {
         Ok(Ok(result)) => {
             point.file = Some(format!("{}.json", p.name));
