@@ -502,6 +502,17 @@ impl NormalJob {
         }
     }
 
+    /// Before the host-checked iteration, poison the ring slots too: earlier iterations left
+    /// the same (correct) tokens there, which would hide a slot that is read but never written.
+    fn poison_rings(&self, devs: &Devices, gpu_of_rank: &[u32]) -> Result<(), HwError> {
+        for (r, b) in self.bufs.iter().enumerate() {
+            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
+            let from = self.layout.x as usize;
+            g.memset_u8(b.buffer.at(from), 0xff, self.layout.total as usize - from)?;
+        }
+        Ok(())
+    }
+
     /// Poison every dispatch output so that an unwritten element cannot pass a check.
     fn poison_dispatch(&self, devs: &Devices, gpu_of_rank: &[u32]) -> Result<(), HwError> {
         for (r, b) in self.bufs.iter().enumerate() {
@@ -534,6 +545,9 @@ impl NormalJob {
         job_id: eptwin_engine::ids::JobId,
     ) -> Result<OpSample, HwError> {
         self.poison_dispatch(devs, gpu_of_rank)?;
+        if !warmup && iteration == 0 {
+            self.poison_rings(devs, gpu_of_rank)?;
+        }
         self.epoch += 1;
         devs.clear_errors()?;
         devs.flush_l2()?;
@@ -642,6 +656,9 @@ impl NormalJob {
             unsafe { dev.gpu.launch(f, dev.gpu.sm_count * 4, 256, &mut a)? };
             dev.gpu.memset_u8(b.combined_x.ptr, 0xff, b.combined_x.bytes)?;
             dev.gpu.memset_u8(b.combined_topk_weights.ptr, 0xff, b.combined_topk_weights.bytes)?;
+        }
+        if !warmup && iteration == 0 {
+            self.poison_rings(devs, gpu_of_rank)?;
         }
         self.epoch += 1;
         devs.clear_errors()?;

@@ -2,16 +2,26 @@
 
 use eptwin_kernels::ModuleId;
 
-/// Threads per block of the normal kernels: DeepEP's 768 when the grid fits with one block per
-/// SM; with several ranks on one GPU, fewer threads so that `min_blocks` blocks fit per SM
-/// within the register file (65,536 registers per SM: 64 per thread at 1,024 threads per SM).
-pub fn normal_threads(num_ranks: u32, min_blocks: u32) -> u32 {
+/// Threads per block of the normal kernels to try, best first: DeepEP's 768 when the grid fits
+/// with one block per SM; with several ranks on one GPU, fewer threads so that `min_blocks`
+/// blocks fit per SM within the register file (65,536 registers per SM: 64 per thread at 1,024
+/// threads per SM). Each is a whole number of warps per rank.
+pub fn normal_thread_candidates(num_ranks: u32, min_blocks: u32) -> Vec<u32> {
     let candidates: &[u32] = match min_blocks {
         0 | 1 => &[768, 512, 256],
         2 => &[512, 256],
         _ => &[256],
     };
-    candidates.iter().copied().find(|t| t % (32 * num_ranks) == 0).unwrap_or(32 * num_ranks)
+    let mut out: Vec<u32> =
+        candidates.iter().copied().filter(|t| t % (32 * num_ranks) == 0).collect();
+    if out.is_empty() {
+        out.push(32 * num_ranks);
+    }
+    out
+}
+
+pub fn normal_threads(num_ranks: u32, min_blocks: u32) -> u32 {
+    normal_thread_candidates(num_ranks, min_blocks)[0]
 }
 
 pub fn intranode(num_ranks: u32, threads: u32, min_blocks: u32) -> Vec<(&'static str, String)> {

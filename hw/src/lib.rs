@@ -295,6 +295,23 @@ fn derived_measurements(state: &State, op: OpKind, m: &mut BTreeMap<String, Valu
     }
 }
 
+/// Compile `id` with `defines` for every device and load it under `name`.
+fn load(
+    compiler: &compile::Compiler,
+    devs: &mut Devices,
+    id: ModuleId,
+    name: &'static str,
+    defines: &[(&str, String)],
+) -> Result<(), HwError> {
+    let module = eptwin_kernels::module(id);
+    for dev in &mut devs.list {
+        let cubin = compiler.cubin(module, dev.gpu.compute_capability, defines)?;
+        let loaded = dev.gpu.load_module(&cubin, module.entry_points)?;
+        dev.modules.insert(name, loaded);
+    }
+    Ok(())
+}
+
 fn prepare(
     options: &HwOptions,
     env: &mut Environment,
@@ -340,32 +357,50 @@ fn prepare(
     let max_local = devs.list.iter().map(|d| d.ranks.len() as u32).max().unwrap_or(1);
     let w = &d.workload;
 
-    // Compile and load; the main module depends on the mode.
-    let main_defines = match d.mode {
+    // Compile and load the helper modules, then the mode's kernels.
+    for (id, name) in [
+        (ModuleId::Layout, "layout"),
+        (ModuleId::Probes, "probes"),
+        (ModuleId::TestData, "testdata"),
+    ] {
+        load(&compiler, &mut devs, id, name, &[])?;
+    }
+    let mut normal_shape = None;
+    match d.mode {
         EpMode::Intranode => {
             let num_sms = d.dispatch_config.as_ref().map(|c| c.num_sms).unwrap_or(20);
             let min_blocks = (max_local * num_sms).div_ceil(sm_count).max(1);
-            let threads = kernel_defines::normal_threads(n, min_blocks);
-            (ModuleId::Intranode, "intranode", kernel_defines::intranode(n, threads, min_blocks))
+            let per_gpu = max_local * num_sms;
+            let mut refused = Vec::new();
+            for threads in kernel_defines::normal_thread_candidates(n, min_blocks) {
+                let defines = kernel_defines::intranode(n, threads, min_blocks);
+                load(&compiler, &mut devs, ModuleId::Intranode, "intranode", &defines)?;
+                let dev0 = &devs.list[0];
+                let intr = dev0.module("intranode")?;
+                let mut resident = u32::MAX;
+                for k in ["intranode_dispatch", "intranode_combine"] {
+                    resident = resident.min(dev0.gpu.occupancy(intr.function(k), threads)?);
+                }
+                if resident * sm_count >= per_gpu {
+                    normal_shape = Some((threads, min_blocks, resident));
+                    break;
+                }
+                refused.push(format!("{threads} threads: {resident} blocks per SM"));
+            }
+            if normal_shape.is_none() {
+                return Err(HwError::Setup {
+                    context: format!("job {:?}", job.name),
+                    message: format!(
+                        "{per_gpu} sender/receiver blocks per GPU cannot all be resident on {sm_count} SMs \
+                         (they would deadlock): {}",
+                        refused.join("; ")
+                    ),
+                });
+            }
         }
-        _ => (
-            ModuleId::LowLatency,
-            "low_latency",
-            kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS),
-        ),
-    };
-    let modules = [
-        (ModuleId::Layout, "layout", Vec::new()),
-        (ModuleId::Probes, "probes", Vec::new()),
-        (ModuleId::TestData, "testdata", Vec::new()),
-        main_defines.clone(),
-    ];
-    for (id, name, defines) in &modules {
-        let module = eptwin_kernels::module(*id);
-        for dev in &mut devs.list {
-            let cubin = compiler.cubin(module, dev.gpu.compute_capability, defines)?;
-            let loaded = dev.gpu.load_module(&cubin, module.entry_points)?;
-            dev.modules.insert(name, loaded);
+        _ => {
+            let defines = kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS);
+            load(&compiler, &mut devs, ModuleId::LowLatency, "low_latency", &defines)?;
         }
     }
     let (hits, compiles) = compiler.stats.get();
@@ -392,26 +427,16 @@ fn prepare(
     let runtime = match d.mode {
         EpMode::Intranode => {
             let cfg = d.dispatch_config.as_ref().expect("normal mode has a dispatch config");
+            let (threads, min_blocks, resident) = normal_shape.expect("set for normal mode above");
             let dev0 = &devs.list[0];
             let intr = dev0.module("intranode")?;
-            let threads: u32 = main_defines.2[1].1.parse().expect("NUM_THREADS define");
-            let min_blocks: u32 = main_defines.2[2].1.parse().expect("MIN_BLOCKS define");
-            let mut resident = u32::MAX;
             let (mut regs, mut local) = (0, 0);
             for k in ["intranode_dispatch", "intranode_combine"] {
-                let f = intr.function(k);
-                resident = resident.min(dev0.gpu.occupancy(f, threads)?);
-                let (r, l) = dev0.gpu.function_resources(f)?;
+                let (r, l) = dev0.gpu.function_resources(intr.function(k))?;
                 regs = regs.max(r);
                 local = local.max(l);
             }
             let per_gpu = max_local * cfg.num_sms;
-            if resident * sm_count < per_gpu {
-                return Err(HwError::Unsupported(format!(
-                    "{per_gpu} sender/receiver blocks of {threads} threads per GPU cannot all be resident \
-                     ({resident} per SM × {sm_count} SMs); they would deadlock"
-                )));
-            }
             let launch = NormalLaunch {
                 threads,
                 min_blocks,
@@ -501,7 +526,40 @@ fn prepare(
     ]);
     let mut nccl_us = BTreeMap::new();
     if options.nccl_baseline {
-        let comms = nccl::Comms::init(&devs)?;
+        // The baseline is context, not the measurement: a failure is recorded, not fatal.
+        match nccl_baseline(&mut devs, &runtime, &gpu_of_rank, w, m) {
+            Ok(us) => nccl_us = us,
+            Err(e) => {
+                eprintln!("eptwin hw: NCCL all-to-all baseline failed: {e}");
+                m.insert("hw.nccl_baseline_error".into(), json!(e.to_string()));
+            }
+        }
+    }
+    devs.sync("prepare")?;
+    Ok(State {
+        devs,
+        placement,
+        job: job.id,
+        runtime,
+        latencies_ns: BTreeMap::new(),
+        logical_bytes,
+        transported_bytes: BTreeMap::new(),
+        nccl_us,
+        memcpy_gbps,
+    })
+}
+
+/// NCCL all-to-all of the same bytes per (source, destination) pair as dispatch and combine.
+fn nccl_baseline(
+    devs: &mut Devices,
+    runtime: &Runtime,
+    gpu_of_rank: &[u32],
+    w: &eptwin_engine::scenario::schema::WorkloadSpec,
+    m: &mut BTreeMap<String, Value>,
+) -> Result<BTreeMap<OpKind, f64>, HwError> {
+    let mut nccl_us = BTreeMap::new();
+    {
+        let comms = nccl::Comms::init(devs)?;
         let (rows, dispatch_row, combine_row) = match &runtime {
             Runtime::Normal(j) => (
                 j.pair_rows(),
@@ -524,7 +582,7 @@ fn prepare(
         for (op, r, row_bytes) in
             [(OpKind::Dispatch, &rows, dispatch_row), (OpKind::Combine, &transposed, combine_row)]
         {
-            let (us, bytes) = probes::nccl_alltoall(&mut devs, &comms, &gpu_of_rank, r, row_bytes)?;
+            let (us, bytes) = probes::nccl_alltoall(devs, &comms, gpu_of_rank, r, row_bytes)?;
             nccl_us.insert(op, us);
             m.insert(format!("{op}.nccl_alltoall_us"), json!(round3(us)));
             m.insert(format!("{op}.nccl_alltoall_bytes_all_ranks"), json!(bytes));
@@ -542,18 +600,8 @@ fn prepare(
             ),
         );
     }
-    devs.sync("prepare")?;
-    Ok(State {
-        devs,
-        placement,
-        job: job.id,
-        runtime,
-        latencies_ns: BTreeMap::new(),
-        logical_bytes,
-        transported_bytes: BTreeMap::new(),
-        nccl_us,
-        memcpy_gbps,
-    })
+    devs.sync("NCCL baseline")?;
+    Ok(nccl_us)
 }
 
 /// The NVML implementation of the engine's `TopologyProbe`, or why there is none here.

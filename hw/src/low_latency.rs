@@ -409,6 +409,11 @@ impl LlJob {
             ] {
                 g.memset_u8(buf.ptr, 0xff, buf.bytes)?;
             }
+            // Earlier iterations left the same messages in the receive slots: poison them before
+            // the host-checked iteration so that a message never written cannot pass.
+            if !warmup && iteration == 0 {
+                g.memset_u8(b.recv_buf.ptr, 0xff, b.recv_buf.bytes)?;
+            }
         }
         devs.sync("low-latency dispatch setup")?;
         devs.clear_errors()?;
@@ -510,6 +515,9 @@ impl LlJob {
             unsafe { dev.gpu.launch(f, dev.gpu.sm_count * 4, 256, &mut a)? };
             dev.gpu.memset_u8(b.combine_recv_flag.ptr, 0, b.combine_recv_flag.bytes)?;
             dev.gpu.memset_u8(b.combined_x.ptr, 0xff, b.combined_x.bytes)?;
+            if !warmup && iteration == 0 {
+                dev.gpu.memset_u8(b.combine_recv_buf.ptr, 0xff, b.combine_recv_buf.bytes)?;
+            }
         }
         devs.sync("low-latency combine setup")?;
         devs.clear_errors()?;

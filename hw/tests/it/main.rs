@@ -1,0 +1,105 @@
+//! GPU conformance tests of the hardware backend: small normal and low-latency jobs run end to
+//! end through `HwTransport` and the engine's run loop, and every check must pass. Without a
+//! GPU (here, CI) each test reports *waived*; `EPTWIN_REQUIRE_HW=1` turns that into a failure
+//! on the GPU machine.
+
+use eptwin_engine::result::{Provenance, Verdict};
+use eptwin_engine::transport::Transport;
+use eptwin_hw::{HwOptions, HwTransport};
+
+fn scenario(name: &str, ranks_note: &str, buffer: &str, workload: &str) -> String {
+    format!(
+        "schema = 1\nname = \"{name}\"\ndescription = \"hw conformance: {ranks_note}\"\n\
+         [cluster]\nprofile = \"h200-single\"\n\
+         [[job]]\nname = \"ep\"\n[job.buffer]\n{buffer}\n[job.workload]\n{workload}\n"
+    )
+}
+
+/// Run a scenario on the GPU; `None` when the backend is waived here.
+fn run(text: &str) -> Option<eptwin_engine::result::RunResult> {
+    let loaded = eptwin_engine::parse("conformance.toml", text).expect("scenario parses");
+    let plan = eptwin_engine::Plan::build(&loaded).expect("scenario is valid");
+    let mut hw = HwTransport::new(HwOptions { kernel_timeout_ms: 5_000, ..HwOptions::default() });
+    if let Some(reason) = hw.capabilities().unavailable {
+        assert!(
+            std::env::var("EPTWIN_REQUIRE_HW").as_deref() != Ok("1"),
+            "EPTWIN_REQUIRE_HW=1 but the hardware backend is unavailable: {reason}"
+        );
+        eprintln!("waived: {reason}");
+        return None;
+    }
+    Some(eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes"))
+}
+
+fn assert_ok(result: &eptwin_engine::result::RunResult) {
+    assert_eq!(
+        result.verdict,
+        Verdict::Ok,
+        "failures: {:#?}\nwaived: {:?}",
+        result.failures,
+        result.waived_reason
+    );
+    for job in &result.jobs {
+        for op in &job.ops {
+            assert!(op.summary.latency_us.mean > 0.0, "{} has a time", op.op);
+            assert!(!op.summary.checks.is_empty(), "{} ran checks", op.op);
+        }
+    }
+    assert!(result.measurements.contains_key("probe.memcpy_dtod_bw_gbps"));
+}
+
+#[test]
+fn normal_ep8_on_one_gpu() {
+    let text = scenario(
+        "conf-normal-ep8",
+        "8 ranks, normal",
+        "num_nvl_bytes = \"1GiB\"\nnum_sms = 24",
+        "tokens_per_rank = 200\nhidden = 2048\ntopk = 8\nexperts = 64\nwarmup = 1\niterations = 3",
+    );
+    if let Some(r) = run(&text) {
+        assert_ok(&r);
+    }
+}
+
+#[test]
+fn normal_ep2_bf16() {
+    let text = scenario(
+        "conf-normal-ep2",
+        "2 ranks, normal, BF16 dispatch",
+        "num_nvl_bytes = \"1GiB\"\nnum_sms = 8",
+        "tokens_per_rank = 300\nhidden = 2048\ntopk = 4\nexperts = 16\ndispatch_dtype = \"bf16\"\n\
+         warmup = 1\niterations = 2",
+    );
+    if let Some(r) = run(&text) {
+        assert_ok(&r);
+    }
+}
+
+#[test]
+fn low_latency_ep8_with_masked_selections() {
+    let text = scenario(
+        "conf-ll-ep8",
+        "8 ranks, low-latency",
+        "low_latency_mode = true\nnum_rdma_bytes = \"1GiB\"\nnum_qps_per_rank = 8",
+        "tokens_per_rank = 64\nhidden = 2048\ntopk = 8\nexperts = 64\nmasked_selections = 10\n\
+         warmup = 1\niterations = 3",
+    );
+    if let Some(r) = run(&text) {
+        assert_ok(&r);
+    }
+}
+
+#[test]
+fn low_latency_ep4_hook_mode() {
+    let text = scenario(
+        "conf-ll-ep4-hook",
+        "4 ranks, low-latency, hook mode",
+        "low_latency_mode = true\nnum_rdma_bytes = \"1GiB\"\nnum_qps_per_rank = 8",
+        "tokens_per_rank = 48\nhidden = 2048\ntopk = 6\nexperts = 32\nhook = true\nwarmup = 1\niterations = 2",
+    );
+    if let Some(r) = run(&text) {
+        assert_ok(&r);
+        let phases = &r.jobs[0].ops[0].summary.phases_us;
+        assert!(phases.contains_key("send") && phases.contains_key("recv"), "{phases:?}");
+    }
+}

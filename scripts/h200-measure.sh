@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool's `run`), from the repository root, with the
+# binaries built here and carried in .devbin/ (scripts/h200-measure.sh --prepare builds them):
+#   .devbin/eptwin   release build of the CLI
+#   .devbin/hw-unit  eptwin-hw unit tests      .devbin/hw-it  eptwin-hw GPU conformance tests
+# Writes the full log and the result files under $OUT (the files that come back):
+#   $OUT/log.txt, $OUT/results/<scenario>.json, $OUT/diag/<scenario>.json
+# Usage there: bash scripts/h200-measure.sh [smoke|full]   (default full)
+set -uo pipefail
+
+if [[ "${1:-}" == "--prepare" ]]; then
+    # Here, on the development machine: build and stage the binaries to carry.
+    set -e
+    cargo build --release
+    cargo test --release -p eptwin-hw --no-run 2>&1 | tee /tmp/eptwin-test-build.log
+    mkdir -p .devbin
+    cp target/release/eptwin .devbin/eptwin
+    cp "$(grep -o 'target/release/deps/eptwin_hw-[0-9a-f]*' /tmp/eptwin-test-build.log | head -1)" .devbin/hw-unit
+    cp "$(grep -o 'target/release/deps/it-[0-9a-f]*' /tmp/eptwin-test-build.log | head -1)" .devbin/hw-it
+    strip .devbin/*
+    ls -la .devbin
+    exit 0
+fi
+
+mode=${1:-full}
+OUT=${OUT:-/tmp/eptwin-out}
+mkdir -p "$OUT/results" "$OUT/diag"
+log="$OUT/log.txt"
+exec > >(tee -a "$log") 2>&1
+
+# NVLink multicast stays off on shared hosts (KINDS.md); EPTWIN_REQUIRE_HW turns a waived
+# GPU test into a failure here.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export EPTWIN_REQUIRE_HW=1 EPTWIN_KERNEL_CACHE=/tmp/eptwin-kernel-cache
+export EPTWIN_KERNEL_TIMEOUT_MS=${EPTWIN_KERNEL_TIMEOUT_MS:-3000}
+
+echo "== provenance"
+date -u +%Y-%m-%dT%H:%M:%SZ
+git log -1 --format='commit %H %s' 2>/dev/null || echo "commit: (no git on the GPU machine)"
+uname -r
+nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv
+nvidia-smi topo -m 2>/dev/null | head -20
+ldconfig -p | grep -E 'libnccl\.so|libnvrtc\.so|libcuda\.so|libnvidia-ml' | head
+
+# cudarc looks for libnccl.so; a machine with only libnccl.so.2 (pip wheel) needs a symlink.
+if ! ldconfig -p | grep -q 'libnccl\.so '; then
+    n2=$(ldconfig -p | grep -o '/[^ ]*libnccl\.so\.2$' | head -1)
+    [[ -z "$n2" ]] && n2=$(find / -name 'libnccl.so.2' -not -path '*/proc/*' 2>/dev/null | head -1)
+    if [[ -n "$n2" ]]; then
+        mkdir -p /tmp/ncclib && ln -sf "$n2" /tmp/ncclib/libnccl.so
+        export LD_LIBRARY_PATH="/tmp/ncclib:${LD_LIBRARY_PATH:-}"
+        echo "libnccl.so -> $n2"
+    fi
+fi
+
+step() { echo; echo "== $*"; }
+rc_all=0
+run_step() {
+    local limit=$1; shift
+    local t0
+    t0=$(date +%s%N)
+    timeout "$limit" "$@"
+    local rc=$?
+    echo "== exit $rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms: $*"
+    [[ $rc -ne 0 ]] && rc_all=1
+    return 0
+}
+
+step "eptwin-hw unit tests (NVRTC compiles every kernel for this GPU)"
+run_step 120 .devbin/hw-unit --test-threads=1
+step "eptwin-hw GPU conformance tests"
+run_step 240 .devbin/hw-it --test-threads=1 --nocapture
+step "eptwin topo (NVML)"
+run_step 60 .devbin/eptwin topo
+
+scenarios=(scenarios/h200-ep8-normal-128.toml scenarios/h200-ep8-ll-128.toml)
+[[ "$mode" == full ]] && scenarios+=(scenarios/h200-ep8-normal-4096.toml scenarios/h200-ep8-ll-4096.toml)
+for s in "${scenarios[@]}"; do
+    step "eptwin run $s --backend hw"
+    run_step 240 .devbin/eptwin run "$s" --backend hw --out "$OUT/results"
+done
+
+if [[ "$mode" == full ]]; then
+    step "diagnostic: normal 4096 with consumed ring lines kept in L2 (EPTWIN_L2_DISCARD=0)"
+    EPTWIN_L2_DISCARD=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag"
+fi
+echo
+echo "== done (any step failed: $rc_all)"
+exit $rc_all
