@@ -134,7 +134,7 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
         if c.rows.is_empty() {
             let _ = writeln!(
                 h,
-                "<tr><td class=l>{}</td><td class=l colspan=14 class=muted>{}</td></tr>",
+                "<tr><td class=\"l n\">{}</td><td class=\"l muted\" colspan=14>{}</td></tr>",
                 escape(&c.scenario),
                 escape(&verdicts.join("; "))
             );

@@ -1072,10 +1072,10 @@ const MAX_CATEGORIES: usize = 8;
 fn timeline(t: &Loaded<Trace>, i: usize) -> Result<Planned, String> {
     let name = trace_name(t, i);
     let trace = &t.doc;
-    let (window, what) = match trace.first_dispatch_window() {
-        Some(w) => (w, "one simulated dispatch"),
+    let (window, what, since) = match trace.first_dispatch_window() {
+        Some(w) => (w, "one simulated dispatch", "the dispatch started"),
         None => match trace.extent() {
-            Some(w) => (w, "the whole trace (no dispatch span found)"),
+            Some(w) => (w, "the whole trace (no dispatch span found)", "the trace started"),
             None => {
                 return Err(format!(
                     "{}: the trace has no complete (\"X\") events",
@@ -1145,10 +1145,7 @@ fn timeline(t: &Loaded<Trace>, i: usize) -> Result<Planned, String> {
                 "{shown}; time from {} µs of the trace; boxes are busy intervals by category.",
                 fmt_num(w0)
             ),
-            x_desc: "time since the dispatch started (µs)".replace(
-                "the dispatch started",
-                if what.starts_with("one") { "the dispatch started" } else { "the trace started" },
-            ),
+            x_desc: format!("time since {since} (µs)"),
             x_range: (0.0, w1 - w0),
             categories,
             rows,
@@ -1221,6 +1218,42 @@ mod tests {
         let (pos, ticks, _) = sweep_axis(&v(&["static", "adaptive"]));
         assert_eq!(pos, [0.0, 1.0]);
         assert_eq!(ticks.unwrap()[1].1, "adaptive");
+    }
+
+    fn trace(events: serde_json::Value) -> Loaded<Trace> {
+        let doc = Trace::from_value(&serde_json::json!({ "traceEvents": events })).unwrap();
+        Loaded { path: PathBuf::from("x/run.trace.json"), doc }
+    }
+
+    #[test]
+    fn timeline_without_a_dispatch_shows_the_whole_trace() {
+        let t = trace(serde_json::json!([
+            {"ph": "X", "name": "packet", "cat": "rdma", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0},
+            {"ph": "X", "name": "packet", "cat": "rdma", "pid": 2, "tid": 1, "ts": 30.0, "dur": 5.0}
+        ]));
+        let planned = timeline(&t, 0).unwrap();
+        assert_eq!(planned.id, "timeline-run");
+        let ChartSpec::Gantt(g) = planned.spec else { panic!("a Gantt chart") };
+        assert!(g.title.contains("the whole trace"), "{}", g.title);
+        assert_eq!(g.x_desc, "time since the trace started (µs)");
+        assert_eq!(g.x_range, (0.0, 25.0));
+        assert_eq!(g.rows.len(), 2);
+        let empty = trace(serde_json::json!([{"ph": "C", "name": "c", "pid": 1, "ts": 0}]));
+        assert!(timeline(&empty, 0).unwrap_err().contains("no complete"));
+    }
+
+    #[test]
+    fn timeline_clips_to_the_first_dispatch() {
+        let t = trace(serde_json::json!([
+            {"ph": "X", "name": "dispatch", "cat": "kernel", "pid": 1, "tid": 1, "ts": 100.0, "dur": 50.0},
+            {"ph": "X", "name": "write", "cat": "rdma", "pid": 2, "tid": 1, "ts": 140.0, "dur": 20.0},
+            {"ph": "X", "name": "combine", "cat": "kernel", "pid": 1, "tid": 1, "ts": 200.0, "dur": 50.0}
+        ]));
+        let ChartSpec::Gantt(g) = timeline(&t, 0).unwrap().spec else { panic!() };
+        assert_eq!(g.x_range, (0.0, 50.0));
+        // The write is cut at the window's end; the combine is outside it.
+        assert_eq!(g.rows[1].boxes, [(40.0, 50.0, 1)]);
+        assert_eq!(g.rows[0].boxes.len(), 1);
     }
 
     #[test]
