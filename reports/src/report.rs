@@ -913,14 +913,24 @@ fn sweep_chart(index: &SweepIndex) -> Result<Planned, String> {
     let x_values = index.values.get(x_key).cloned().unwrap_or_default();
     let (positions, ticks, log) = sweep_axis(&x_values);
     let pos_of = |v: &serde_json::Value| x_values.iter().position(|x| x == v).map(|i| positions[i]);
-    // One line per (job, op) and combination of the other keys' values.
-    // (job, op, other keys' values) -> (x, throughput, latency)
-    type Line = Vec<(f64, f64, f64)>;
-    let mut lines: BTreeMap<(String, String, String), Line> = BTreeMap::new();
+    // One line per (job, op) and combination of the other keys' values, in the order a reader
+    // expects: jobs as the scenario lists them, dispatch before combine, values as swept.
+    // (job position, op rank, other values' positions) -> (job, op, label, (x, bw, latency)s)
+    type LineKey = (usize, (usize, String), Vec<usize>);
+    type Line = (String, String, String, Vec<(f64, f64, f64)>);
+    let mut lines: BTreeMap<LineKey, Line> = BTreeMap::new();
+    let mut jobs: Vec<String> = Vec::new();
     let mut no_result = Vec::new();
     let mut labels = Vec::new();
     for p in &index.points {
         let Some(x) = p.values.get(x_key).and_then(pos_of) else { continue };
+        let other_pos: Vec<usize> = index.keys[1..]
+            .iter()
+            .map(|k| {
+                let listed = index.values.get(k).map(Vec::as_slice).unwrap_or_default();
+                p.values.get(k).and_then(|v| listed.iter().position(|x| x == v)).unwrap_or(0)
+            })
+            .collect();
         let others: Vec<String> = index.keys[1..]
             .iter()
             .map(|k| {
@@ -945,11 +955,15 @@ fn sweep_chart(index: &SweepIndex) -> Result<Planned, String> {
         }
         for o in &p.ops {
             labels.push(o.logical_bw_label.clone());
-            lines.entry((o.job.clone(), o.op.clone(), others.join(", "))).or_default().push((
-                x,
-                o.logical_bw_gbps,
-                o.latency_us_mean,
-            ));
+            if !jobs.contains(&o.job) {
+                jobs.push(o.job.clone());
+            }
+            let job_pos = jobs.iter().position(|j| j == &o.job).unwrap_or(0);
+            lines
+                .entry((job_pos, op_rank(&o.op), other_pos.clone()))
+                .or_insert_with(|| (o.job.clone(), o.op.clone(), others.join(", "), Vec::new()))
+                .3
+                .push((x, o.logical_bw_gbps, o.latency_us_mean));
         }
     }
     if lines.is_empty() {
@@ -960,11 +974,11 @@ fn sweep_chart(index: &SweepIndex) -> Result<Planned, String> {
             unique(index.points.iter().map(|p| p.verdict.clone())).join(", ")
         ));
     }
-    let multi_job = lines.keys().map(|k| &k.0).collect::<BTreeSet<_>>().len() > 1;
+    let multi_job = jobs.len() > 1;
     let mut legend = Vec::new();
     let mut bw = Vec::new();
     let mut lat = Vec::new();
-    for (i, ((job, op, others), pts)) in lines.iter_mut().enumerate() {
+    for (i, (job, op, others, pts)) in lines.values_mut().enumerate() {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let color = charts::palette(i);
         let name = if multi_job { format!("{job}/{op}") } else { op.clone() };
