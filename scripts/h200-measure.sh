@@ -81,8 +81,47 @@ for s in "${scenarios[@]}"; do
 done
 
 if [[ "$mode" == full ]]; then
+    # Variants of the same scenario, to see what the L2 discard and the L2 eviction hints buy.
+    mkdir -p "$OUT/diag/keep" "$OUT/diag/nohint"
     step "diagnostic: normal 4096 with consumed ring lines kept in L2 (EPTWIN_L2_DISCARD=0)"
-    EPTWIN_L2_DISCARD=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag"
+    EPTWIN_L2_DISCARD=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/keep"
+    step "diagnostic: normal 4096 without L2 eviction hints (EPTWIN_L2_HINTS=0)"
+    EPTWIN_L2_HINTS=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/nohint"
+fi
+
+if [[ "${SWEEP:-0}" == 1 ]]; then
+    # Ring sizes and reducer groups of the normal kernels at 4096 tokens (variants of the
+    # scenario in /tmp; only the summary lines are kept).
+    sweep_set=("6 12 4 8 5" "6 24 4 16 5" "6 256 4 256 5")
+    for v in "${sweep_set[@]}"; do
+        read -r ds dr cs cr gw <<< "$v"
+        f=/tmp/sweep-$ds-$dr-$cs-$cr-$gw.toml
+        sed -e '/^\[job.buffer.dispatch_config\]/,/^\[job.workload\]/{/^\[job.workload\]/!d}' \
+            scenarios/h200-ep8-normal-4096.toml > "$f"
+        sed -i "s/^\[job.workload\]/[job.buffer.dispatch_config]\nnum_max_nvl_chunked_send_tokens = $ds\nnum_max_nvl_chunked_recv_tokens = $dr\n[job.buffer.combine_config]\nnum_max_nvl_chunked_send_tokens = $cs\nnum_max_nvl_chunked_recv_tokens = $cr\n[job.workload]/" "$f"
+        step "sweep: dispatch $ds/$dr, combine $cs/$cr, $gw warps per combined token"
+        EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 EPTWIN_COMBINE_GROUP_WARPS=$gw \
+            run_step 120 .devbin/eptwin run "$f" --backend hw --out /tmp/sweep-out | grep -E '^  ep8|verdict|FAILED|rror'
+    done
+fi
+
+if [[ "${PROFILE:-0}" == 1 ]]; then
+    # Hardware counters of one dispatch and one combine at 4096 tokens (Nsight Compute; clocks
+    # left alone). The copy probes and NCCL are skipped to keep the profiled run short.
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    sed -e 's/^warmup = .*/warmup = 0/' -e 's/^iterations = .*/iterations = 1/' \
+        scenarios/h200-ep8-normal-4096.toml > /tmp/profile-normal-4096.toml
+    : > "$OUT/ncu.txt"
+    for variant in "" "EPTWIN_L2_HINTS=0" "EPTWIN_L2_DISCARD=0"; do
+        step "ncu on intranode_dispatch and intranode_combine, 4096 tokens ${variant:-(default)}"
+        echo "==== variant: ${variant:-default}" >> "$OUT/ncu.txt"
+        env $variant EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 timeout 300 "$ncu_bin" --clock-control none \
+            -k 'regex:intranode_(dispatch|combine)$' --section SpeedOfLight \
+            --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum,lts__t_sectors_srcunit_tex_op_write.sum \
+            .devbin/eptwin run /tmp/profile-normal-4096.toml --backend hw --out /tmp/profile-out >> "$OUT/ncu.txt" 2>&1
+        echo "== exit $?"
+    done
+    grep -E '==== variant|intranode_(dispatch|combine) \(|Duration|DRAM Throughput|L2 Cache Throughput|dram__bytes|lts__t_sector' "$OUT/ncu.txt"
 fi
 echo
 echo "== done (any step failed: $rc_all)"

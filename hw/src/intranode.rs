@@ -334,6 +334,13 @@ impl NormalJob {
             w.topk as u64,
             scales as u64,
         );
+        // The combine reducer addresses ring slots with 31-bit int4 offsets.
+        if (layout.src_idx - layout.x) / 16 >= 1 << 31 {
+            return Err(setup(format!(
+                "ring area of {} bytes per rank exceeds the kernels' 31-bit int4 offsets",
+                layout.src_idx - layout.x
+            )));
+        }
         let routing = d.routing.clone();
         let expect = expectations(&routing, channels);
         let tokens: Vec<RankTokens> = parallel_map(n as usize, |r| {

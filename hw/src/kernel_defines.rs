@@ -24,28 +24,76 @@ pub fn normal_threads(num_ranks: u32, min_blocks: u32) -> u32 {
     normal_thread_candidates(num_ranks, min_blocks)[0]
 }
 
-pub fn intranode(num_ranks: u32, threads: u32, min_blocks: u32) -> Vec<(&'static str, String)> {
+/// Scope of the flags between ranks: `.gpu` when every rank of the job is on one GPU, `.sys`
+/// when peers are on other GPUs (common.cuh `FLAG_SCOPE_SYS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagScope {
+    Gpu,
+    Sys,
+}
+
+impl FlagScope {
+    pub fn define(self) -> (&'static str, String) {
+        ("FLAG_SCOPE_SYS", if self == FlagScope::Sys { "1" } else { "0" }.to_string())
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlagScope::Gpu => "gpu",
+            FlagScope::Sys => "sys",
+        }
+    }
+}
+
+/// Warps that reduce one token together in the normal combine (intranode.cu
+/// `COMBINE_GROUP_WARPS`); `EPTWIN_COMBINE_GROUP_WARPS` overrides it for experiments.
+pub fn combine_group_warps(threads: u32) -> u32 {
+    let warps = threads / 32;
+    let wanted = std::env::var("EPTWIN_COMBINE_GROUP_WARPS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(5);
+    // At least one group beside the head-updater warp, at most 13 groups (named barriers).
+    wanted.clamp(1, warps.saturating_sub(1).max(1)).max((warps.saturating_sub(1)).div_ceil(13))
+}
+
+pub fn intranode(
+    num_ranks: u32,
+    threads: u32,
+    min_blocks: u32,
+    scope: FlagScope,
+) -> Vec<(&'static str, String)> {
     vec![
         ("NUM_RANKS", num_ranks.to_string()),
         ("NUM_THREADS", threads.to_string()),
         ("MIN_BLOCKS", min_blocks.to_string()),
+        scope.define(),
+        ("COMBINE_GROUP_WARPS", combine_group_warps(threads).to_string()),
+        ("USE_L2_HINTS", if l2_hints() { "1" } else { "0" }.to_string()),
     ]
 }
 
-pub fn low_latency(hidden: u32, threads: u32) -> Vec<(&'static str, String)> {
-    vec![("HIDDEN", hidden.to_string()), ("LL_THREADS", threads.to_string())]
+/// L2 eviction-priority hints on ring and streaming accesses (common.cuh `USE_L2_HINTS`);
+/// `EPTWIN_L2_HINTS=0` turns them off for experiments.
+pub fn l2_hints() -> bool {
+    std::env::var("EPTWIN_L2_HINTS").map(|v| v != "0").unwrap_or(true)
+}
+
+pub fn low_latency(hidden: u32, threads: u32, scope: FlagScope) -> Vec<(&'static str, String)> {
+    vec![("HIDDEN", hidden.to_string()), ("LL_THREADS", threads.to_string()), scope.define()]
 }
 
 /// Define sets that cover what the backend compiles (for the compile test).
 pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
     match id {
         ModuleId::Intranode => vec![
-            intranode(8, normal_threads(8, 2), 2),
-            intranode(8, normal_threads(8, 1), 1),
-            intranode(4, normal_threads(4, 1), 1),
-            intranode(2, normal_threads(2, 1), 1),
+            intranode(8, normal_threads(8, 2), 2, FlagScope::Gpu),
+            intranode(8, normal_threads(8, 1), 1, FlagScope::Sys),
+            intranode(4, normal_threads(4, 1), 1, FlagScope::Sys),
+            intranode(2, normal_threads(2, 1), 1, FlagScope::Gpu),
         ],
-        ModuleId::LowLatency => vec![low_latency(7168, 1024), low_latency(4096, 1024)],
+        ModuleId::LowLatency => {
+            vec![low_latency(7168, 1024, FlagScope::Gpu), low_latency(4096, 1024, FlagScope::Sys)]
+        }
         _ => vec![Vec::new()],
     }
 }
@@ -65,5 +113,10 @@ mod tests {
         }
         assert_eq!(normal_threads(8, 1), 768);
         assert_eq!(normal_threads(8, 2), 512);
+        for t in [256, 512, 768] {
+            let g = combine_group_warps(t);
+            let groups = (t / 32 - 1) / g;
+            assert!((1..=13).contains(&groups), "{t} threads: {g} warps per group");
+        }
     }
 }

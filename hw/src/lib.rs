@@ -357,6 +357,15 @@ fn prepare(
     let max_local = devs.list.iter().map(|d| d.ranks.len() as u32).max().unwrap_or(1);
     let w = &d.workload;
 
+    // Flags between ranks need .sys scope only when peers sit on other GPUs.
+    let scope = if devs.list.len() > 1 || std::env::var("EPTWIN_FLAG_SCOPE").as_deref() == Ok("sys")
+    {
+        kernel_defines::FlagScope::Sys
+    } else {
+        kernel_defines::FlagScope::Gpu
+    };
+    m.insert("hw.flag_scope".into(), json!(scope.as_str()));
+
     // Compile and load the helper modules, then the mode's kernels.
     for (id, name) in [
         (ModuleId::Layout, "layout"),
@@ -373,7 +382,7 @@ fn prepare(
             let per_gpu = max_local * num_sms;
             let mut refused = Vec::new();
             for threads in kernel_defines::normal_thread_candidates(n, min_blocks) {
-                let defines = kernel_defines::intranode(n, threads, min_blocks);
+                let defines = kernel_defines::intranode(n, threads, min_blocks, scope);
                 load(&compiler, &mut devs, ModuleId::Intranode, "intranode", &defines)?;
                 let dev0 = &devs.list[0];
                 let intr = dev0.module("intranode")?;
@@ -399,7 +408,7 @@ fn prepare(
             }
         }
         _ => {
-            let defines = kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS);
+            let defines = kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS, scope);
             load(&compiler, &mut devs, ModuleId::LowLatency, "low_latency", &defines)?;
         }
     }
@@ -450,6 +459,8 @@ fn prepare(
                 "hw.normal_kernels".into(),
                 json!({
                     "threads_per_block": launch.threads,
+                    "combine_reducer_warps_per_token": kernel_defines::combine_group_warps(launch.threads),
+                    "l2_eviction_hints": kernel_defines::l2_hints(),
                     "blocks_per_rank": launch.blocks_per_rank,
                     "channels_per_rank": launch.blocks_per_rank / 2,
                     "blocks_per_gpu": launch.blocks_per_gpu,

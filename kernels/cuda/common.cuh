@@ -106,6 +106,43 @@ DEVICE void red_add_release_gpu(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Flags between ranks (ring tails and heads, counts, barriers) at the narrowest scope that
+// covers every rank of the job: .gpu when all ranks share one GPU (FLAG_SCOPE_SYS=0, set by
+// the host), .sys when peers sit on other GPUs. A .sys release has to drain writes to the
+// whole system and costs far more than a .gpu one.
+#ifndef FLAG_SCOPE_SYS
+#define FLAG_SCOPE_SYS 1
+#endif
+#if FLAG_SCOPE_SYS
+#define FLAG_SCOPE "sys"
+#else
+#define FLAG_SCOPE "gpu"
+#endif
+
+DEVICE int ld_acquire_flag(const int* p) {
+    int v;
+    asm volatile("ld.acquire." FLAG_SCOPE ".global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+DEVICE int ld_relaxed_flag(const int* p) {
+    int v;
+    asm volatile("ld.relaxed." FLAG_SCOPE ".global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+DEVICE void st_release_flag(int* p, int v) {
+    asm volatile("st.release." FLAG_SCOPE ".global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+DEVICE void st_relaxed_flag(int* p, int v) {
+    asm volatile("st.relaxed." FLAG_SCOPE ".global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+DEVICE void red_add_release_flag(int* p, int v) {
+    asm volatile("red.release." FLAG_SCOPE ".global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // Read-only inputs (never written during the kernel): non-coherent path, no L1 allocation.
 DEVICE int4 ld_nc_v4(const int4* p) {
     int4 v;
@@ -135,6 +172,64 @@ DEVICE float ld_cg_f32(const float* p) {
     float v;
     asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
+}
+
+DEVICE void st_na_v4(int4* p, int4 v);
+
+// L2 eviction priorities (Hopper): ring slots are stored evict-last so they survive until the
+// receiver reads them moments later; outputs and once-read inputs are evict-first so that their
+// streaming does not push ring slots out. USE_L2_HINTS=0 compiles plain accesses instead.
+#ifndef USE_L2_HINTS
+#define USE_L2_HINTS 1
+#endif
+
+DEVICE u64 l2_policy_evict_first() {
+    u64 p = 0;
+#if USE_L2_HINTS
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+
+DEVICE u64 l2_policy_evict_last() {
+    u64 p = 0;
+#if USE_L2_HINTS
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+
+DEVICE int4 ld_cg_v4_hint(const int4* p, u64 pol) {
+#if USE_L2_HINTS
+    int4 v;
+    asm volatile("ld.global.cg.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+#else
+    return ld_cg_v4(p);
+#endif
+}
+
+DEVICE int4 ld_nc_v4_hint(const int4* p, u64 pol) {
+#if USE_L2_HINTS
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+#else
+    return ld_nc_v4(p);
+#endif
+}
+
+DEVICE void st_na_v4_hint(int4* p, int4 v, u64 pol) {
+#if USE_L2_HINTS
+    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.s32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p),
+                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol));
+#else
+    st_na_v4(p, v);
+#endif
 }
 
 DEVICE void st_na_v4(int4* p, int4 v) {

@@ -26,6 +26,10 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
+// Warps that reduce one combined token together.
+#ifndef COMBINE_GROUP_WARPS
+#define COMBINE_GROUP_WARPS 5
+#endif
 
 // Per-rank pointers (host: hw/src/intranode.rs `NormalRankArgs`, same field order).
 struct NormalRankArgs {
@@ -135,11 +139,11 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence_system();
-        for (int d = 0; d < NUM_RANKS; ++d) red_add_release_sys(meta(args[d].buffer, p.off_barrier), 1);
+        for (int d = 0; d < NUM_RANKS; ++d) red_add_release_flag(meta(args[d].buffer, p.off_barrier), 1);
         const int target = NUM_RANKS * p.epoch;
         const u64 t0 = globaltimer_ns();
         int v;
-        while ((v = ld_acquire_sys(meta(my, p.off_barrier))) < target) {
+        while ((v = ld_acquire_flag(meta(my, p.off_barrier))) < target) {
             if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                 record_timeout(err, WAIT_NOTIFY_BARRIER, rank, -1, -1, -1, target, v);
                 break;
@@ -195,60 +199,72 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
         // Offsets are sent as `-value - 1` so that 0 means "not yet written".
         if (warp_in_rank == 0 && lane == 0) {
             const int* cpm = a.channel_prefix_matrix + dst * C;
-            st_relaxed_sys(start_ptr, -(channel > 0 ? cpm[channel - 1] : 0) - 1);
-            st_relaxed_sys(end_ptr, -cpm[channel] - 1);
+            st_relaxed_flag(start_ptr, -(channel > 0 ? cpm[channel - 1] : 0) - 1);
+            st_relaxed_flag(end_ptr, -cpm[channel] - 1);
         }
         __syncwarp();
 
         int ts, te;
         channel_task_range(a.num_tokens, C, channel, ts, te);
         const int recv_begin = dst * L, recv_end = recv_begin + L;
-        int cached_tail = 0;
-        for (int t = ts; t < te;) {
-            // Wait until the ring has room for a whole chunk (rare once the receiver runs).
-            if (lane == 0) {
-                const u64 t0 = globaltimer_ns();
-                while (true) {
-                    const int used = cached_tail - ld_volatile(head_ptr);
-                    if (R - used >= p.nvl_send) break;
-                    if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
-                        record_timeout(err, WAIT_DISPATCH_RING_SPACE, rank, channel, dst, -1,
-                                       p.nvl_send, R - used);
-                        break;
+        const u64 pol_keep = l2_policy_evict_last();
+        auto st_keep = [pol_keep](int4* ptr, int4 v) { st_na_v4_hint(ptr, v, pol_keep); };
+        int cached_tail = 0, cached_head = 0;
+        for (int w0 = ts; w0 < te; w0 += 32) {
+            // Which of the next 32 tokens go to dst: one byte per lane and a ballot, instead of
+            // one dependent load per token on the critical path.
+            const int tl = w0 + lane;
+            const bool sel = tl < te && a.is_token_in_rank[tl * NUM_RANKS + dst] != 0;
+            unsigned mask = __ballot_sync(0xffffffffu, sel);
+            // send_head: the ring index each token gets, or -1 (combine reads it back).
+            if (warp_in_rank == 0 && tl < te)
+                a.send_head[tl * NUM_RANKS + dst] =
+                    sel ? cached_tail + __popc(mask & ((1u << lane) - 1u)) : -1;
+            while (mask != 0) {
+                // Wait until the ring has room for a whole chunk; the head is re-read only when
+                // the last value seen does not leave room (rare once the receiver runs).
+                if (lane == 0 && R - (cached_tail - cached_head) < p.nvl_send) {
+                    const u64 t0 = globaltimer_ns();
+                    while (true) {
+                        cached_head = ld_relaxed_flag(head_ptr);
+                        if (R - (cached_tail - cached_head) >= p.nvl_send) break;
+                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                            record_timeout(err, WAIT_DISPATCH_RING_SPACE, rank, channel, dst, -1,
+                                           p.nvl_send, R - (cached_tail - cached_head));
+                            break;
+                        }
                     }
                 }
-            }
-            __syncwarp();
-            int chunk = 0;
-            while (chunk < p.nvl_send && t < te) {
-                const bool selected = a.is_token_in_rank[t * NUM_RANKS + dst] != 0;
-                // The warp that records send_head may differ from the one that copies.
-                if (lane == 0 && t % kWarpsPerRank == warp_in_rank)
-                    a.send_head[t * NUM_RANKS + dst] = selected ? cached_tail : -1;
-                if (!selected) {
-                    ++t;
-                    continue;
-                }
-                const int slot = (cached_tail++) % R;
-                if (cached_tail % kWarpsPerRank == warp_in_rank) {
+                __syncwarp();
+                // Up to nvl_send selected tokens, dealt to the warps of this group in turn.
+                for (int chunk = 0; chunk < p.nvl_send && mask != 0; ++chunk) {
+                    const int t = w0 + __ffs(mask) - 1;
+                    mask &= mask - 1u;
+                    const int slot = (cached_tail++) % R;
+                    if (cached_tail % kWarpsPerRank != warp_in_rank) continue;
+                    // Metadata loads first, so that they overlap the payload's.
+                    const int e = lane < K ? a.topk_idx[t * K + lane] : -1;
+                    const float w_v = lane < K ? a.topk_weights[t * K + lane] : 0.0f;
+                    const float s0 = lane < S ? a.x_scales[t * S + lane] : 0.0f;
+                    const float s1 = lane + 32 < S ? a.x_scales[t * S + lane + 32] : 0.0f;
                     int4* dst_x = slot_x + (u64)slot * slot_int4;
                     const int4* src_x = a.x + (u64)t * hidden_int4;
-                    UNROLLED_WARP_COPY(7, lane, hidden_int4, dst_x, src_x, ld_nc_v4, st_na_v4);
+                    UNROLLED_WARP_COPY(7, lane, hidden_int4, dst_x, src_x, ld_nc_v4, st_keep);
                     if (lane == 0) slot_src[slot] = t;
                     if (lane < K) {
-                        const int e = a.topk_idx[t * K + lane];
                         const int le = (e >= recv_begin && e < recv_end) ? e - recv_begin : -1;
                         slot_topk[slot * K + lane] = le;
-                        slot_w[slot * K + lane] = le >= 0 ? a.topk_weights[t * K + lane] : 0.0f;
+                        slot_w[slot * K + lane] = le >= 0 ? w_v : 0.0f;
                     }
-                    for (int i = lane; i < S; i += 32) slot_s[slot * S + i] = a.x_scales[t * S + i];
+                    if (lane < S) slot_s[slot * S + lane] = s0;
+                    if (lane + 32 < S) slot_s[slot * S + lane + 32] = s1;
+                    for (int i = lane + 64; i < S; i += 32) slot_s[slot * S + i] = a.x_scales[t * S + i];
                 }
-                ++chunk;
-                ++t;
+                // Every warp of this rank group computed the same tail; publish it once all
+                // of them wrote their tokens.
+                named_barrier(1 + responsible_rank, kThreadsPerRank);
+                if (warp_in_rank == 0 && lane == 0) st_release_flag(tail_ptr, cached_tail);
             }
-            // Every warp of this rank group computed the same tail; publish it once all wrote.
-            named_barrier(1 + responsible_rank, kThreadsPerRank);
-            if (warp_in_rank == 0 && lane == 0) st_release_sys(tail_ptr, cached_tail);
         }
     } else {
         const int src = responsible_rank;
@@ -270,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
         if (thread_in_rank == 0) {
             int start = 0, end = 0, abort = 0;
             const u64 t0 = globaltimer_ns();
-            while ((start = ld_volatile(start_ptr)) == 0 || (end = ld_volatile(end_ptr)) == 0) {
+            while ((start = ld_relaxed_flag(start_ptr)) == 0 || (end = ld_relaxed_flag(end_ptr)) == 0) {
                 if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                     record_timeout(err, WAIT_DISPATCH_OFFSETS, rank, channel, src, -1, 1, 0);
                     abort = 1;
@@ -288,12 +304,15 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
         if (warp_in_rank == 0 && lane == 0) a.recv_channel_offset[src * C + channel] = total_offset;
         total_offset += src > 0 ? a.rank_prefix[src - 1] : 0;
 
+        const u64 pol_first = l2_policy_evict_first();
+        auto ld_first = [pol_first](const int4* ptr) { return ld_cg_v4_hint(ptr, pol_first); };
+        auto st_first = [pol_first](int4* ptr, int4 v) { st_na_v4_hint(ptr, v, pol_first); };
         int cached_head = 0;
         while (num_to_recv > 0) {
             if (thread_in_rank == 0) {
                 int tail = cached_head, abort = 0;
                 const u64 t0 = globaltimer_ns();
-                while ((tail = ld_acquire_sys(tail_ptr)) == cached_head) {
+                while ((tail = ld_acquire_flag(tail_ptr)) == cached_head) {
                     if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                         record_timeout(err, WAIT_DISPATCH_TAIL, rank, channel, src, -1,
                                        cached_head + 1, tail);
@@ -308,32 +327,38 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
             if (shared_abort[src]) break;
             const int cached_tail = shared_tail[src];
             const int n = cached_tail - cached_head;
+            // One warp per token moves the payload and its metadata together, so every load of
+            // a token is in flight at once (no separate, serialised passes over side arrays).
             for (int i = warp_in_rank; i < n; i += kWarpsPerRank) {
                 const int slot = (cached_head + i) % R;
+                const int row = total_offset + i;
+                const int src_v = lane == 0 ? ld_cg_s32(slot_src + slot) : 0;
+                const int topk_v = lane < K ? ld_cg_s32(slot_topk + slot * K + lane) : 0;
+                const float w_v = lane < K ? ld_cg_f32(slot_w + slot * K + lane) : 0.0f;
+                const float s0 = lane < S ? ld_cg_f32(slot_s + slot * S + lane) : 0.0f;
+                const float s1 = lane + 32 < S ? ld_cg_f32(slot_s + slot * S + lane + 32) : 0.0f;
                 const int4* s = slot_x + (u64)slot * slot_int4;
-                int4* d = a.recv_x + (u64)(total_offset + i) * hidden_int4;
-                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_cg_v4, st_na_v4);
+                int4* d = a.recv_x + (u64)row * hidden_int4;
+                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_first, st_first);
+                if (lane == 0) a.recv_src_idx[row] = src_v;
+                if (lane < K) {
+                    a.recv_topk_idx[row * K + lane] = topk_v;
+                    a.recv_topk_weights[row * K + lane] = w_v;
+                }
+                if (lane < S) a.recv_x_scales[(u64)row * S + lane] = s0;
+                if (lane + 32 < S) a.recv_x_scales[(u64)row * S + lane + 32] = s1;
+                for (int j = lane + 64; j < S; j += 32)
+                    a.recv_x_scales[(u64)row * S + j] = ld_cg_f32(slot_s + slot * S + j);
                 if (p.use_discard) {
                     __syncwarp();
                     warp_discard(s, (hidden_int4 * 16 + 127) / 128 * 128, lane);
                 }
             }
-            for (int i = thread_in_rank; i < n; i += kThreadsPerRank)
-                a.recv_src_idx[total_offset + i] = ld_cg_s32(slot_src + (cached_head + i) % R);
-            for (int i = thread_in_rank; i < n * K; i += kThreadsPerRank) {
-                const int tok = i / K, k = i % K, slot = (cached_head + tok) % R;
-                a.recv_topk_idx[(total_offset + tok) * K + k] = ld_cg_s32(slot_topk + slot * K + k);
-                a.recv_topk_weights[(total_offset + tok) * K + k] = ld_cg_f32(slot_w + slot * K + k);
-            }
-            for (int i = thread_in_rank; i < n * S; i += kThreadsPerRank) {
-                const int tok = i / S, j = i % S, slot = (cached_head + tok) % R;
-                a.recv_x_scales[(u64)(total_offset + tok) * S + j] = ld_cg_f32(slot_s + slot * S + j);
-            }
             cached_head += n;
             total_offset += n;
             num_to_recv -= n;
             named_barrier(1 + src, kThreadsPerRank);
-            if (warp_in_rank == kWarpsPerRank - 1 && lane == 0) st_release_sys(head_ptr, cached_head);
+            if (warp_in_rank == kWarpsPerRank - 1 && lane == 0) st_release_flag(head_ptr, cached_head);
         }
     }
 }
@@ -368,11 +393,11 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence_system();
-        for (int d = 0; d < NUM_RANKS; ++d) red_add_release_sys(meta(args[d].buffer, p.off_barrier), 1);
+        for (int d = 0; d < NUM_RANKS; ++d) red_add_release_flag(meta(args[d].buffer, p.off_barrier), 1);
         const int target = NUM_RANKS * p.epoch;
         const u64 t0 = globaltimer_ns();
         int v;
-        while ((v = ld_acquire_sys(meta(my, p.off_barrier))) < target) {
+        while ((v = ld_acquire_flag(meta(my, p.off_barrier))) < target) {
             if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                 record_timeout(err, WAIT_NOTIFY_BARRIER, rank, -1, -1, -1, target, v);
                 break;
@@ -431,16 +456,19 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
             (channel == C - 1 ? num_rank_tokens : a.recv_channel_offset[dst * C + channel + 1]) -
             channel_offset;
         const int ts = rank_offset + channel_offset, te = ts + num_channel_tokens;
-        int current_tail = 0;
+        const u64 pol_keep = l2_policy_evict_last(), pol_first = l2_policy_evict_first();
+        auto st_keep = [pol_keep](int4* ptr, int4 v) { st_na_v4_hint(ptr, v, pol_keep); };
+        auto ld_first = [pol_first](const int4* ptr) { return ld_nc_v4_hint(ptr, pol_first); };
+        int current_tail = 0, cached_head = 0;
         for (int t = ts; t < te;) {
-            if (lane == 0) {
+            if (lane == 0 && R - (current_tail - cached_head) < p.nvl_send) {
                 const u64 t0 = globaltimer_ns();
                 while (true) {
-                    const int used = current_tail - ld_volatile(head_ptr);
-                    if (R - used >= p.nvl_send) break;
+                    cached_head = ld_relaxed_flag(head_ptr);
+                    if (R - (current_tail - cached_head) >= p.nvl_send) break;
                     if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                         record_timeout(err, WAIT_COMBINE_RING_SPACE, rank, channel, dst, -1,
-                                       p.nvl_send, R - used);
+                                       p.nvl_send, R - (current_tail - cached_head));
                         break;
                     }
                 }
@@ -451,114 +479,117 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
                 const int slot = (current_tail + i) % R;
                 int4* d = slot_x + (u64)slot * slot_int4;
                 const int4* s = a.combine_x + (u64)(t + i) * hidden_int4;
-                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_nc_v4, st_na_v4);
+                UNROLLED_WARP_COPY(7, lane, hidden_int4, d, s, ld_first, st_keep);
                 if (lane == 0) slot_src[slot] = a.recv_src_idx[t + i];
                 if (lane < K) slot_w[slot * K + lane] = a.combine_topk_weights[(t + i) * K + lane];
             }
             t += chunk;
             current_tail += chunk;
             named_barrier(1 + dst, kThreadsPerRank);
-            if (warp_in_rank == 0 && lane == 0) st_release_sys(tail_ptr, current_tail);
+            if (warp_in_rank == 0 && lane == 0) st_release_flag(tail_ptr, current_tail);
         }
     } else {
         // This rank is the tokens' source: sum the partials of every rank each token visited.
-        __shared__ volatile int warp_head[kNumWarps][NUM_RANKS];
-        __shared__ volatile int warp_retired[kNumWarps];
-        for (int i = thread_id; i < kNumWarps * NUM_RANKS; i += NUM_THREADS)
-            warp_head[i / NUM_RANKS][i % NUM_RANKS] = 0;
-        if (thread_id < kNumWarps) warp_retired[thread_id] = 0;
+        // Groups of kGroupWarps warps reduce one token each (DeepEP: one warp per token). Fewer
+        // tokens in flight per block keeps the partials a block waits for small enough to stay
+        // in L2 between the sender's store and this load, and each token still has hundreds of
+        // independent loads in flight.
+        constexpr int kGroupWarps = COMBINE_GROUP_WARPS;
+        constexpr int kGroups = (kNumWarps - 1) / kGroupWarps;
+        static_assert(kGroups >= 1 && kGroups <= 13, "reducer groups use named barriers 2..14");
+        // pending[g][d]: the first slot of ring d that group g still needs (its current token's
+        // slot, or the next slot a later token uses); INT_MAX once the group is done. A ring's
+        // head is the minimum over groups: exactly the first slot still needed.
+        __shared__ volatile int pending[kGroups][NUM_RANKS];
+        __shared__ int group_off[kGroups][NUM_RANKS];
+        __shared__ int group_exp[kGroups][NUM_RANKS];
+        for (int i = thread_id; i < kGroups * NUM_RANKS; i += NUM_THREADS) pending[i / NUM_RANKS][i % NUM_RANKS] = 0;
         __syncthreads();
         u8* buf = a.buffer;
         const int4* ring_x = (const int4*)(buf + p.off_x);
         const float* ring_w = (const float*)(buf + p.off_topk_weights);
+        int ts, te;
+        channel_task_range(a.num_tokens, C, channel, ts, te);
 
         if (warp == 0) {
-            // Queue-head updater: a ring's head is the slowest reducer warp's position in it.
+            // Queue-head updater.
             if (lane < NUM_RANKS) {
                 int* head_ptr = meta(buf, p.off_c_head) + channel * NUM_RANKS + lane;
                 int last_head = 0;
                 while (true) {
-                    bool retired = true;
                     int min_head = 0x7fffffff;
-                    for (int w = 1; w < kNumWarps; ++w) {
-                        if (!warp_retired[w]) {
-                            retired = false;
-                            min_head = min(min_head, warp_head[w][lane]);
-                        }
-                    }
-                    if (retired) break;
-                    if (min_head != 0x7fffffff && min_head > last_head)
-                        st_release_sys(head_ptr, last_head = min_head);
+                    for (int g = 0; g < kGroups; ++g) min_head = min(min_head, pending[g][lane]);
+                    if (min_head == 0x7fffffff) break;
+                    if (min_head > last_head) st_release_flag(head_ptr, last_head = min_head);
                 }
             }
-        } else {
-            int ts, te;
-            channel_task_range(a.num_tokens, C, channel, ts, te);
+        } else if (warp - 1 < kGroups * kGroupWarps) {
+            const int g = (warp - 1) / kGroupWarps, sub = (warp - 1) % kGroupWarps;
+            const int gthreads = kGroupWarps * 32, gtid = sub * 32 + lane;
             const int* tail_base = meta(buf, p.off_c_tail) + channel * NUM_RANKS;
-            int cached_tail = 0;  // per lane < NUM_RANKS
-            for (int t = ts + warp - 1; t < te; t += kNumWarps - 1) {
-                const int expected = lane < NUM_RANKS ? a.send_head[t * NUM_RANKS + lane] : -1;
-                if (lane < NUM_RANKS && expected >= 0 && cached_tail <= expected) {
-                    const u64 t0 = globaltimer_ns();
-                    while ((cached_tail = ld_acquire_sys(tail_base + lane)) <= expected) {
-                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
-                            record_timeout(err, WAIT_COMBINE_TAIL, rank, channel, lane, -1,
-                                           expected + 1, cached_tail);
-                            break;
-                        }
-                    }
-                }
-                __syncwarp();
-                int head_of[NUM_RANKS];
-#pragma unroll
-                for (int j = 0; j < NUM_RANKS; ++j) head_of[j] = __shfl_sync(0xffffffffu, expected, j);
-                // Loads of kLoadGroup ranks in flight at a time keeps the kernel within the
-                // register budget of MIN_BLOCKS resident blocks (no spills).
-                constexpr int kLoadGroup = NUM_RANKS < 4 ? NUM_RANKS : 4;
-                for (int i = lane; i < hidden_int4; i += 32) {
-                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-                    for (int j0 = 0; j0 < NUM_RANKS; j0 += kLoadGroup) {
-                        int4 v[kLoadGroup];
-#pragma unroll
-                        for (int j = 0; j < kLoadGroup; ++j) {
-                            if (j0 + j < NUM_RANKS && head_of[j0 + j] >= 0) {
-                                const u64 ring = (u64)channel * NUM_RANKS + j0 + j;
-                                v[j] = ld_cg_v4(ring_x + (ring * R + head_of[j0 + j] % R) * slot_int4 + i);
+            const u64 pol_first = l2_policy_evict_first();
+            int cached_tail = 0;  // leader warp, lane < NUM_RANKS
+            for (int t = ts + g; t < te; t += kGroups) {
+                if (sub == 0 && lane < NUM_RANKS) {
+                    const int expected = a.send_head[t * NUM_RANKS + lane];
+                    pending[g][lane] = expected >= 0 ? expected : -expected - 1;
+                    if (expected >= 0 && cached_tail <= expected) {
+                        const u64 t0 = globaltimer_ns();
+                        while ((cached_tail = ld_acquire_flag(tail_base + lane)) <= expected) {
+                            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                                record_timeout(err, WAIT_COMBINE_TAIL, rank, channel, lane, -1,
+                                               expected + 1, cached_tail);
+                                break;
                             }
                         }
-#pragma unroll
-                        for (int j = 0; j < kLoadGroup; ++j)
-                            if (j0 + j < NUM_RANKS && head_of[j0 + j] >= 0) accumulate_bf16x8(acc, v[j]);
                     }
-                    st_na_v4(a.combined_x + (u64)t * hidden_int4 + i, pack_bf16x8(acc));
+                    group_exp[g][lane] = expected;
+                    // int4 offset of the slot in the ring area (the host checks 31 bits).
+                    group_off[g][lane] =
+                        expected >= 0 ? ((channel * NUM_RANKS + lane) * R + expected % R) * slot_int4 : -1;
                 }
-                if (lane < K) {
+                named_barrier(2 + g, gthreads);
+                // Slot offsets are read from shared memory where used: the registers go to the
+                // NUM_RANKS loads in flight per position.
+                const int* off = group_off[g];
+                for (int i = gtid; i < hidden_int4; i += gthreads) {
+                    int4 v[NUM_RANKS];
+#pragma unroll
+                    for (int j = 0; j < NUM_RANKS; ++j) {
+                        const int o = off[j];
+                        if (o >= 0) v[j] = ld_cg_v4_hint(ring_x + o + i, pol_first);
+                    }
+                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+                    for (int j = 0; j < NUM_RANKS; ++j)
+                        if (off[j] >= 0) accumulate_bf16x8(acc, v[j]);
+                    st_na_v4_hint(a.combined_x + (u64)t * hidden_int4 + i, pack_bf16x8(acc), pol_first);
+                }
+                if (gtid < K) {
                     float w = 0.0f;
-#pragma unroll
                     for (int j = 0; j < NUM_RANKS; ++j) {
-                        if (head_of[j] >= 0) {
-                            const u64 ring = (u64)channel * NUM_RANKS + j;
-                            w += ld_cg_f32(ring_w + (ring * R + head_of[j] % R) * K + lane);
-                        }
+                        const int o = off[j];
+                        if (o >= 0) w += ld_cg_f32(ring_w + (o / slot_int4) * K + gtid);
                     }
-                    a.combined_topk_weights[t * K + lane] = w;
+                    a.combined_topk_weights[t * K + gtid] = w;
                 }
-                __syncwarp();
+                named_barrier(2 + g, gthreads);
                 if (p.use_discard) {
-#pragma unroll
+                    const int lines = (hidden_int4 * 16 + 127) / 128;
                     for (int j = 0; j < NUM_RANKS; ++j) {
-                        if (head_of[j] >= 0) {
-                            const u64 ring = (u64)channel * NUM_RANKS + j;
-                            warp_discard(ring_x + (ring * R + head_of[j] % R) * slot_int4,
-                                         (hidden_int4 * 16 + 127) / 128 * 128, lane);
-                        }
+                        const int o = off[j];
+                        if (o >= 0)
+                            for (int l = gtid; l < lines; l += gthreads) discard_l2_line(ring_x + o + l * 8);
                     }
+                    named_barrier(2 + g, gthreads);
                 }
-                if (lane < NUM_RANKS) warp_head[warp][lane] = expected < 0 ? -expected - 1 : expected + 1;
+                // This token's slots are consumed.
+                if (sub == 0 && lane < NUM_RANKS) {
+                    const int e = group_exp[g][lane];
+                    pending[g][lane] = e >= 0 ? e + 1 : -e - 1;
+                }
             }
-            __syncwarp();
-            if (lane == 0) warp_retired[warp] = 1;
+            if (sub == 0 && lane < NUM_RANKS) pending[g][lane] = 0x7fffffff;
         }
     }
 }

@@ -195,7 +195,7 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                 }
             }
             const int count = shared_expected[j - item_begin];
-            st_release_sys(args[e / L].recv_count + (e % L) * N + rank, -count - 1);
+            st_release_flag(args[e / L].recv_count + (e % L) * N + rank, -count - 1);
         }
     }
 
@@ -219,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                 for (int s = 0; s <= src && ok; ++s) {
                     const u64 t0 = globaltimer_ns();
                     int c;
-                    while ((c = ld_acquire_sys(a.recv_count + le * N + s)) == 0) {
+                    while ((c = ld_acquire_flag(a.recv_count + le * N + s)) == 0) {
                         if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                             record_timeout(err, WAIT_LL_RECV_COUNT, rank, -1, s, rank * L + le, 1, 0);
                             ok = false;
@@ -291,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                 UNROLLED_WARP_COPY(7, lane, kHiddenBf16Int4, d, s, ld_nc_v4, st_na_v4);
             }
             named_barrier(2 + group, wpg * 32);
-            if (sub_warp == 0 && lane == 0) red_add_release_sys(args[dst].combine_recv_flag + rank * L + le, 1);
+            if (sub_warp == 0 && lane == 0) red_add_release_flag(args[dst].combine_recv_flag + rank * L + le, 1);
         }
     }
 
@@ -307,7 +307,7 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
             if (!((verified >> lr) & 1)) {
                 for (int e = tid; e < E; e += LL_THREADS) {
                     const u64 t0 = globaltimer_ns();
-                    while (ld_acquire_sys(a.combine_recv_flag + e) == 0) {
+                    while (ld_acquire_flag(a.combine_recv_flag + e) == 0) {
                         if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                             record_timeout(err, WAIT_LL_COMBINE_FLAG, rank, -1, e / L, e, 1, 0);
                             break;
