@@ -92,7 +92,7 @@ fi
 if [[ "${SWEEP:-0}" == 1 ]]; then
     # Ring sizes and reducer groups of the normal kernels at 4096 tokens (variants of the
     # scenario in /tmp; only the summary lines are kept).
-    sweep_set=("6 12 4 8 5" "6 24 4 16 5" "6 256 4 256 5")
+    sweep_set=("6 12 4 8 5" "6 24 4 8 5" "6 12 2 4 5" "6 256 4 256 5")
     for v in "${sweep_set[@]}"; do
         read -r ds dr cs cr gw <<< "$v"
         f=/tmp/sweep-$ds-$dr-$cs-$cr-$gw.toml
@@ -112,7 +112,7 @@ if [[ "${PROFILE:-0}" == 1 ]]; then
     sed -e 's/^warmup = .*/warmup = 0/' -e 's/^iterations = .*/iterations = 1/' \
         scenarios/h200-ep8-normal-4096.toml > /tmp/profile-normal-4096.toml
     : > "$OUT/ncu.txt"
-    for variant in "" "EPTWIN_L2_HINTS=0" "EPTWIN_L2_DISCARD=0"; do
+    for variant in ${PROFILE_VARIANTS:-""}; do
         step "ncu on intranode_dispatch and intranode_combine, 4096 tokens ${variant:-(default)}"
         echo "==== variant: ${variant:-default}" >> "$OUT/ncu.txt"
         env $variant EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 timeout 300 "$ncu_bin" --clock-control none \

@@ -472,7 +472,13 @@ impl NormalJob {
         })
     }
 
-    fn params(&self, devs: &Devices, dev_index: usize, cfg: &Config) -> NormalParams {
+    fn params(
+        &self,
+        devs: &Devices,
+        dev_index: usize,
+        cfg: &Config,
+        dispatch: bool,
+    ) -> NormalParams {
         let dev = &devs.list[dev_index];
         let l = &self.layout;
         NormalParams {
@@ -503,7 +509,10 @@ impl NormalJob {
             rank_base: dev.rank_base() as i32,
             num_local_ranks: dev.ranks.len() as i32,
             blocks_per_rank: cfg.num_sms as i32,
-            use_discard: self.use_discard as i32,
+            // Dropping consumed slots from L2 saves write-backs in combine, where ring data
+            // waits longer; in dispatch the measured cost of the extra L2 operations exceeded the
+            // saving (results/h200/README.md), so it is off there unless asked for.
+            use_discard: (self.use_discard && (!dispatch || discard_in_dispatch())) as i32,
             epoch: self.epoch,
             reserved: 0,
         }
@@ -619,7 +628,7 @@ impl NormalJob {
     ) -> Result<(), HwError> {
         let cfg = if dispatch { &self.dispatch_config } else { &self.combine_config };
         for (i, dev) in devs.list.iter().enumerate() {
-            let p = self.params(devs, i, cfg);
+            let p = self.params(devs, i, cfg, dispatch);
             let (args, err) = (self.args[i].ptr, dev.err.ptr);
             let mut a = kernel_args![args, p, err];
             let f = dev.module("intranode")?.function(notify);
@@ -628,7 +637,7 @@ impl NormalJob {
         }
         timer.mark(devs, "notify")?;
         for (i, dev) in devs.list.iter().enumerate() {
-            let p = self.params(devs, i, cfg);
+            let p = self.params(devs, i, cfg, dispatch);
             let (args, err) = (self.args[i].ptr, dev.err.ptr);
             let mut a = kernel_args![args, p, err];
             let f = dev.module("intranode")?.function(main);
@@ -980,6 +989,11 @@ impl NormalJob {
     pub fn received_rows(&self) -> u64 {
         self.expect.iter().map(|e| e.rows.len() as u64).sum()
     }
+}
+
+/// `EPTWIN_L2_DISCARD_DISPATCH=1` drops consumed dispatch ring lines from L2 too.
+pub fn discard_in_dispatch() -> bool {
+    std::env::var("EPTWIN_L2_DISCARD_DISPATCH").as_deref() == Ok("1")
 }
 
 fn rows_region(ptr: u64, rows: u64, row_bytes: u64) -> DigestRegion {

@@ -415,7 +415,13 @@ fn prepare(
     let (hits, compiles) = compiler.stats.get();
     m.insert("hw.kernel_cache".into(), json!(format!("{hits} cached, {compiles} compiled")));
     m.insert("hw.placement".into(), placement.to_json());
-    m.insert("hw.l2_discard_consumed_lines".into(), json!(options.l2_discard));
+    m.insert(
+        "hw.l2_discard_consumed_lines".into(),
+        json!({
+            "dispatch": options.l2_discard && intranode::discard_in_dispatch(),
+            "combine": options.l2_discard,
+        }),
+    );
     m.insert("hw.kernel_timeout_ms".into(), json!(options.kernel_timeout_ms));
 
     let mut memcpy_gbps = None;

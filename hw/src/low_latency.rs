@@ -336,7 +336,7 @@ impl LlJob {
         })
     }
 
-    fn params(&self, devs: &Devices, i: usize, phases: i32) -> LlParams {
+    fn params(&self, devs: &Devices, i: usize, phases: i32, dispatch: bool) -> LlParams {
         let dev = &devs.list[i];
         LlParams {
             timeout_ns: devs.timeout_ns(),
@@ -350,7 +350,9 @@ impl LlJob {
             rank_base: dev.rank_base() as i32,
             num_local_ranks: dev.ranks.len() as i32,
             phases,
-            use_discard: self.use_discard as i32,
+            use_discard: (self.use_discard
+                && (!dispatch || crate::intranode::discard_in_dispatch()))
+                as i32,
             warps_per_group: WARPS_PER_GROUP,
             dispatch_fp8: self.fp8 as i32,
             reserved: 0,
@@ -367,7 +369,7 @@ impl LlJob {
         };
         for &(phases, mark) in phase_sets {
             for (i, dev) in devs.list.iter().enumerate() {
-                let p = self.params(devs, i, phases);
+                let p = self.params(devs, i, phases, kernel == "ll_dispatch");
                 let (args, err) = (self.args[i].ptr, dev.err.ptr);
                 let mut a = kernel_args![args, p, err];
                 let f = dev.module("low_latency")?.function(kernel);

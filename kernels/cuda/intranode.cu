@@ -8,6 +8,13 @@
 // Combine mirrors it: the expert side pushes each received row back to its source rank, which
 // sums the partials of every rank the token visited.
 //
+// Where the work split differs from DeepEP's (same protocol, same bytes on the wire): the
+// dispatch sender reads each token once and stores it into every destination's ring (DeepEP
+// gives each destination its own warps, which re-read the token per destination), and the
+// combine receiver reduces one token per group of warps with exact ring heads (DeepEP: one
+// warp per token, heads from a min over warps). Both keep the data in flight small enough to
+// stay in L2 when the rings share one GPU's memory; results/h200/README.md has the numbers.
+//
 // One launch covers every rank placed on this GPU: blocks [l * blocks_per_rank,
 // (l + 1) * blocks_per_rank) belong to local rank l (= job rank rank_base + l). All blocks
 // must be resident at once (senders and receivers spin on each other); the host sizes the
@@ -183,88 +190,133 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
     const NormalRankArgs& a = args[rank];
 
     if (is_sender) {
-        const int dst = responsible_rank;
-        u8* buf = args[dst].buffer;
-        const int ring = channel * NUM_RANKS + rank;  // ring (channel, source = this rank) on dst
-        int* start_ptr = meta(buf, p.off_d_start) + ring;
-        int* end_ptr = meta(buf, p.off_d_end) + ring;
-        const int* head_ptr = meta(buf, p.off_d_head) + ring;
-        int* tail_ptr = meta(buf, p.off_d_tail) + ring;
-        int4* slot_x = (int4*)(buf + p.off_x + (u64)ring * R * p.slot_bytes);
-        int* slot_src = meta(buf, p.off_src_idx) + (u64)ring * R;
-        int* slot_topk = meta(buf, p.off_topk_idx) + (u64)ring * R * K;
-        float* slot_w = (float*)(buf + p.off_topk_weights) + (u64)ring * R * K;
-        float* slot_s = (float*)(buf + p.off_scales) + (u64)ring * R * S;
-
+        // The whole block sends this channel's tokens, window by window: a window is the next
+        // nvl_send tokens, so no ring gets more than nvl_send tokens per published tail (DeepEP's
+        // chunking). Each token is read once and stored into the ring of every rank it goes to
+        // (DeepEP's warps-per-destination read a token once per destination, which on one GPU
+        // is several extra passes over the input through L2 and HBM). Warps split a token's
+        // hidden dimension so that one batch of loads covers their part.
+        constexpr int kNumWarps = NUM_THREADS / 32;
+        const int warp = thread_id / 32;
+        const int W = min(p.nvl_send, 32);
+        const int P = max(1, kNumWarps / W);
+        const int ring = channel * NUM_RANKS + rank;  // ring (channel, source = this rank) on each dst
+        __shared__ u8* sh_buf[NUM_RANKS];
+        __shared__ unsigned sh_mask[NUM_RANKS];
+        __shared__ int sh_tail[NUM_RANKS];
+        if (thread_id < NUM_RANKS) sh_buf[thread_id] = args[thread_id].buffer;
         // Offsets are sent as `-value - 1` so that 0 means "not yet written".
-        if (warp_in_rank == 0 && lane == 0) {
-            const int* cpm = a.channel_prefix_matrix + dst * C;
-            st_relaxed_flag(start_ptr, -(channel > 0 ? cpm[channel - 1] : 0) - 1);
-            st_relaxed_flag(end_ptr, -cpm[channel] - 1);
+        if (warp == 0 && lane < NUM_RANKS) {
+            const int* cpm = a.channel_prefix_matrix + lane * C;
+            u8* buf = args[lane].buffer;
+            st_relaxed_flag(meta(buf, p.off_d_start) + ring, -(channel > 0 ? cpm[channel - 1] : 0) - 1);
+            st_relaxed_flag(meta(buf, p.off_d_end) + ring, -cpm[channel] - 1);
         }
-        __syncwarp();
+        __syncthreads();
 
         int ts, te;
         channel_task_range(a.num_tokens, C, channel, ts, te);
-        const int recv_begin = dst * L, recv_end = recv_begin + L;
+        const int L_ = L;
         const u64 pol_keep = l2_policy_evict_last();
-        auto st_keep = [pol_keep](int4* ptr, int4 v) { st_na_v4_hint(ptr, v, pol_keep); };
-        int cached_tail = 0, cached_head = 0;
-        for (int w0 = ts; w0 < te; w0 += 32) {
-            // Which of the next 32 tokens go to dst: one byte per lane and a ballot, instead of
-            // one dependent load per token on the critical path.
-            const int tl = w0 + lane;
-            const bool sel = tl < te && a.is_token_in_rank[tl * NUM_RANKS + dst] != 0;
-            unsigned mask = __ballot_sync(0xffffffffu, sel);
-            // send_head: the ring index each token gets, or -1 (combine reads it back).
-            if (warp_in_rank == 0 && tl < te)
-                a.send_head[tl * NUM_RANKS + dst] =
-                    sel ? cached_tail + __popc(mask & ((1u << lane) - 1u)) : -1;
-            while (mask != 0) {
-                // Wait until the ring has room for a whole chunk; the head is re-read only when
-                // the last value seen does not leave room (rare once the receiver runs).
-                if (lane == 0 && R - (cached_tail - cached_head) < p.nvl_send) {
-                    const u64 t0 = globaltimer_ns();
-                    while (true) {
-                        cached_head = ld_relaxed_flag(head_ptr);
-                        if (R - (cached_tail - cached_head) >= p.nvl_send) break;
-                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
-                            record_timeout(err, WAIT_DISPATCH_RING_SPACE, rank, channel, dst, -1,
-                                           p.nvl_send, R - (cached_tail - cached_head));
-                            break;
+        int my_tail = 0, my_head = 0;  // warp 0, lane d: ring d's tail and last head seen
+        for (int w0 = ts; w0 < te; w0 += W) {
+            const int nw = min(W, te - w0);
+            if (warp == 0) {
+                // Which ranks each token of the window goes to: lane l holds token w0 + l.
+                u32 bits = 0;
+                if (lane < nw) {
+#pragma unroll
+                    for (int d = 0; d < NUM_RANKS; ++d)
+                        bits |= (a.is_token_in_rank[(w0 + lane) * NUM_RANKS + d] != 0 ? 1u : 0u) << d;
+                }
+                unsigned my_mask = 0;
+#pragma unroll
+                for (int d = 0; d < NUM_RANKS; ++d) {
+                    const unsigned m = __ballot_sync(0xffffffffu, (bits >> d) & 1u);
+                    const int tail_d = __shfl_sync(0xffffffffu, my_tail, d);
+                    if (lane == d) my_mask = m;
+                    // send_head: the ring index each token gets, or -1 (combine reads it back).
+                    if (lane < nw)
+                        a.send_head[(w0 + lane) * NUM_RANKS + d] =
+                            ((bits >> d) & 1u) ? tail_d + __popc(m & ((1u << lane) - 1u)) : -1;
+                }
+                if (lane < NUM_RANKS) {
+                    const int need = __popc(my_mask);
+                    // Room for this window's tokens; the head is re-read only when needed.
+                    if (R - (my_tail - my_head) < need) {
+                        const int* head_ptr = meta(args[lane].buffer, p.off_d_head) + ring;
+                        const u64 t0 = globaltimer_ns();
+                        while (true) {
+                            my_head = ld_relaxed_flag(head_ptr);
+                            if (R - (my_tail - my_head) >= need) break;
+                            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                                record_timeout(err, WAIT_DISPATCH_RING_SPACE, rank, channel, lane, -1,
+                                               need, R - (my_tail - my_head));
+                                break;
+                            }
+                        }
+                    }
+                    sh_mask[lane] = my_mask;
+                    sh_tail[lane] = my_tail;
+                    my_tail += need;
+                }
+            }
+            __syncthreads();
+            for (int item = warp; item < nw * P; item += kNumWarps) {
+                const int i = item / P, q = item % P;
+                const int t = w0 + i;
+                const int4* src_x = a.x + (u64)t * hidden_int4;
+                // Slot of token i in destination d's ring, or -1 (from shared memory where used:
+                // the registers hold the loads in flight).
+                auto slot_of = [&](int d) {
+                    const unsigned m = sh_mask[d];
+                    return ((m >> i) & 1u) ? (sh_tail[d] + __popc(m & ((1u << i) - 1u))) % R : -1;
+                };
+                for (int j0 = q * 32 + lane; j0 < hidden_int4; j0 += 4 * 32 * P) {
+                    int4 v[4];
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const int j = j0 + k * 32 * P;
+                        if (j < hidden_int4) v[k] = ld_nc_v4(src_x + j);
+                    }
+                    for (int d = 0; d < NUM_RANKS; ++d) {
+                        const int sd = slot_of(d);
+                        if (sd < 0) continue;
+                        int4* dst_x = (int4*)(sh_buf[d] + p.off_x + ((u64)ring * R + sd) * p.slot_bytes);
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) {
+                            const int j = j0 + k * 32 * P;
+                            if (j < hidden_int4) st_na_v4_hint(dst_x + j, v[k], pol_keep);
                         }
                     }
                 }
-                __syncwarp();
-                // Up to nvl_send selected tokens, dealt to the warps of this group in turn.
-                for (int chunk = 0; chunk < p.nvl_send && mask != 0; ++chunk) {
-                    const int t = w0 + __ffs(mask) - 1;
-                    mask &= mask - 1u;
-                    const int slot = (cached_tail++) % R;
-                    if (cached_tail % kWarpsPerRank != warp_in_rank) continue;
-                    // Metadata loads first, so that they overlap the payload's.
+                if (q == 0) {
                     const int e = lane < K ? a.topk_idx[t * K + lane] : -1;
                     const float w_v = lane < K ? a.topk_weights[t * K + lane] : 0.0f;
                     const float s0 = lane < S ? a.x_scales[t * S + lane] : 0.0f;
                     const float s1 = lane + 32 < S ? a.x_scales[t * S + lane + 32] : 0.0f;
-                    int4* dst_x = slot_x + (u64)slot * slot_int4;
-                    const int4* src_x = a.x + (u64)t * hidden_int4;
-                    UNROLLED_WARP_COPY(7, lane, hidden_int4, dst_x, src_x, ld_nc_v4, st_keep);
-                    if (lane == 0) slot_src[slot] = t;
-                    if (lane < K) {
-                        const int le = (e >= recv_begin && e < recv_end) ? e - recv_begin : -1;
-                        slot_topk[slot * K + lane] = le;
-                        slot_w[slot * K + lane] = le >= 0 ? w_v : 0.0f;
+                    for (int d = 0; d < NUM_RANKS; ++d) {
+                        const int sd = slot_of(d);
+                        if (sd < 0) continue;
+                        u8* buf = sh_buf[d];
+                        const u64 sl = (u64)ring * R + sd;
+                        if (lane == 0) (meta(buf, p.off_src_idx))[sl] = t;
+                        if (lane < K) {
+                            const int le = (e >= d * L_ && e < (d + 1) * L_) ? e - d * L_ : -1;
+                            meta(buf, p.off_topk_idx)[sl * K + lane] = le;
+                            ((float*)(buf + p.off_topk_weights))[sl * K + lane] = le >= 0 ? w_v : 0.0f;
+                        }
+                        float* ss = (float*)(buf + p.off_scales) + sl * S;
+                        if (lane < S) ss[lane] = s0;
+                        if (lane + 32 < S) ss[lane + 32] = s1;
+                        for (int jj = lane + 64; jj < S; jj += 32) ss[jj] = a.x_scales[t * S + jj];
                     }
-                    if (lane < S) slot_s[slot * S + lane] = s0;
-                    if (lane + 32 < S) slot_s[slot * S + lane + 32] = s1;
-                    for (int i = lane + 64; i < S; i += 32) slot_s[slot * S + i] = a.x_scales[t * S + i];
                 }
-                // Every warp of this rank group computed the same tail; publish it once all
-                // of them wrote their tokens.
-                named_barrier(1 + responsible_rank, kThreadsPerRank);
-                if (warp_in_rank == 0 && lane == 0) st_release_flag(tail_ptr, cached_tail);
             }
+            // Publish the new tails once every warp stored its part of the window.
+            __syncthreads();
+            if (warp == 0 && lane < NUM_RANKS && sh_mask[lane] != 0)
+                st_release_flag(meta(args[lane].buffer, p.off_d_tail) + ring, my_tail);
         }
     } else {
         const int src = responsible_rank;
