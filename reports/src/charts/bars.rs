@@ -82,7 +82,20 @@ impl Chart for GroupedBars {
         let text_px = |t: &str, style: &TextStyle| {
             body.estimate_text_size(t, style).map(|s| s.0).unwrap_or(0) as f64
         };
-        let mut x_max = 0.0f64;
+        // Values that span more than 20x (128 and 4096 tokens in one chart) go on a log axis,
+        // so the short bars stay readable; the labels carry the exact numbers either way.
+        let min_positive = self
+            .rows
+            .iter()
+            .flat_map(|r| {
+                r.values.iter().flatten().copied().chain(r.whiskers.iter().flatten().map(|w| w.0))
+            })
+            .filter(|v| *v > 0.0)
+            .fold(f64::MAX, f64::min);
+        let log = max_value > 0.0 && min_positive < f64::MAX && max_value / min_positive > 20.0;
+        let lo = if log { (min_positive.log10() - 0.15).floor() } else { 0.0 };
+        let tx = |v: f64| if log { v.max(10f64.powf(lo)).log10() } else { v };
+        let mut x_max = lo;
         for row in &self.rows {
             let end = row
                 .values
@@ -99,9 +112,11 @@ impl Chart for GroupedBars {
                 .fold(0.0, f64::max);
             let note_px = row.note.as_deref().map_or(0.0, |n| text_px(n, &label_style()));
             let reserved = (value_px + 8.0 + note_px + 24.0).min(plot_px * 0.7);
-            x_max = x_max.max(end / (1.0 - reserved / plot_px));
+            x_max = x_max.max(lo + (tx(end) - lo) / (1.0 - reserved / plot_px));
         }
-        let x_max = if x_max > 0.0 && max_value > 0.0 { x_max * 1.02 } else { 1.0 };
+        let x_max = if x_max > lo && max_value > 0.0 { lo + (x_max - lo) * 1.02 } else { lo + 1.0 };
+        let ticks = if log { log_ticks(lo, x_max) } else { linear_ticks(x_max) };
+        let x_desc = if log { format!("{} (log scale)", self.x_desc) } else { self.x_desc.clone() };
         let centers: Vec<f64> = (0..n).map(|i| n as f64 - i as f64 - 0.5).collect();
         let labels: Vec<(f64, String)> =
             self.rows.iter().enumerate().map(|(i, r)| (centers[i], r.label.clone())).collect();
@@ -111,7 +126,10 @@ impl Chart for GroupedBars {
             .margin_bottom(10)
             .x_label_area_size(50)
             .y_label_area_size(label_width)
-            .build_cartesian_2d(0f64..x_max, KeyedAxis::new(0.0, n as f64, centers.clone()))?;
+            .build_cartesian_2d(
+                KeyedAxis::new(lo, x_max, ticks),
+                KeyedAxis::new(0.0, n as f64, centers.clone()),
+            )?;
         chart
             .configure_mesh()
             .disable_y_mesh()
@@ -119,10 +137,12 @@ impl Chart for GroupedBars {
             .light_line_style(GRID)
             .bold_line_style(GRID)
             .axis_style(INK)
-            .x_desc(&self.x_desc)
+            .x_desc(&x_desc)
             .axis_desc_style(axis_desc_style())
             .label_style(label_style())
-            .x_label_formatter(&|v| fmt_tick(*v))
+            .x_label_formatter(&|v| {
+                if log { fmt_tick(round_tick(10f64.powf(*v))) } else { fmt_tick(*v) }
+            })
             .y_label_formatter(&|y| {
                 labels
                     .iter()
@@ -133,7 +153,7 @@ impl Chart for GroupedBars {
             .draw()?;
         let k = self.series.len().max(1) as f64;
         let band = 0.8 / k;
-        let per_px = x_max / plot_px;
+        let per_px = (x_max - lo) / plot_px;
         for (i, row) in self.rows.iter().enumerate() {
             let row_value_px = row
                 .values
@@ -142,22 +162,26 @@ impl Chart for GroupedBars {
                 .map(|v| text_px(&fmt_num(*v), &small_style()))
                 .fold(0.0, f64::max);
             let top = centers[i] + 0.4;
-            let mut row_end = 0.0f64;
+            let mut row_end = lo;
             for (s, series) in self.series.iter().enumerate() {
                 let y1 = top - band * s as f64 - band * 0.08;
                 let y0 = top - band * (s as f64 + 1.0) + band * 0.08;
                 let yc = (y0 + y1) / 2.0;
                 let Some(v) = row.values.get(s).copied().flatten() else { continue };
-                chart.draw_series([Rectangle::new([(0.0, y0), (v, y1)], series.color.filled())])?;
-                let mut end = v;
-                if let Some((lo, hi)) = row.whiskers.get(s).copied().flatten() {
+                chart.draw_series([Rectangle::new(
+                    [(lo, y0), (tx(v), y1)],
+                    series.color.filled(),
+                )])?;
+                let mut end = tx(v);
+                if let Some((w0, w1)) = row.whiskers.get(s).copied().flatten() {
+                    let (w0, w1) = (tx(w0), tx(w1));
                     let cap = band * 0.25;
                     chart.draw_series([
-                        PathElement::new(vec![(lo, yc), (hi, yc)], INK.stroke_width(1)),
-                        PathElement::new(vec![(lo, yc - cap), (lo, yc + cap)], INK.stroke_width(1)),
-                        PathElement::new(vec![(hi, yc - cap), (hi, yc + cap)], INK.stroke_width(1)),
+                        PathElement::new(vec![(w0, yc), (w1, yc)], INK.stroke_width(1)),
+                        PathElement::new(vec![(w0, yc - cap), (w0, yc + cap)], INK.stroke_width(1)),
+                        PathElement::new(vec![(w1, yc - cap), (w1, yc + cap)], INK.stroke_width(1)),
                     ])?;
-                    end = end.max(hi);
+                    end = end.max(w1);
                 }
                 chart.draw_series([Text::new(
                     fmt_num(v),
@@ -177,5 +201,52 @@ impl Chart for GroupedBars {
             }
         }
         Ok(())
+    }
+}
+
+/// Round numbers up to `hi` (about eight of them) for a linear axis from zero.
+fn linear_ticks(hi: f64) -> Vec<f64> {
+    if hi <= 0.0 {
+        return vec![0.0];
+    }
+    let raw = hi / 8.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let step =
+        [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * magnitude).find(|s| *s >= raw).unwrap_or(raw);
+    (0..).map(|i| i as f64 * step).take_while(|t| *t <= hi + step * 1e-9).collect()
+}
+
+/// 1-2-5 steps of every decade between `lo` and `hi` (both log10).
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    for decade in (lo.floor() as i32)..=(hi.ceil() as i32) {
+        for m in [1.0f64, 2.0, 5.0] {
+            let t = (m * 10f64.powi(decade)).log10();
+            if t >= lo - 1e-9 && t <= hi + 1e-9 {
+                ticks.push(t);
+            }
+        }
+    }
+    ticks
+}
+
+/// 10^log10(200) is 199.99999999999997: put tick values back on the number they name.
+fn round_tick(v: f64) -> f64 {
+    let magnitude = 10f64.powf(v.log10().floor() - 2.0);
+    (v / magnitude).round() * magnitude
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks() {
+        assert_eq!(linear_ticks(4200.0), [0.0, 1000.0, 2000.0, 3000.0, 4000.0]);
+        assert_eq!(linear_ticks(390.0), [0.0, 50.0, 100.0, 150.0, 200.0, 250.0, 300.0, 350.0]);
+        assert_eq!(linear_ticks(1.0).len(), 6);
+        let t: Vec<f64> = log_ticks(1.0, 3.6).iter().map(|t| round_tick(10f64.powf(*t))).collect();
+        assert_eq!(t, [10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0]);
+        assert_eq!(fmt_tick(round_tick(10f64.powf(2f64.log10() + 2.0))), "200");
     }
 }
