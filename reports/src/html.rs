@@ -115,9 +115,27 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
          <tr><th>mean</th><th>p99</th><th>mean</th><th>p99</th><th>sim</th><th>meas</th>\
          <th>value</th><th>error %</th><th class=l>source</th></tr>"
     );
+    // Pairs first (the point of running both backends), then one-sided results.
+    let group = |c: &Comparison| {
+        let sim = c.rows.iter().any(|r| r.simulated.is_some());
+        let meas = c.rows.iter().any(|r| r.measured.is_some());
+        match (sim, meas) {
+            (true, true) => 0,
+            (true, false) => 1,
+            (false, true) => 2,
+            (false, false) => 3,
+        }
+    };
     let mut ordered: Vec<&Comparison> = comparisons.iter().collect();
-    ordered.sort_by_key(|c| crate::report::natural_key(&c.scenario));
+    ordered.sort_by_key(|c| (group(c), crate::report::natural_key(&c.scenario)));
+    let mut current = None;
     for c in ordered {
+        if current != Some(group(c)) {
+            current = Some(group(c));
+            let title = ["simulated and measured", "simulator only", "measured only", "no numbers"]
+                [group(c)];
+            let _ = writeln!(h, "<tr><th class=l colspan=15>{title}</th></tr>");
+        }
         let verdicts = [&c.simulated, &c.measured]
             .iter()
             .filter_map(|s| s.as_ref())
