@@ -83,8 +83,8 @@ done
 if [[ "$mode" == full ]]; then
     # Variants of the same scenario, to see what the L2 discard and the L2 eviction hints buy.
     mkdir -p "$OUT/diag/keep" "$OUT/diag/nohint"
-    step "diagnostic: normal 4096 with consumed ring lines kept in L2 (EPTWIN_L2_DISCARD=0)"
-    EPTWIN_L2_DISCARD=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/keep"
+    step "diagnostic: normal 4096 with consumed dispatch ring lines kept in L2 (EPTWIN_L2_DISCARD_DISPATCH=0)"
+    EPTWIN_L2_DISCARD_DISPATCH=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/keep"
     step "diagnostic: normal 4096 without L2 eviction hints (EPTWIN_L2_HINTS=0)"
     EPTWIN_L2_HINTS=0 run_step 240 .devbin/eptwin run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/nohint"
 fi

@@ -509,9 +509,8 @@ impl NormalJob {
             rank_base: dev.rank_base() as i32,
             num_local_ranks: dev.ranks.len() as i32,
             blocks_per_rank: cfg.num_sms as i32,
-            // Dropping consumed slots from L2 saves write-backs in combine, where ring data
-            // waits longer; in dispatch the measured cost of the extra L2 operations exceeded the
-            // saving (results/h200/README.md), so it is off there unless asked for.
+            // Dropping consumed slots from L2 saves their write-back to HBM
+            // (`EPTWIN_L2_DISCARD_DISPATCH=0` keeps them in dispatch; results/h200/README.md).
             use_discard: (self.use_discard && (!dispatch || discard_in_dispatch())) as i32,
             epoch: self.epoch,
             reserved: 0,
@@ -991,9 +990,9 @@ impl NormalJob {
     }
 }
 
-/// `EPTWIN_L2_DISCARD_DISPATCH=1` drops consumed dispatch ring lines from L2 too.
+/// Whether dispatch drops consumed ring lines from L2 (`EPTWIN_L2_DISCARD_DISPATCH=0`: no).
 pub fn discard_in_dispatch() -> bool {
-    std::env::var("EPTWIN_L2_DISCARD_DISPATCH").as_deref() == Ok("1")
+    std::env::var("EPTWIN_L2_DISCARD_DISPATCH").as_deref() != Ok("0")
 }
 
 fn rows_region(ptr: u64, rows: u64, row_bytes: u64) -> DigestRegion {

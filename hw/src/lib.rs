@@ -24,6 +24,7 @@ pub mod nccl;
 pub mod nvml;
 pub mod placement;
 pub mod probes;
+pub mod rdma;
 
 use std::collections::BTreeMap;
 
