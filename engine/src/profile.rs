@@ -60,10 +60,15 @@ pub struct GpuParams {
     pub memcpy_bw_gbps: f64,
     /// Copy rate one SM sustains with warp-wide 16-byte loads/stores, GB/s.
     pub sm_copy_bw_gbps: f64,
+    /// Copy rate a single warp sustains on its own (bounded by its outstanding memory
+    /// requests), GB/s; warps sharing an SM also share `sm_copy_bw_gbps`.
+    pub warp_copy_bw_gbps: f64,
     /// Host launch to first instruction, ns.
     pub kernel_launch_ns: u64,
     /// Fixed cost of a grid-wide or cross-GPU barrier/flag round inside a kernel, ns.
     pub flag_latency_ns: u64,
+    /// A cooperative-groups grid sync inside a kernel, ns.
+    pub grid_sync_ns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -136,6 +141,8 @@ pub struct FabricParams {
     pub switch_radix: u32,
     /// Port-to-port latency of one switch hop (cut-through), ns.
     pub switch_latency_ns: u64,
+    /// Whether switches forward a packet as soon as its head is in or only once it is whole.
+    pub switch_mode: SwitchMode,
     /// Cable propagation per link, ns.
     pub link_latency_ns: u64,
     /// Receive buffer per VL per port, bytes (credits = this / 64).
@@ -151,6 +158,13 @@ pub struct FabricParams {
     pub strict_tcs: Option<Vec<u8>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pfc: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SwitchMode {
+    CutThrough,
+    StoreAndForward,
 }
 
 /// Software costs of DeepEP's kernels on this hardware: calibrated physical parameters, the

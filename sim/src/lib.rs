@@ -1,14 +1,46 @@
-//! eptwin simulator: a deterministic discrete-event model behind the engine's `Transport`.
+//! eptwin simulator: a deterministic, packet-level discrete-event model of NVLink/NVSwitch,
+//! PCIe, NICs with queue pairs, InfiniBand (VLs, credits, arbitration) or RoCE fabrics, and
+//! DeepEP's dispatch/combine algorithms on top, behind the engine's `Transport` trait.
 //!
-//! Placeholder: the event core, fabric models and DeepEP algorithms land in later commits.
+//! Architecture Invariant: no wall clock, no OS randomness, no hash-map iteration; time is
+//! integer picoseconds and events pop in (time, sequence) order, so the same plan gives
+//! byte-identical samples on every machine.
+
+pub mod arb;
+pub mod core;
+pub mod deepep;
+pub mod fabric;
+pub mod gpu;
+pub mod jobs;
+pub mod nic;
+pub mod params;
+pub mod queue;
+pub mod slab;
+pub mod time;
+pub mod trace;
+pub mod traffic;
+pub mod world;
 
 use std::collections::BTreeMap;
 
 use eptwin_engine::Plan;
 use eptwin_engine::deepep::config::EpMode;
+use eptwin_engine::ids::JobId;
+use eptwin_engine::plan::JobKind;
+use eptwin_engine::scenario::schema::OpKind;
 use eptwin_engine::transport::{
-    BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
+    BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
 };
+
+use crate::core::Core;
+use crate::fabric::Net;
+use crate::gpu::Gpus;
+use crate::jobs::JobRt;
+use crate::params::Params;
+use crate::world::{Program, RunError, World};
+
+/// The model's version: bump when a change alters simulated results.
+pub const MODEL_VERSION: &str = "1";
 
 /// Options of a simulation run.
 #[derive(Debug, Clone, Default)]
@@ -17,32 +49,167 @@ pub struct SimOptions {
     pub trace: bool,
 }
 
+/// Which event queue a simulation uses (results are identical; benchmarks compare speed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueChoice {
+    #[default]
+    Radix,
+    BinaryHeap,
+}
+
 /// The simulator as a [`Transport`].
 pub struct Simulator {
-    #[allow(dead_code)]
     options: SimOptions,
+    plan: Option<Plan>,
+    /// A single op on an idle machine is a pure function of (plan, job, op): iterations are
+    /// identical, so the first run of each is reused (SimOptions::no_cache turns this off).
+    cache: BTreeMap<(u32, OpKind), OpSample>,
+    use_cache: bool,
+    trace: Option<trace::Trace>,
+    /// Where the next traced op starts in the trace.
+    trace_end: time::Time,
+    queue: QueueChoice,
+    /// Events handled over all runs (benchmarks report events/s), and per kind.
+    pub events: u64,
+    pub events_by_kind: [u64; 8],
 }
 
 impl Simulator {
     pub fn new(options: SimOptions) -> Self {
-        Simulator { options }
+        Simulator {
+            options,
+            plan: None,
+            cache: BTreeMap::new(),
+            use_cache: true,
+            trace: None,
+            trace_end: 0,
+            queue: QueueChoice::Radix,
+            events: 0,
+            events_by_kind: [0; 8],
+        }
+    }
+
+    /// Run on the binary-heap baseline queue (for benchmarks).
+    pub fn with_queue(mut self, queue: QueueChoice) -> Self {
+        self.queue = queue;
+        self
+    }
+
+    /// Simulate every iteration instead of reusing the (identical) first run of an op.
+    pub fn without_cache(mut self) -> Self {
+        self.use_cache = false;
+        self
     }
 
     /// The trace of the last run (Chrome trace-event JSON), when `SimOptions::trace` was set.
     pub fn trace_json(&self) -> Option<String> {
-        None
+        self.trace.as_ref().map(|t| t.to_json())
     }
+
+    /// A machine for `plan`, traced when asked and nothing has been traced for this op yet:
+    /// each traced op is laid out after the previous one in the trace.
+    fn world(&self, plan: &Plan, trace: bool) -> World {
+        let mut world = build_world(plan, trace);
+        if self.queue == QueueChoice::BinaryHeap {
+            world.core.use_binary_heap();
+        }
+        if let Some(tr) = world.core.trace.as_mut() {
+            tr.offset = self.trace_end;
+        }
+        world
+    }
+
+    /// Keep a traced world's events.
+    fn keep_trace(&mut self, world: &mut World) {
+        let Some(tr) = world.core.trace.take() else { return };
+        self.trace_end = tr.offset + world.core.now + 10 * time::PS_PER_US;
+        match self.trace.as_mut() {
+            None => self.trace = Some(tr),
+            Some(all) => all.append(tr),
+        }
+    }
+
+    fn count(&mut self, world: &World) {
+        self.events += world.core.events;
+        for (a, b) in self.events_by_kind.iter_mut().zip(world.core.events_by_kind) {
+            *a += b;
+        }
+    }
+
+    fn plan(&self) -> Result<&Plan, TransportError> {
+        self.plan.as_ref().ok_or_else(|| TransportError::Backend {
+            context: "simulator".into(),
+            message: "execute before prepare".into(),
+        })
+    }
+}
+
+/// A fresh machine (idle fabric, empty queues) for `plan`.
+pub fn build_world(plan: &Plan, trace: bool) -> World {
+    let params = Params::new(plan);
+    let net = Net::new(plan, &params);
+    let gpus = Gpus::new(
+        plan.topology.num_gpus(),
+        params.nvl_rate,
+        params.pcie_rate,
+        params.hbm_copy_rate,
+    );
+    let mut core = Core::new(params, net, gpus, trace);
+    core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
+    World::new(core)
+}
+
+/// Whether a job's kernels run back to back per rank (each rank launching its next kernel when
+/// its previous one ended) instead of each op starting on all ranks when the job's previous op
+/// ended (DESIGN.md). Off: with per-rank chaining the simulated low-latency loop drifts into a
+/// staggered regime (ranks' dispatch overlapping others' combine) that DeepEP's stable
+/// published numbers do not show; see ARCHITECTURE.md.
+pub fn chained(_plan: &Plan, _job: JobId) -> bool {
+    false
+}
+
+/// The program for one op of one job.
+pub fn make_program(
+    plan: &Plan,
+    core: &mut Core,
+    job: JobId,
+    op: OpKind,
+    iteration: u32,
+    warmup: bool,
+) -> Box<dyn Program> {
+    match &plan.job(job).kind {
+        JobKind::Traffic(_) => Box::new(traffic::TrafficProgram::new(plan, job, iteration, warmup)),
+        JobKind::DeepEp(_) => deepep::program(plan, core, job, op, iteration, warmup),
+    }
+}
+
+fn to_transport_error(e: RunError) -> TransportError {
+    match e {
+        RunError::Deadlock(s) | RunError::Timeout(s) => TransportError::Timeout(s),
+        RunError::Invariant(s) => TransportError::Invariant(s),
+    }
+}
+
+/// Finish a run: starvation reports fail every op of the run.
+fn collect(world: &mut World) -> Vec<OpSample> {
+    let mut samples = std::mem::take(&mut world.samples);
+    if !world.core.starvations.is_empty() {
+        for s in &mut samples {
+            s.failures.extend(world.core.starvations.iter().cloned());
+        }
+    }
+    samples
 }
 
 impl Transport for Simulator {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: BackendKind::Sim,
-            identity: BTreeMap::from([(
-                "version".into(),
-                serde_json::json!(eptwin_engine::VERSION),
-            )]),
-            unavailable: Some("the simulator is not implemented yet".into()),
+            identity: BTreeMap::from([
+                ("version".into(), serde_json::json!(eptwin_engine::VERSION)),
+                ("model".into(), serde_json::json!(MODEL_VERSION)),
+            ]),
+            unavailable: None,
             modes: vec![EpMode::Intranode, EpMode::Internode, EpMode::LowLatency],
             traffic: true,
             concurrent_jobs: true,
@@ -51,11 +218,76 @@ impl Transport for Simulator {
         }
     }
 
-    fn prepare(&mut self, _plan: &Plan) -> Result<(), TransportError> {
-        Err(TransportError::Unsupported("the simulator is not implemented yet".into()))
+    fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
+        self.plan = Some(plan.clone());
+        self.cache.clear();
+        self.trace = None;
+        self.trace_end = 0;
+        Ok(())
     }
 
-    fn execute(&mut self, _op: &OpSpec) -> Result<OpOutcome, TransportError> {
-        Err(TransportError::Unsupported("the simulator is not implemented yet".into()))
+    fn execute(&mut self, op: &OpSpec) -> Result<OpOutcome, TransportError> {
+        let plan = self.plan()?.clone();
+        match op {
+            OpSpec::Op { job, op, iteration, warmup } => {
+                if self.use_cache
+                    && let Some(s) = self.cache.get(&(job.0, *op))
+                {
+                    let mut s = s.clone();
+                    s.iteration = *iteration;
+                    s.warmup = *warmup;
+                    return Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() });
+                }
+                // Trace the first run of each op (later iterations reuse it).
+                let mut world = self.world(&plan, self.options.trace);
+                let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
+                    make_program(&plan, core, j, o, it, w)
+                };
+                let ops = &plan.job(*job).ops;
+                let r = if chained(&plan, *job) && ops.contains(op) {
+                    // Steady state of the per-rank back-to-back loop: one round with all ranks
+                    // starting together, then one measured round chained per rank.
+                    world.run_streams(&mut factory, &[(*job, ops.clone(), 1, 1, true)])
+                } else {
+                    world.run_one(&mut factory, *job, *op, *iteration, *warmup)
+                };
+                self.count(&world);
+                self.keep_trace(&mut world);
+                r.map_err(to_transport_error)?;
+                let samples = collect(&mut world);
+                let measured: Vec<OpSample> = if chained(&plan, *job) && ops.contains(op) {
+                    samples.into_iter().filter(|s| !s.warmup).collect()
+                } else {
+                    samples
+                };
+                for s in &measured {
+                    self.cache.insert((job.0, s.op), s.clone());
+                }
+                let mut s = measured.iter().find(|s| s.op == *op).cloned().ok_or_else(|| {
+                    TransportError::Backend {
+                        context: format!("job {}", job.0),
+                        message: format!("the simulation produced no {op} sample"),
+                    }
+                })?;
+                s.iteration = *iteration;
+                s.warmup = *warmup;
+                Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() })
+            }
+            OpSpec::Concurrent { streams } => {
+                let mut world = self.world(&plan, self.options.trace);
+                let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
+                    make_program(&plan, core, j, o, it, w)
+                };
+                let streams: Vec<_> = streams
+                    .iter()
+                    .map(|s| (s.job, s.ops.clone(), s.warmup, s.iterations, chained(&plan, s.job)))
+                    .collect();
+                let r = world.run_streams(&mut factory, &streams);
+                self.count(&world);
+                self.keep_trace(&mut world);
+                r.map_err(to_transport_error)?;
+                Ok(OpOutcome { samples: collect(&mut world), measurements: BTreeMap::new() })
+            }
+        }
     }
 }

@@ -1,0 +1,129 @@
+//! Benchmarks (criterion). Performance claims are ratios against a baseline measured in the
+//! same run: the radix-heap queue against `std::collections::BinaryHeap`, for the bare core
+//! (hold model) and for full packet-level fabric runs; plus the speed targets of issue 4
+//! (EP256 low-latency and EP64 normal dispatch+combine). Throughput is reported in events/s.
+//!
+//! `cargo bench -p eptwin-sim` (all), or e.g. `cargo bench -p eptwin-sim -- speed`.
+
+use std::hint::black_box;
+use std::path::Path;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use eptwin_engine::Plan;
+use eptwin_engine::ids::JobId;
+use eptwin_engine::rng::Rng;
+use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::transport::{OpSpec, Transport};
+use eptwin_sim::core::{Action, Ev};
+use eptwin_sim::queue::{EventQueue, HeapQueue, RadixQueue};
+use eptwin_sim::{QueueChoice, SimOptions, Simulator};
+
+fn plan(rel: &str, edit: impl Fn(String) -> String) -> Plan {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    let text = edit(std::fs::read_to_string(&path).expect("scenario"));
+    let loaded = eptwin_engine::parse(rel, &text).expect("parse");
+    Plan::build(&loaded).expect("plan")
+}
+
+/// Simulate the given ops of job 0 once on a fresh simulator; returns events handled.
+fn simulate(plan: &Plan, ops: &[OpKind], queue: QueueChoice) -> u64 {
+    let mut sim = Simulator::new(SimOptions::default()).with_queue(queue);
+    sim.prepare(plan).expect("prepare");
+    for &op in ops {
+        let out = sim
+            .execute(&OpSpec::Op { job: JobId(0), op, iteration: 0, warmup: false })
+            .expect("execute");
+        black_box(out);
+    }
+    sim.events
+}
+
+/// Hold model: N pending events; pop one, push one a random 1–2000 ns later.
+fn hold<Q: EventQueue<Ev>>(q: &mut Q, rng: &mut Rng, steps: u64) {
+    for _ in 0..steps {
+        let (t, ev) = q.pop().expect("pending");
+        q.push(t + 1_000 + rng.below(2_000_000) as u64, black_box(ev));
+    }
+}
+
+fn core_queue(c: &mut Criterion) {
+    let mut g = c.benchmark_group("core-hold");
+    const STEPS: u64 = 200_000;
+    g.throughput(Throughput::Elements(STEPS));
+    g.sample_size(20);
+    for pending in [1_000u32, 100_000, 1_000_000] {
+        let ev = Ev::Act(Action::Wake { prog: 0, actor: 0 });
+        let mut rng = Rng::new(1, 0);
+        let mut radix = RadixQueue::new();
+        let mut heap = HeapQueue::default();
+        for _ in 0..pending {
+            let t = rng.below(2_000_000) as u64;
+            radix.push(t, ev);
+            heap.push(t, ev);
+        }
+        g.bench_with_input(BenchmarkId::new("radix", pending), &pending, |b, _| {
+            b.iter(|| hold(&mut radix, &mut rng, STEPS))
+        });
+        g.bench_with_input(BenchmarkId::new("binary-heap", pending), &pending, |b, _| {
+            b.iter(|| hold(&mut heap, &mut rng, STEPS))
+        });
+    }
+    g.finish();
+}
+
+fn fabric_runs(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fabric");
+    g.sample_size(10);
+    let cases: Vec<(&str, Plan, Vec<OpKind>)> = vec![
+        ("ep16-ll-dispatch", plan("scenarios/ep16-ll.toml", |s| s), vec![OpKind::Dispatch]),
+        (
+            "ep16-alltoall-16MiB",
+            plan("scenarios/vl-isolation-separate.toml", |s| {
+                // The bulk job alone: a saturating RDMA all-to-all through the fat tree.
+                let i = s.find("[[job]]\nname = \"bulk\"").expect("bulk job");
+                let head = s[..s.find("[[job]]").expect("a job")].to_string();
+                (head + &s[i..]).replace("\"256MiB\"", "\"16MiB\"")
+            }),
+            vec![OpKind::Transfer],
+        ),
+        (
+            "ep32-normal-512tok",
+            plan("scenarios/ep32-normal-internode.toml", |s| {
+                s.replace("tokens_per_rank = 4096", "tokens_per_rank = 512")
+            }),
+            vec![OpKind::Dispatch, OpKind::Combine],
+        ),
+    ];
+    for (name, p, ops) in &cases {
+        let events = simulate(p, ops, QueueChoice::Radix);
+        assert_eq!(events, simulate(p, ops, QueueChoice::BinaryHeap), "same events either way");
+        g.throughput(Throughput::Elements(events));
+        g.bench_function(BenchmarkId::new("radix", name), |b| {
+            b.iter(|| simulate(p, ops, QueueChoice::Radix))
+        });
+        g.bench_function(BenchmarkId::new("binary-heap", name), |b| {
+            b.iter(|| simulate(p, ops, QueueChoice::BinaryHeap))
+        });
+    }
+    g.finish();
+}
+
+fn speed(c: &mut Criterion) {
+    let mut g = c.benchmark_group("speed");
+    g.sample_size(10);
+    let both = [OpKind::Dispatch, OpKind::Combine];
+    let ep256 = plan("scenarios/ep256-ll-decode.toml", |s| s);
+    g.throughput(Throughput::Elements(simulate(&ep256, &both, QueueChoice::Radix)));
+    g.bench_function("ep256-ll-dispatch+combine", |b| {
+        b.iter(|| simulate(&ep256, &both, QueueChoice::Radix))
+    });
+    let ep64 = plan("scenarios/ep64-normal-internode.toml", |s| s);
+    g.throughput(Throughput::Elements(simulate(&ep64, &both, QueueChoice::Radix)));
+    g.bench_function("ep64-normal-4096tok-dispatch+combine", |b| {
+        b.iter(|| simulate(&ep64, &both, QueueChoice::Radix))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, core_queue, fabric_runs, speed);
+criterion_main!(benches);

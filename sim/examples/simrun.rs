@@ -1,0 +1,67 @@
+//! Run scenarios on the simulator and print the table (a development shortcut that needs only
+//! the engine and the simulator; `eptwin run` is the real command).
+//!
+//! `cargo run --release -p eptwin-sim --example simrun -- scenarios/ep16-ll.toml [--set KEY=V]...`
+
+use std::path::Path;
+
+use eptwin_engine::result::Provenance;
+use eptwin_sim::{SimOptions, Simulator};
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let verbose = args.iter().any(|a| a == "-v");
+    args.retain(|a| a != "-v");
+    let mut code = 0;
+    for path in &args {
+        let loaded = match eptwin_engine::load(Path::new(path)) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("{e}");
+                code = 2;
+                continue;
+            }
+        };
+        let plan = match eptwin_engine::Plan::build(&loaded) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("{e}");
+                code = 2;
+                continue;
+            }
+        };
+        let mut sim = Simulator::new(SimOptions::default());
+        if std::env::var("TXP").is_ok() {
+            let mut w = eptwin_sim::build_world(&plan, false);
+            let mut f = |core: &mut eptwin_sim::core::Core, j, o, it, wu| {
+                eptwin_sim::make_program(&plan, core, j, o, it, wu)
+            };
+            w.run_one(
+                &mut f,
+                eptwin_engine::ids::JobId(0),
+                eptwin_engine::scenario::schema::OpKind::Dispatch,
+                0,
+                false,
+            )
+            .unwrap();
+            let tx: u64 = w.core.net.ports.iter().map(|p| p.tx_packets).sum();
+            println!("tx packets {tx} events {:?}", w.core.events_by_kind);
+        }
+        let result = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run");
+        print!("{}", eptwin_engine::table::render(&result));
+        for f in &result.failures {
+            println!("  failure: {f}");
+        }
+        if verbose {
+            for job in &result.jobs {
+                for op in &job.ops {
+                    let v: Vec<String> =
+                        op.samples.iter().map(|s| format!("{:.1}", s.latency_us)).collect();
+                    println!("  {} {}: {}", job.name, op.op, v.join(" "));
+                }
+            }
+        }
+        println!("  events: {} by kind {:?}", sim.events, sim.events_by_kind);
+    }
+    std::process::exit(code);
+}

@@ -1,0 +1,294 @@
+//! The simulation core: simulated clock, event queue, counters and the actions that complete
+//! work. Every model (fabric, NICs, GPUs) is an `impl Core` block in its own module over the
+//! flat state here; programs (DeepEP algorithms, traffic) drive it through a small API.
+//!
+//! Events are a 16-byte enum (with the 16-byte key a queue entry is 32 bytes, the size
+//! fabric.md §10 measured as fast); all state lives in `Vec`s indexed by `u32` ids.
+
+use std::fmt::Write as _;
+
+use crate::fabric::Net;
+use crate::gpu::Gpus;
+use crate::params::Params;
+use crate::queue::{EventQueue, HeapQueue, Queue, RadixQueue};
+use crate::time::{Time, fmt_us};
+use crate::trace::Trace;
+
+/// Program (op instance) index.
+pub type ProgId = u16;
+
+/// What happens when a piece of work completes: bump a counter (and wake its waiters) or wake
+/// one actor of a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Action {
+    #[default]
+    None,
+    Add {
+        counter: u32,
+        delta: u32,
+    },
+    Wake {
+        prog: ProgId,
+        actor: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Ev {
+    /// An output port finished serializing its packet.
+    PortDone(u32),
+    /// A port blocked on credits re-checks them (the earliest pending credit return is due).
+    PortWake(u32),
+    /// A packet reached a switch (head, plus the switching latency).
+    SwitchArrive {
+        sw: u32,
+        pkt: u32,
+    },
+    /// A packet that completes something at a NIC (last packet of a message, ACK) is in.
+    NicDeliver(u32),
+    /// A doorbell reached the NIC: the QP's WQEs up to `upto` may be fetched.
+    Doorbell {
+        qp: u32,
+        upto: u32,
+    },
+    /// The QP's next WQE finished NIC processing: it may send.
+    QpReady(u32),
+    /// An NVLink/PCIe transfer's data starts leaving its source: reserve the far side.
+    Stage2(u32),
+    Act(Action),
+}
+
+/// A counter other work waits on (a ring-buffer tail, a credit head, a flag).
+#[derive(Debug, Clone, Default)]
+pub struct Counter {
+    pub value: u64,
+    /// (program, actor, threshold): woken when `value >= threshold`.
+    pub waiters: Vec<(ProgId, u32, u64)>,
+}
+
+/// Per-op (program) byte accounting.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpBytes {
+    pub nvlink: u64,
+    pub rdma_payload: u64,
+    pub wire: u64,
+    pub rdma_delivered: u64,
+    pub copies_issued: u64,
+    pub copies_done: u64,
+}
+
+pub struct Core {
+    pub now: Time,
+    pub queue: Queue<Ev>,
+    pub params: Params,
+    pub net: Net,
+    pub gpus: Gpus,
+    pub counters: Vec<Counter>,
+    pub op_bytes: Vec<OpBytes>,
+    /// Model bugs found by the invariant checks (coordinates + time). Any entry fails the run.
+    pub violations: Vec<String>,
+    /// Correctness failures of the simulated software per program (e.g. a QP overrun).
+    pub failures: Vec<(ProgId, String)>,
+    /// Wakes produced while handling an event, run by the world loop right after it.
+    pub pending_wakes: Vec<(ProgId, u32)>,
+    pub events: u64,
+    /// Events handled per kind (PortDone, PortWake, SwitchArrive, NicDeliver, Doorbell,
+    /// QpReady, Stage2, Act), for benchmarks and profiling.
+    pub events_by_kind: [u64; 8],
+    pub trace: Option<Trace>,
+    pub jobs: Vec<crate::jobs::JobRt>,
+    /// Lanes found starved by the arbitration monitor (fail every op of the run).
+    pub starvations: Vec<String>,
+}
+
+const MAX_VIOLATIONS: usize = 64;
+
+impl Core {
+    pub fn new(params: Params, net: Net, gpus: Gpus, trace: bool) -> Core {
+        Core {
+            now: 0,
+            queue: Queue::Radix(RadixQueue::new()),
+            params,
+            net,
+            gpus,
+            counters: Vec::new(),
+            op_bytes: Vec::new(),
+            violations: Vec::new(),
+            failures: Vec::new(),
+            pending_wakes: Vec::new(),
+            events: 0,
+            events_by_kind: [0; 8],
+            trace: trace.then(Trace::default),
+            jobs: Vec::new(),
+            starvations: Vec::new(),
+        }
+    }
+
+    /// Use the binary-heap baseline queue (benchmarks compare the two in the same run).
+    pub fn use_binary_heap(&mut self) {
+        assert!(self.queue.is_empty(), "switch queues before the run");
+        self.queue = Queue::Heap(HeapQueue::default());
+    }
+
+    #[inline]
+    pub fn push(&mut self, t: Time, ev: Ev) {
+        if t < self.now {
+            self.violation(format!(
+                "monotone time: event {ev:?} scheduled at {} before now {}",
+                fmt_us(t),
+                fmt_us(self.now)
+            ));
+        }
+        self.queue.push(t.max(self.now), ev);
+    }
+
+    /// Record a broken invariant (a model bug) with its coordinates.
+    pub fn violation(&mut self, what: String) {
+        if self.violations.len() < MAX_VIOLATIONS {
+            let mut s = String::new();
+            let _ = write!(s, "t={}: {what}", fmt_us(self.now));
+            self.violations.push(s);
+        }
+    }
+
+    /// Record a correctness failure of the simulated software (reported in the op's sample).
+    pub fn fail(&mut self, prog: ProgId, what: String) {
+        let n = self.failures.iter().filter(|(p, _)| *p == prog).count();
+        if n < 16 {
+            self.failures.push((prog, format!("t={}: {what}", fmt_us(self.now))));
+        }
+    }
+
+    /// Record a starved lane (fabric.md §1.1: under `high_limit = 255` low lanes can starve).
+    pub fn starvation(&mut self, what: String) {
+        let msg = format!("t={}: {what}", fmt_us(self.now));
+        self.starvations.push(msg);
+    }
+
+    pub fn ensure_op(&mut self, prog: ProgId) {
+        if self.op_bytes.len() <= prog as usize {
+            self.op_bytes.resize(prog as usize + 1, OpBytes::default());
+        }
+    }
+
+    // ---- counters -------------------------------------------------------------------------
+
+    /// Allocate `n` counters (zero); returns the first id.
+    pub fn counters(&mut self, n: usize) -> u32 {
+        let first = self.counters.len() as u32;
+        self.counters.resize_with(self.counters.len() + n, Counter::default);
+        first
+    }
+
+    pub fn value(&self, c: u32) -> u64 {
+        self.counters[c as usize].value
+    }
+
+    /// Add to a counter now and wake the waiters it satisfies.
+    pub fn add(&mut self, c: u32, delta: u32) {
+        let ctr = &mut self.counters[c as usize];
+        ctr.value += delta as u64;
+        if !ctr.waiters.is_empty() {
+            let v = ctr.value;
+            let mut i = 0;
+            while i < ctr.waiters.len() {
+                let (p, a, th) = ctr.waiters[i];
+                if v >= th {
+                    ctr.waiters.swap_remove(i);
+                    self.pending_wakes.push((p, a));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// Wait until counter `c` reaches `threshold`: `true` if it already has (no wake will come),
+    /// otherwise the actor is woken when it does.
+    pub fn wait(&mut self, c: u32, threshold: u64, prog: ProgId, actor: u32) -> bool {
+        let ctr = &mut self.counters[c as usize];
+        if ctr.value >= threshold {
+            return true;
+        }
+        ctr.waiters.push((prog, actor, threshold));
+        false
+    }
+
+    /// Run an action now.
+    #[inline]
+    pub fn act(&mut self, a: Action) {
+        match a {
+            Action::None => {}
+            Action::Add { counter, delta } => self.add(counter, delta),
+            Action::Wake { prog, actor } => self.pending_wakes.push((prog, actor)),
+        }
+    }
+
+    /// Run an action at `t` (now if `t <= now`, without an event).
+    #[inline]
+    pub fn act_at(&mut self, t: Time, a: Action) {
+        if a == Action::None {
+            return;
+        }
+        if t <= self.now {
+            self.act(a);
+        } else {
+            self.push(t, Ev::Act(a));
+        }
+    }
+
+    pub fn wake_at(&mut self, t: Time, prog: ProgId, actor: u32) {
+        self.act_at(t, Action::Wake { prog, actor });
+    }
+
+    /// Handle one event (the world loop pops it); wakes land in `pending_wakes`.
+    pub fn handle(&mut self, ev: Ev) {
+        self.events += 1;
+        let kind = match ev {
+            Ev::PortDone(p) => {
+                self.port_done(p);
+                0
+            }
+            Ev::PortWake(p) => {
+                self.port_wake(p);
+                1
+            }
+            Ev::SwitchArrive { sw, pkt } => {
+                self.switch_arrive(sw, pkt);
+                2
+            }
+            Ev::NicDeliver(pkt) => {
+                self.nic_deliver(pkt);
+                3
+            }
+            Ev::Doorbell { qp, upto } => {
+                self.doorbell_arrive(qp, upto);
+                4
+            }
+            Ev::QpReady(qp) => {
+                self.qp_ready(qp);
+                5
+            }
+            Ev::Stage2(x) => {
+                self.stage2(x);
+                6
+            }
+            Ev::Act(a) => {
+                self.act(a);
+                7
+            }
+        };
+        self.events_by_kind[kind] += 1;
+    }
+
+    /// Waiters still registered (for the deadlock report).
+    pub fn stuck_waiters(&self) -> Vec<(ProgId, u32, u32, u64, u64)> {
+        let mut out = Vec::new();
+        for (i, c) in self.counters.iter().enumerate() {
+            for &(p, a, th) in &c.waiters {
+                out.push((p, a, i as u32, c.value, th));
+            }
+        }
+        out
+    }
+}

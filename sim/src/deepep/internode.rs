@@ -1,0 +1,1256 @@
+//! Normal internode kernels with asymmetric forwarding (`internode.cu`, deepep.md §9, §10).
+//!
+//! Dispatch, per rank (node m, local index i) and channel c: the RDMA sender copies each token
+//! once per destination node into that node's send slots (credits: `rdma_recv` slots per
+//! (channel, source node) on the receiver, returned lazily) and its coordinator puts chunks of
+//! ≤ `rdma_send` tokens on QP c to the GPU with the same local index there, each followed by a
+//! tail atomic on the same QP; the own node is written directly. On the receiving GPU one
+//! forwarder warp per local destination round-robins over source nodes, TMA-copies the tokens
+//! that destination needs into its NVLink ring (`nvl_recv` slots, ≤ `nvl_send` per turn), and a
+//! coordinator returns RDMA credits on QP c + C once every forwarder freed ≥ `rdma_send`
+//! slots. NVLink receivers drain the rings into `recv_x`.
+//!
+//! Combine mirrors it: NVLink senders push each token's expert output back to the local GPU
+//! that forwarded it, forwarders (one warp group per source node) reduce the ≤ 8 partials and
+//! put the reduced token once per (token, node) with tail atomics, and the RDMA receivers
+//! reduce across nodes. The NVLink streams follow dispatch's layout: the order the forwarders
+//! send tokens when every chunk is present (round robin over nodes, `nvl_send` per turn).
+//!
+//! Timing follows `test_internode.py` (`bench_kineto`): the kernel's time, notify excluded
+//! (reported as a phase).
+
+use eptwin_engine::Plan;
+use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
+use eptwin_engine::deepep::config::Config;
+use eptwin_engine::routing::RoutingTable;
+use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::topology::NUM_MAX_NVL_PEERS;
+use eptwin_engine::transport::OpSample;
+
+use super::ring::Ring;
+use super::{GpuCosts, Meta, Ranks, deepep_job, ipc_path, mix};
+use crate::core::{Action, Core, ProgId};
+use crate::gpu::PathKind;
+use crate::time::{Rate, Time, ns};
+use crate::world::Program;
+
+const P: u32 = NUM_MAX_NVL_PEERS;
+/// Channel meta message: (NUM_MAX_NVL_PEERS · 2 + 2) ints.
+const META_BYTES: u32 = 72;
+/// The forwarder coordinator polls with `__nanosleep(NUM_WAIT_NANOSECONDS)` (500 ns).
+const COORD_POLL_NS: u64 = 500;
+/// Warps of the internode kernels' blocks (512 threads).
+const WARPS_PER_BLOCK: u32 = 16;
+
+/// Token id in rings: (source node, token).
+#[inline]
+fn tid(node: u32, t: u32) -> u32 {
+    (node << 20) | t
+}
+
+pub struct InternodeProgram {
+    meta: Meta,
+    me: ProgId,
+    job: usize,
+    dispatch: bool,
+    n: u32,
+    nodes: u32,
+    ch: u32,
+    tokens: u32,
+    tok_bytes: u64,
+    out_bytes: u64,
+    cfg: Config,
+    gpu: Vec<u32>,
+    /// Global rank of each job rank (trace tracks).
+    global: Vec<u32>,
+    paths: Vec<PathKind>,
+    costs: GpuCosts,
+    ranks: Ranks,
+    routing: RoutingTable,
+    /// Local-GPU mask per (rank, token, node): which GPUs of `node` need the token.
+    masks: Vec<u8>,
+    /// RDMA rings per (receiving rank, channel, source node).
+    rdma: Vec<Ring>,
+    /// NVLink rings per (receiving rank, channel, source local index).
+    nvl: Vec<Ring>,
+    /// Meta counters per (rank, channel).
+    meta_ctr: u32,
+    // Dispatch RDMA sender per (rank, channel).
+    snd_next: Vec<u32>,
+    /// Per (rank, channel, node): slots allocated, processed (copied), issued (put).
+    alloc: Vec<u32>,
+    processed: Vec<u32>,
+    issued: Vec<u32>,
+    total: Vec<u32>,
+    snd_batch: Vec<Vec<(u32, u32)>>,
+    coord_free: Vec<Time>,
+    snd_done: Vec<bool>,
+    // Forwarders per (rank, channel, local dst j).
+    fwd_head: Vec<u32>,
+    fwd_rr: Vec<u32>,
+    fwd_pending: Vec<Option<(u32, u32)>>,
+    fwd_armed: Vec<bool>,
+    fwd_done: Vec<bool>,
+    /// RDMA ring length per (rank, channel, source node): tokens that will arrive.
+    rdma_expected: Vec<u32>,
+    /// Coordinator per (rank, channel, source node): credits returned so far.
+    credit_last: Vec<u32>,
+    // NVLink receivers per (rank, channel, source local index).
+    nvl_expected: Vec<u32>,
+    nvl_batch: Vec<u32>,
+    nvl_done: Vec<bool>,
+    // Combine.
+    /// Canonical forward order per (forwarder rank, channel, local dst j): token ids.
+    order: Vec<Vec<u32>>,
+    /// Per (forwarder rank, channel, j): slot of each token id in that stream (sorted pairs).
+    slot_of: Vec<Vec<(u32, u32)>>,
+    /// Combine NVL sender position per (sending rank, channel, dst local i).
+    cs_pos: Vec<u32>,
+    /// Combine forwarder group per (rank, channel, node): position in its RDMA stream,
+    /// its stream, and the batch in flight.
+    cf_stream: Vec<Vec<u32>>,
+    cf_pos: Vec<u32>,
+    cf_batch: Vec<u32>,
+    /// Consumed flags per NVL ring slot (combine reads out of order across node groups).
+    consumed: Vec<Vec<bool>>,
+    nvl_head_pub: Vec<u32>,
+    /// Combine RDMA receiver per (rank, channel): next token, per node consumed count.
+    cr_next: Vec<u32>,
+    cr_pos: Vec<u32>,
+    cr_credit_last: Vec<u32>,
+    cr_touched: Vec<bool>,
+    workers_left: Vec<u32>,
+    got_hash: Vec<u64>,
+    got_count: Vec<u64>,
+    want_hash: Vec<u64>,
+    want_count: Vec<u64>,
+    // Rates.
+    sender_rate: Rate,
+    fwd_rate: Rate,
+    recv_rate: Rate,
+    group_rate: Rate,
+    combine_recv_rate: Rate,
+    notify: Time,
+    dispatch_nvl_send: u32,
+    fwd_waiting_head: Vec<bool>,
+}
+
+impl InternodeProgram {
+    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> InternodeProgram {
+        let d = deepep_job(plan, meta.job);
+        let w = &d.workload;
+        let n = plan.job(meta.job).num_ranks();
+        let nodes = (n / P).max(1);
+        let dispatch = meta.op == OpKind::Dispatch;
+        let cfg: Config = if dispatch { d.dispatch_config } else { d.combine_config }
+            .expect("normal mode has a resolved Config");
+        let ch = cfg.num_channels().max(1);
+        let (tok_bytes, out_bytes) = if dispatch {
+            let b = normal_dispatch_token_bytes(w.hidden, w.topk, w.dispatch_dtype);
+            (b, b)
+        } else {
+            (normal_combine_token_bytes(w.hidden, w.topk), 2 * w.hidden as u64)
+        };
+        let mut paths = Vec::with_capacity((n * n) as usize);
+        for a in 0..n {
+            for b in 0..n {
+                paths.push(ipc_path(plan, meta.job, a, b));
+            }
+        }
+        let costs = GpuCosts::new(plan, core).for_blocks(cfg.num_sms);
+        let warps = |k: u32| {
+            let per = costs.warp.slower(costs.sm.shared(WARPS_PER_BLOCK));
+            Rate::from_gbps(per.gbps() * k as f64)
+        };
+        let nodes_u = nodes as usize;
+        let mut p = InternodeProgram {
+            meta,
+            me: 0,
+            job: meta.job.index(),
+            dispatch,
+            n,
+            nodes,
+            ch,
+            tokens: w.tokens_per_rank,
+            tok_bytes,
+            out_bytes,
+            cfg,
+            gpu: core.jobs[meta.job.index()].gpu.clone(),
+            global: core.jobs[meta.job.index()].ranks.iter().map(|r| r.0).collect(),
+            paths,
+            sender_rate: warps(7),
+            fwd_rate: warps(1),
+            recv_rate: warps(1),
+            // Combine forwarders: R × max(24 / R, 1) warps on the forwarder SM.
+            group_rate: warps((24 / nodes).max(1)).slower(costs.sm.shared(nodes)),
+            combine_recv_rate: warps(8),
+            costs,
+            ranks: Ranks::new(n),
+            routing: d.routing.clone(),
+            masks: Vec::new(),
+            rdma: Vec::new(),
+            nvl: Vec::new(),
+            meta_ctr: 0,
+            snd_next: Vec::new(),
+            alloc: vec![0; (n * ch) as usize * nodes_u],
+            processed: vec![0; (n * ch) as usize * nodes_u],
+            issued: vec![0; (n * ch) as usize * nodes_u],
+            total: vec![0; (n * ch) as usize * nodes_u],
+            snd_batch: vec![Vec::new(); (n * ch) as usize],
+            coord_free: vec![0; (n * ch) as usize],
+            snd_done: vec![false; (n * ch) as usize],
+            fwd_head: vec![0; (n * ch * P) as usize * nodes_u],
+            fwd_rr: vec![0; (n * ch * P) as usize],
+            fwd_pending: vec![None; (n * ch * P) as usize],
+            fwd_armed: vec![false; (n * ch * P) as usize * nodes_u],
+            fwd_done: vec![false; (n * ch * P) as usize],
+            rdma_expected: vec![0; (n * ch) as usize * nodes_u],
+            credit_last: vec![0; (n * ch) as usize * nodes_u],
+            nvl_expected: vec![0; (n * ch * P) as usize],
+            nvl_batch: vec![0; (n * ch * P) as usize],
+            nvl_done: vec![false; (n * ch * P) as usize],
+            order: Vec::new(),
+            slot_of: Vec::new(),
+            cs_pos: Vec::new(),
+            cf_stream: Vec::new(),
+            cf_pos: Vec::new(),
+            cf_batch: Vec::new(),
+            consumed: Vec::new(),
+            nvl_head_pub: Vec::new(),
+            cr_next: Vec::new(),
+            cr_pos: Vec::new(),
+            cr_credit_last: Vec::new(),
+            cr_touched: Vec::new(),
+            workers_left: vec![0; n as usize],
+            got_hash: vec![0; n as usize],
+            got_count: vec![0; n as usize],
+            want_hash: vec![0; n as usize],
+            want_count: vec![0; n as usize],
+            notify: ns(plan.profile.deepep.notify_host_roundtrip_ns),
+            dispatch_nvl_send: d.dispatch_config.map_or(1, |c| c.num_max_nvl_chunked_send_tokens),
+            fwd_waiting_head: vec![false; (n * ch * P) as usize],
+        };
+        p.build(core);
+        p
+    }
+
+    fn range(&self, c: u32) -> (u32, u32) {
+        let per = self.tokens.div_ceil(self.ch);
+        let start = (c * per).min(self.tokens);
+        (start, (start + per).min(self.tokens))
+    }
+
+    #[inline]
+    fn rc(&self, r: u32, c: u32) -> usize {
+        (r * self.ch + c) as usize
+    }
+    #[inline]
+    fn rcn(&self, r: u32, c: u32, m: u32) -> usize {
+        self.rc(r, c) * self.nodes as usize + m as usize
+    }
+    #[inline]
+    fn rcj(&self, r: u32, c: u32, j: u32) -> usize {
+        self.rc(r, c) * P as usize + j as usize
+    }
+    #[inline]
+    fn mask(&self, r: u32, t: u32, m: u32) -> u8 {
+        self.masks[((r * self.tokens + t) * self.nodes + m) as usize]
+    }
+    #[inline]
+    fn rank(&self, node: u32, local: u32) -> u32 {
+        node * P + local
+    }
+    /// QP index for head credits: `channel + C`, wrapping onto the data QP when there are
+    /// fewer QPs (deepep.md §12).
+    fn credit_qp(&self, c: u32) -> u32 {
+        c + self.ch
+    }
+
+    fn build(&mut self, core: &mut Core) {
+        let (n, ch, nodes) = (self.n, self.ch, self.nodes);
+        let mut ranks = Vec::new();
+        self.masks = vec![0; (n * self.tokens * nodes) as usize];
+        for r in 0..n {
+            for t in 0..self.tokens {
+                self.routing.token_ranks(r, t, &mut ranks);
+                for &d in &ranks {
+                    let i = ((r * self.tokens + t) * nodes + d / P) as usize;
+                    self.masks[i] |= 1 << (d % P);
+                    // What each rank ends up holding: dispatch receives (r, t) at d; combine
+                    // returns (d's partial of t) to r.
+                    if self.dispatch {
+                        self.want_hash[d as usize] =
+                            self.want_hash[d as usize].wrapping_add(mix(r, t, 0));
+                        self.want_count[d as usize] += 1;
+                    }
+                }
+                if !self.dispatch {
+                    self.want_hash[r as usize] =
+                        self.want_hash[r as usize].wrapping_add(mix(r, t, 1));
+                    self.want_count[r as usize] += 1;
+                }
+            }
+        }
+        // Ring lengths: tokens of (m, i) channel c for node m'.
+        for r in 0..n {
+            let (m, i) = (r / P, r % P);
+            for c in 0..ch {
+                let (lo, hi) = self.range(c);
+                for t in lo..hi {
+                    for m2 in 0..nodes {
+                        let mk = self.mask(r, t, m2);
+                        if mk == 0 {
+                            continue;
+                        }
+                        let recv = self.rank(m2, i);
+                        let x = self.rcn(r, c, m2);
+                        self.total[x] += 1;
+                        let y = self.rcn(recv, c, m);
+                        self.rdma_expected[y] += 1;
+                        for j in 0..P {
+                            if mk & (1 << j) != 0 {
+                                let z = self.rcj(self.rank(m2, j), c, i);
+                                self.nvl_expected[z] += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let rdma_cap = self.cfg.rdma_recv_rounded();
+        let nvl_cap = self.cfg.num_max_nvl_chunked_recv_tokens;
+        self.rdma = (0..n * ch * nodes).map(|_| Ring::new(core, rdma_cap)).collect();
+        self.nvl = (0..n * ch * P).map(|_| Ring::new(core, nvl_cap)).collect();
+        self.meta_ctr = core.counters((n * ch) as usize);
+        self.snd_next = (0..n * ch).map(|i| self.range(i % ch).0).collect();
+        if !self.dispatch {
+            self.build_combine();
+        }
+    }
+
+    /// The dispatch RDMA stream rank (m, i) sends to node m2 on channel c: token indices.
+    fn rdma_stream(&self, src: u32, c: u32, m2: u32) -> Vec<u32> {
+        let (lo, hi) = self.range(c);
+        (lo..hi).filter(|&t| self.mask(src, t, m2) != 0).collect()
+    }
+
+    /// Dispatch layout for combine: the order each forwarder sends each destination its
+    /// tokens when all chunks are present (round robin over source nodes from
+    /// `sm_id % R + 1`, at most `nvl_send` tokens per turn).
+    fn build_combine(&mut self) {
+        let (n, ch, nodes) = (self.n, self.ch, self.nodes);
+        let nvl_send = self.dispatch_nvl_send.max(1);
+        self.order = vec![Vec::new(); (n * ch * P) as usize];
+        for r2 in 0..n {
+            let (m2, i) = (r2 / P, r2 % P);
+            for c in 0..ch {
+                let streams: Vec<Vec<u32>> =
+                    (0..nodes).map(|m| self.rdma_stream(self.rank(m, i), c, m2)).collect();
+                for j in 0..P {
+                    let mut pos = vec![0usize; nodes as usize];
+                    let mut out = Vec::new();
+                    let mut src = (2 * c) % nodes;
+                    loop {
+                        if (0..nodes as usize).all(|m| pos[m] >= streams[m].len()) {
+                            break;
+                        }
+                        src = (src + 1) % nodes;
+                        let s = &streams[src as usize];
+                        let mut k = 0;
+                        while pos[src as usize] < s.len() {
+                            let t = s[pos[src as usize]];
+                            pos[src as usize] += 1;
+                            if self.mask(self.rank(src, i), t, m2) & (1 << j) != 0 {
+                                out.push(tid(src, t));
+                                k += 1;
+                                if k == nvl_send {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    let x = self.rcj(r2, c, j);
+                    self.order[x] = out;
+                }
+            }
+        }
+        self.slot_of = self
+            .order
+            .iter()
+            .map(|o| {
+                let mut v: Vec<(u32, u32)> =
+                    o.iter().enumerate().map(|(s, &t)| (t, s as u32)).collect();
+                v.sort_unstable();
+                v
+            })
+            .collect();
+        // Combine NVL rings: (receiving forwarder rank (m2, i), channel, source local j) carry
+        // order[(m2, i), c, j]; the sender is rank (m2, j).
+        self.cs_pos = vec![0; (n * ch * P) as usize];
+        self.consumed = (0..n * ch * P)
+            .map(|x| {
+                let (r2, rest) = (x / (ch * P), x % (ch * P));
+                vec![false; self.order[self.rcj(r2, rest / P, rest % P)].len()]
+            })
+            .collect();
+        self.nvl_head_pub = vec![0; (n * ch * P) as usize];
+        // Forwarder groups per (rank (m2, i), channel, node m): the dispatch stream from (m, i).
+        self.cf_stream = vec![Vec::new(); (n * ch * nodes) as usize];
+        for r2 in 0..n {
+            let (m2, i) = (r2 / P, r2 % P);
+            for c in 0..ch {
+                for m in 0..nodes {
+                    let s = self.rdma_stream(self.rank(m, i), c, m2);
+                    let x = self.rcn(r2, c, m);
+                    self.cf_stream[x] = s;
+                }
+            }
+        }
+        self.cf_pos = vec![0; (n * ch * nodes) as usize];
+        self.cf_batch = vec![0; (n * ch * nodes) as usize];
+        self.cr_next = (0..n * ch).map(|i| self.range(i % ch).0).collect();
+        self.cr_pos = vec![0; (n * ch * nodes) as usize];
+        self.cr_credit_last = vec![0; (n * ch * nodes) as usize];
+        self.cr_touched = vec![false; (n * ch) as usize];
+    }
+}
+
+// Actor ids.
+impl InternodeProgram {
+    fn nrc(&self) -> u32 {
+        self.n * self.ch
+    }
+    // Dispatch.
+    fn a_send(&self, r: u32, c: u32) -> u32 {
+        self.rc(r, c) as u32
+    }
+    fn a_fwd_done(&self, x: usize) -> u32 {
+        self.nrc() * (1 + P) + x as u32
+    }
+    fn a_fwd_head(&self, x: usize) -> u32 {
+        self.nrc() * (1 + 2 * P) + x as u32
+    }
+    fn a_fwd_node(&self, x: usize, m: u32) -> u32 {
+        self.nrc() * (1 + 3 * P) + (x as u32) * self.nodes + m
+    }
+    fn a_nvl_recv(&self, x: usize) -> u32 {
+        self.nrc() * (1 + 3 * P + P * self.nodes) + x as u32
+    }
+    // Combine.
+    fn a_csend(&self, x: usize) -> u32 {
+        x as u32
+    }
+    fn a_group(&self, x: usize) -> u32 {
+        self.nrc() * P + x as u32
+    }
+    fn a_crecv(&self, x: usize) -> u32 {
+        self.nrc() * (P + self.nodes) + x as u32
+    }
+    /// Above every other actor id of either op.
+    fn a_rank_start(&self, r: u32) -> u32 {
+        self.nrc() * (1 + 4 * P + P * self.nodes) + r
+    }
+
+    fn worker_done(&mut self, core: &mut Core, r: u32) {
+        self.workers_left[r as usize] -= 1;
+        self.ranks.touch(r, core.now);
+        if self.workers_left[r as usize] == 0 {
+            self.ranks.finish(r, core.now);
+        }
+    }
+
+    /// Post an RDMA write of `bytes` followed by an atomic `tail += k` on the same QP.
+    #[allow(clippy::too_many_arguments)]
+    fn put_with_tail(
+        &mut self,
+        core: &mut Core,
+        at: Time,
+        src: u32,
+        dst: u32,
+        qp_idx: u32,
+        bytes: u64,
+        tail: Action,
+    ) -> Time {
+        let qp = core.job_qp(self.job, src, dst, qp_idx, self.me);
+        core.post(qp, bytes as u32, false, Action::None, Action::None, self.me);
+        core.post(qp, 0, true, tail, Action::None, self.me);
+        let t = at + 2 * self.costs.wqe_post;
+        core.ring(qp, t);
+        t
+    }
+
+    /// Return credits: an atomic on the credit QP (or a local store on the same node).
+    fn credit(&mut self, core: &mut Core, src: u32, dst: u32, c: u32, head: u32, delta: u32) {
+        let act = Action::Add { counter: head, delta };
+        let at = core.now + ns(COORD_POLL_NS) / 2;
+        if src / P == dst / P {
+            core.act_at(at + self.costs.flag, act);
+        } else {
+            let qp = core.job_qp(self.job, src, dst, self.credit_qp(c), self.me);
+            core.post(qp, 0, true, act, Action::None, self.me);
+            core.ring(qp, at + self.costs.wqe_post);
+        }
+    }
+
+    // ---- dispatch ------------------------------------------------------------------------
+
+    /// Rank r's dispatch kernel starts: channel meta, then every worker.
+    fn dispatch_rank(&mut self, core: &mut Core, r: u32) {
+        let (ch, nodes) = (self.ch, self.nodes);
+        {
+            self.workers_left[r as usize] = ch * (1 + 2 * P);
+            let (m, i) = (r / P, r % P);
+            for c in 0..ch {
+                // Channel meta to every node (the own node by a local store).
+                for m2 in 0..nodes {
+                    let dst = self.rank(m2, i);
+                    let act =
+                        Action::Add { counter: self.meta_ctr + self.rc(dst, c) as u32, delta: 1 };
+                    if m2 == m {
+                        core.act_at(core.now + self.costs.flag, act);
+                    } else {
+                        let qp = core.job_qp(self.job, r, dst, c, self.me);
+                        core.post(qp, META_BYTES, false, act, Action::None, self.me);
+                        core.ring(qp, core.now + self.costs.wqe_post);
+                    }
+                }
+                self.sender(core, r, c);
+                for j in 0..P {
+                    let x = self.rcj(r, c, j);
+                    self.forwarder(core, x);
+                    self.nvl_receiver(core, x);
+                }
+            }
+        }
+    }
+
+    /// RDMA sender + coordinator of (rank r, channel c).
+    fn sender(&mut self, core: &mut Core, r: u32, c: u32) {
+        let x = self.rc(r, c);
+        let (m, i) = (r / P, r % P);
+        let batch = std::mem::take(&mut self.snd_batch[x]);
+        if !batch.is_empty() {
+            for &(m2, k) in &batch {
+                let y = self.rcn(r, c, m2);
+                self.processed[y] += k;
+            }
+            self.coordinator(core, r, c);
+        }
+        let (_, hi) = self.range(c);
+        let mut t = self.snd_next[x];
+        if t >= hi {
+            let all = (0..self.nodes).all(|m2| {
+                let y = self.rcn(r, c, m2);
+                self.issued[y] == self.total[y]
+            });
+            if all && !self.snd_done[x] {
+                self.snd_done[x] = true;
+                self.worker_done(core, r);
+            }
+            return;
+        }
+        let chunk = self.cfg.num_max_rdma_chunked_send_tokens.max(1);
+        let cap = self.cfg.rdma_recv_rounded() as u64;
+        let mut counts: Vec<(u32, u32)> = Vec::new();
+        let mut tokens = 0u32;
+        let mut bytes = 0u64;
+        'tokens: while t < hi && tokens < chunk {
+            // Every destination node of the token needs a free slot (credits).
+            for m2 in 0..self.nodes {
+                if self.mask(r, t, m2) == 0 {
+                    continue;
+                }
+                let ring = self.rcn(self.rank(m2, i), c, m);
+                let alloc = self.alloc[self.rcn(r, c, m2)] as u64;
+                let head = core.value(self.rdma[ring].head);
+                if alloc - head >= cap {
+                    if tokens == 0 {
+                        let need = alloc - cap + 1;
+                        core.wait(self.rdma[ring].head, need, self.me, self.a_send(r, c));
+                        return;
+                    }
+                    break 'tokens;
+                }
+            }
+            for m2 in 0..self.nodes {
+                if self.mask(r, t, m2) == 0 {
+                    continue;
+                }
+                let y = self.rcn(r, c, m2);
+                self.alloc[y] += 1;
+                let ring = self.rcn(self.rank(m2, i), c, m);
+                self.rdma[ring].data.push_back(tid(m, t));
+                match counts.iter_mut().find(|(n2, _)| *n2 == m2) {
+                    Some(e) => e.1 += 1,
+                    None => counts.push((m2, 1)),
+                }
+                bytes += self.tok_bytes;
+            }
+            t += 1;
+            tokens += 1;
+        }
+        self.snd_next[x] = t;
+        self.snd_batch[x] = counts;
+        let g = self.gpu[r as usize];
+        let at = core.now + self.costs.per_token * tokens as u64;
+        let end = core.copy(
+            at,
+            g,
+            g,
+            PathKind::Local,
+            bytes,
+            self.sender_rate,
+            Action::None,
+            self.me,
+            false,
+        );
+        core.wake_at(end.max(core.now + 1), self.me, self.a_send(r, c));
+    }
+
+    /// Issue every full chunk (or the last partial one) per destination node, starting from a
+    /// rotated node "to mitigate incast".
+    fn coordinator(&mut self, core: &mut Core, r: u32, c: u32) {
+        let (m, i) = (r / P, r % P);
+        let x = self.rc(r, c);
+        let chunk = self.cfg.num_max_rdma_chunked_send_tokens.max(1);
+        let mut t = self.coord_free[x].max(core.now);
+        for k in 0..self.nodes {
+            let m2 = (k + c + m) % self.nodes;
+            let y = self.rcn(r, c, m2);
+            loop {
+                let avail = self.processed[y] - self.issued[y];
+                let rem = self.total[y] - self.issued[y];
+                if avail == 0 || (avail < chunk && avail < rem) {
+                    break;
+                }
+                let k2 = avail.min(chunk);
+                let dst = self.rank(m2, i);
+                let ring = self.rcn(dst, c, m);
+                let tail = Action::Add { counter: self.rdma[ring].tail, delta: k2 };
+                if m2 == m {
+                    // Own node: the data is already in the receive buffer; fence + tail.
+                    core.act_at(t + self.costs.flag, tail);
+                } else {
+                    t = self.put_with_tail(core, t, r, dst, c, k2 as u64 * self.tok_bytes, tail);
+                }
+                self.issued[y] += k2;
+            }
+        }
+        self.coord_free[x] = t;
+        self.ranks.touch(r, t);
+    }
+
+    /// Forwarder (rank r2 = (m2, i), channel c, local destination j), poked.
+    fn forwarder(&mut self, core: &mut Core, x: usize) {
+        if self.fwd_done[x] || self.fwd_pending[x].is_some() {
+            return;
+        }
+        let nx = P as usize * self.ch as usize;
+        let r2 = (x / nx) as u32;
+        let c = ((x % nx) / P as usize) as u32;
+        let j = (x % P as usize) as u32;
+        let (m2, i) = (r2 / P, r2 % P);
+        let meta = self.meta_ctr + self.rc(r2, c) as u32;
+        if !core.wait(meta, self.nodes as u64, self.me, self.a_fwd_head(x)) {
+            self.fwd_waiting_head[x] = true;
+            return;
+        }
+        // Done when every source node's stream is consumed.
+        let finished = (0..self.nodes).all(|m| {
+            self.fwd_head[x * self.nodes as usize + m as usize]
+                == self.rdma_expected[self.rcn(r2, c, m)]
+        });
+        if finished {
+            self.fwd_done[x] = true;
+            for m in 0..self.nodes {
+                self.forward_coordinator(core, r2, c, m);
+            }
+            self.worker_done(core, r2);
+            return;
+        }
+        // Room for a full chunk in the destination's NVL ring.
+        let dst = self.rank(m2, j);
+        let ring = self.rcj(dst, c, i);
+        let nvl_send = self.cfg.num_max_nvl_chunked_send_tokens.max(1);
+        let need = self.nvl[ring].head_needed(nvl_send);
+        if core.value(self.nvl[ring].head) < need {
+            if !self.fwd_waiting_head[x] {
+                self.fwd_waiting_head[x] = true;
+                core.wait(self.nvl[ring].head, need, self.me, self.a_fwd_head(x));
+            }
+            return;
+        }
+        // Next source node (round robin) with unread tokens.
+        let mut pick = None;
+        for k in 1..=self.nodes {
+            let m = (self.fwd_rr[x] + k) % self.nodes;
+            let h = self.fwd_head[x * self.nodes as usize + m as usize] as u64;
+            if core.value(self.rdma[self.rcn(r2, c, m)].tail) > h {
+                pick = Some(m);
+                break;
+            }
+        }
+        let Some(m) = pick else {
+            for m in 0..self.nodes {
+                let hi = x * self.nodes as usize + m as usize;
+                let h = self.fwd_head[hi];
+                let y = self.rcn(r2, c, m);
+                if h < self.rdma_expected[y] && !self.fwd_armed[hi] {
+                    self.fwd_armed[hi] = true;
+                    core.wait(self.rdma[y].tail, h as u64 + 1, self.me, self.a_fwd_node(x, m));
+                }
+            }
+            return;
+        };
+        self.fwd_rr[x] = m;
+        let y = self.rcn(r2, c, m);
+        let tail = core.value(self.rdma[y].tail) as u32;
+        let mut pos = self.fwd_head[x * self.nodes as usize + m as usize];
+        let mut picks = 0u32;
+        let src = self.rank(m, i);
+        while pos < tail {
+            let id = self.rdma[y].data[pos as usize];
+            pos += 1;
+            let t = id & ((1 << 20) - 1);
+            if self.mask(src, t, m2) & (1 << j) != 0 {
+                self.nvl[ring].data.push_back(id);
+                picks += 1;
+                if picks == nvl_send {
+                    break;
+                }
+            }
+        }
+        self.fwd_pending[x] = Some((m, pos));
+        if picks == 0 {
+            core.wake_at(core.now + 1, self.me, self.a_fwd_done(x));
+            return;
+        }
+        self.nvl[ring].pushed += picks as u64;
+        let tail_act = Action::Add { counter: self.nvl[ring].tail, delta: picks };
+        let path = self.paths[(r2 * self.n + dst) as usize];
+        let free = core.copy(
+            core.now,
+            self.gpu[r2 as usize],
+            self.gpu[dst as usize],
+            path,
+            picks as u64 * self.tok_bytes,
+            self.fwd_rate,
+            tail_act,
+            self.me,
+            r2 != dst,
+        );
+        core.wake_at(free, self.me, self.a_fwd_done(x));
+    }
+
+    fn forwarder_batch_done(&mut self, core: &mut Core, x: usize) {
+        let nx = P as usize * self.ch as usize;
+        let r2 = (x / nx) as u32;
+        let c = ((x % nx) / P as usize) as u32;
+        if let Some((m, head)) = self.fwd_pending[x].take() {
+            self.fwd_head[x * self.nodes as usize + m as usize] = head;
+            self.forward_coordinator(core, r2, c, m);
+        }
+        self.forwarder(core, x);
+    }
+
+    /// Return RDMA credits to source node `m` once every forwarder moved past `rdma_send`
+    /// more slots (retired forwarders do not hold credits back).
+    fn forward_coordinator(&mut self, core: &mut Core, r2: u32, c: u32, m: u32) {
+        let mut min = u32::MAX;
+        for j in 0..P {
+            let x = self.rcj(r2, c, j);
+            if !self.fwd_done[x] {
+                min = min.min(self.fwd_head[x * self.nodes as usize + m as usize]);
+            }
+        }
+        if min == u32::MAX {
+            return;
+        }
+        let y = self.rcn(r2, c, m);
+        let last = self.credit_last[y];
+        let chunk = self.cfg.num_max_rdma_chunked_send_tokens.max(1);
+        if min >= last + chunk {
+            self.credit_last[y] = min;
+            let src = self.rank(m, r2 % P);
+            let head = self.rdma[y].head;
+            self.credit(core, r2, src, c, head, min - last);
+        }
+    }
+
+    /// NVLink receiver (rank r3, channel c, source local i): copy into `recv_x`.
+    fn nvl_receiver(&mut self, core: &mut Core, x: usize) {
+        if self.nvl_done[x] {
+            return;
+        }
+        let nx = P as usize * self.ch as usize;
+        let r3 = (x / nx) as u32;
+        let i = (x % P as usize) as u32;
+        let batch = self.nvl_batch[x];
+        if batch > 0 {
+            self.nvl_batch[x] = 0;
+            let head = Action::Add { counter: self.nvl[x].head, delta: batch };
+            core.act_at(core.now + self.costs.flag, head);
+        }
+        let popped = self.nvl[x].popped;
+        if popped >= self.nvl_expected[x] as u64 {
+            self.nvl_done[x] = true;
+            self.worker_done(core, r3);
+            return;
+        }
+        if !core.wait(self.nvl[x].tail, popped + 1, self.me, self.a_nvl_recv(x)) {
+            return;
+        }
+        let avail = (core.value(self.nvl[x].tail) - popped) as u32;
+        for _ in 0..avail {
+            let id = self.nvl[x].data.pop_front().expect("tail never passes the data");
+            let (m, t) = (id >> 20, id & ((1 << 20) - 1));
+            let src = self.rank(m, i);
+            self.got_hash[r3 as usize] = self.got_hash[r3 as usize].wrapping_add(mix(src, t, 0));
+            self.got_count[r3 as usize] += 1;
+        }
+        self.nvl[x].popped += avail as u64;
+        self.nvl_batch[x] = avail;
+        let g = self.gpu[r3 as usize];
+        let end = core.copy(
+            core.now,
+            g,
+            g,
+            PathKind::Local,
+            avail as u64 * self.out_bytes,
+            self.recv_rate,
+            Action::None,
+            self.me,
+            false,
+        );
+        core.wake_at(end.max(core.now + 1), self.me, self.a_nvl_recv(x));
+    }
+
+    // ---- combine -------------------------------------------------------------------------
+
+    fn combine_rank(&mut self, core: &mut Core, r: u32) {
+        let (ch, nodes) = (self.ch, self.nodes);
+        {
+            self.workers_left[r as usize] = ch * (P + nodes + 1);
+            for c in 0..ch {
+                for i in 0..P {
+                    let x = self.rcj(r, c, i);
+                    self.combine_sender(core, x);
+                }
+                for m in 0..nodes {
+                    let x = self.rcn(r, c, m);
+                    self.combine_group(core, x);
+                }
+                let x = self.rc(r, c);
+                self.combine_receiver(core, x);
+            }
+        }
+    }
+
+    /// NVL sender on rank r3 = (m2, j), channel c, to local index i: push expert outputs back
+    /// to the GPU that forwarded them, in dispatch's order.
+    fn combine_sender(&mut self, core: &mut Core, x: usize) {
+        let nx = P as usize * self.ch as usize;
+        let r3 = (x / nx) as u32;
+        let c = ((x % nx) / P as usize) as u32;
+        let i = (x % P as usize) as u32;
+        let (m2, j) = (r3 / P, r3 % P);
+        let fwd = self.rank(m2, i);
+        let stream = self.rcj(fwd, c, j);
+        let len = self.order[stream].len() as u32;
+        let pos = self.cs_pos[x];
+        if pos == u32::MAX {
+            return;
+        }
+        if pos >= len {
+            self.cs_pos[x] = u32::MAX;
+            self.worker_done(core, r3);
+            return;
+        }
+        let chunk = self.cfg.num_max_nvl_chunked_send_tokens.max(1);
+        let ring = stream; // the ring on `fwd` for (c, source local j)
+        let need = self.nvl[ring].head_needed(chunk);
+        if !core.wait(self.nvl[ring].head, need, self.me, self.a_csend(x)) {
+            return;
+        }
+        let k = chunk.min(len - pos);
+        for s in pos..pos + k {
+            let id = self.order[stream][s as usize];
+            self.nvl[ring].data.push_back(id);
+        }
+        self.nvl[ring].pushed += k as u64;
+        self.cs_pos[x] = pos + k;
+        let tail = Action::Add { counter: self.nvl[ring].tail, delta: k };
+        let path = self.paths[(r3 * self.n + fwd) as usize];
+        let free = core.copy(
+            core.now + self.costs.per_token * k as u64,
+            self.gpu[r3 as usize],
+            self.gpu[fwd as usize],
+            path,
+            k as u64 * self.tok_bytes,
+            self.fwd_rate,
+            tail,
+            self.me,
+            r3 != fwd,
+        );
+        core.wake_at(free, self.me, self.a_csend(x));
+    }
+
+    /// Forwarder warp group on r2 = (m2, i), channel c, for node m: reduce the local partials
+    /// of each token in dispatch's RDMA order and put chunks back to (m, i).
+    fn combine_group(&mut self, core: &mut Core, x: usize) {
+        let nn = self.nodes as usize;
+        let r2 = (x / (self.ch as usize * nn)) as u32;
+        let c = ((x / nn) % self.ch as usize) as u32;
+        let m = (x % nn) as u32;
+        let (m2, i) = (r2 / P, r2 % P);
+        let dst = self.rank(m, i);
+        let ring = self.rcn(dst, c, m2);
+        // A batch finished: put it (or write it locally) with its tail.
+        let batch = self.cf_batch[x];
+        if batch > 0 {
+            self.cf_batch[x] = 0;
+            let tail = Action::Add { counter: self.rdma[ring].tail, delta: batch };
+            if m == m2 {
+                core.act_at(core.now + self.costs.flag, tail);
+            } else {
+                let t = self.put_with_tail(
+                    core,
+                    core.now,
+                    r2,
+                    dst,
+                    c,
+                    batch as u64 * self.tok_bytes,
+                    tail,
+                );
+                self.ranks.touch(r2, t);
+            }
+            self.publish_nvl_heads(core, r2, c);
+        }
+        let len = self.cf_stream[x].len() as u32;
+        let pos = self.cf_pos[x];
+        if pos == u32::MAX {
+            return;
+        }
+        if pos >= len {
+            self.cf_pos[x] = u32::MAX;
+            self.worker_done(core, r2);
+            return;
+        }
+        let chunk = self.cfg.num_max_rdma_chunked_send_tokens.max(1);
+        let cap = self.rdma[ring].cap as u64;
+        let mut p = pos;
+        let mut bytes = 0u64;
+        let src = self.rank(m, i);
+        while p < len && p - pos < chunk {
+            // RDMA credits at (m, i).
+            let pushed = self.rdma[ring].pushed;
+            if pushed - core.value(self.rdma[ring].head) >= cap {
+                if p == pos {
+                    core.wait(self.rdma[ring].head, pushed - cap + 1, self.me, self.a_group(x));
+                    return;
+                }
+                break;
+            }
+            let t = self.cf_stream[x][p as usize];
+            let id = tid(m, t);
+            let mk = self.mask(src, t, m2);
+            // Every local partial must be in.
+            let mut blocked = None;
+            for j in 0..P {
+                if mk & (1 << j) == 0 {
+                    continue;
+                }
+                let rj = self.rcj(r2, c, j);
+                let slot = self.slot(rj, id);
+                if core.value(self.nvl[rj].tail) <= slot as u64 {
+                    blocked = Some((rj, slot));
+                    break;
+                }
+            }
+            if let Some((rj, slot)) = blocked {
+                if p == pos {
+                    core.wait(self.nvl[rj].tail, slot as u64 + 1, self.me, self.a_group(x));
+                    return;
+                }
+                break;
+            }
+            let mut parts = 0u64;
+            for j in 0..P {
+                if mk & (1 << j) == 0 {
+                    continue;
+                }
+                let rj = self.rcj(r2, c, j);
+                let slot = self.slot(rj, id);
+                if self.nvl[rj].data.get(slot as usize) != Some(&id) {
+                    self.ranks.fail(format!(
+                        "rank {r2} channel {c}: NVL slot {slot} from local {j} does not hold token {t} of node {m}"
+                    ));
+                }
+                self.consumed[rj][slot as usize] = true;
+                parts += 1;
+            }
+            self.rdma[ring].data.push_back(t);
+            self.rdma[ring].pushed += 1;
+            bytes += parts * self.tok_bytes + self.tok_bytes;
+            p += 1;
+        }
+        self.cf_pos[x] = p;
+        self.cf_batch[x] = p - pos;
+        let g = self.gpu[r2 as usize];
+        let end = core.copy(
+            core.now,
+            g,
+            g,
+            PathKind::Local,
+            bytes,
+            self.group_rate,
+            Action::None,
+            self.me,
+            false,
+        );
+        core.wake_at(end.max(core.now + 1), self.me, self.a_group(x));
+    }
+
+    fn slot(&self, ring: usize, id: u32) -> u32 {
+        let v = &self.slot_of[ring];
+        match v.binary_search_by_key(&id, |&(t, _)| t) {
+            Ok(k) => v[k].1,
+            Err(_) => u32::MAX,
+        }
+    }
+
+    /// Free the combine NVL slots consumed in order (the head each sender waits on).
+    fn publish_nvl_heads(&mut self, core: &mut Core, r2: u32, c: u32) {
+        for j in 0..P {
+            let rj = self.rcj(r2, c, j);
+            let mut h = self.nvl_head_pub[rj];
+            let start = h;
+            while (h as usize) < self.consumed[rj].len() && self.consumed[rj][h as usize] {
+                h += 1;
+            }
+            if h > start {
+                self.nvl_head_pub[rj] = h;
+                let act = Action::Add { counter: self.nvl[rj].head, delta: h - start };
+                core.act_at(core.now + self.costs.flag, act);
+            }
+        }
+    }
+
+    /// RDMA receiver of (rank r = (m, i), channel c): reduce each token across the nodes it
+    /// visited, in order; return credits lazily.
+    fn combine_receiver(&mut self, core: &mut Core, x: usize) {
+        let r = (x / self.ch as usize) as u32;
+        let c = (x % self.ch as usize) as u32;
+        let i = r % P;
+        if self.cr_touched[x] {
+            self.cr_touched[x] = false;
+            let chunk = self.cfg.num_max_rdma_chunked_send_tokens.max(1);
+            for m2 in 0..self.nodes {
+                let y = self.rcn(r, c, m2);
+                let done = self.cr_pos[y];
+                let last = self.cr_credit_last[y];
+                if done >= last + chunk {
+                    self.cr_credit_last[y] = done;
+                    let fwd = self.rank(m2, i);
+                    let head = self.rdma[y].head;
+                    self.credit(core, r, fwd, c, head, done - last);
+                }
+            }
+        }
+        let (_, hi) = self.range(c);
+        let mut t = self.cr_next[x];
+        if t == u32::MAX {
+            return;
+        }
+        if t >= hi {
+            self.cr_next[x] = u32::MAX;
+            self.worker_done(core, r);
+            return;
+        }
+        let mut bytes = 0u64;
+        let mut any = false;
+        while t < hi {
+            let mut blocked = None;
+            for m2 in 0..self.nodes {
+                if self.mask(r, t, m2) == 0 {
+                    continue;
+                }
+                let y = self.rcn(r, c, m2);
+                if core.value(self.rdma[y].tail) <= self.cr_pos[y] as u64 {
+                    blocked = Some(y);
+                    break;
+                }
+            }
+            if let Some(y) = blocked {
+                if !any {
+                    let need = self.cr_pos[y] as u64 + 1;
+                    core.wait(self.rdma[y].tail, need, self.me, self.a_crecv(x));
+                    self.cr_next[x] = t;
+                    return;
+                }
+                break;
+            }
+            let mut parts = 0u64;
+            for m2 in 0..self.nodes {
+                if self.mask(r, t, m2) == 0 {
+                    continue;
+                }
+                let y = self.rcn(r, c, m2);
+                let p = self.cr_pos[y] as usize;
+                if self.rdma[y].data.get(p) != Some(&t) {
+                    self.ranks.fail(format!(
+                        "rank {r} channel {c}: combine from node {m2} slot {p} is not token {t}"
+                    ));
+                }
+                self.cr_pos[y] += 1;
+                parts += 1;
+            }
+            self.got_hash[r as usize] = self.got_hash[r as usize].wrapping_add(mix(r, t, 1));
+            self.got_count[r as usize] += 1;
+            bytes += parts * self.tok_bytes + self.out_bytes;
+            any = true;
+            t += 1;
+        }
+        self.cr_next[x] = t;
+        self.cr_touched[x] = true;
+        let g = self.gpu[r as usize];
+        let end = core.copy(
+            core.now,
+            g,
+            g,
+            PathKind::Local,
+            bytes,
+            self.combine_recv_rate,
+            Action::None,
+            self.me,
+            false,
+        );
+        core.wake_at(end.max(core.now + 1), self.me, self.a_crecv(x));
+    }
+}
+
+impl Program for InternodeProgram {
+    fn num_ranks(&self) -> u32 {
+        self.n
+    }
+
+    fn take_finished(&mut self) -> Vec<(u32, Time)> {
+        std::mem::take(&mut self.ranks.newly_finished)
+    }
+
+    fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+        self.ranks.begin(r, t);
+        core.wake_at(t, me, self.a_rank_start(r));
+    }
+
+    fn start(&mut self, _core: &mut Core, me: ProgId) {
+        self.me = me;
+        if self.dispatch {
+            self.ranks.checks.push("internode dispatch: every (token, destination rank) arrives exactly once, via one RDMA write per node and NVLink forwarding".into());
+            for r in 0..self.n {
+                self.ranks.phase("notify", r, self.notify, self.n);
+            }
+        } else {
+            self.ranks.checks.push("internode combine: every token reduced over its GPUs and nodes, in dispatch's layout".into());
+        }
+    }
+
+    fn wake(&mut self, core: &mut Core, _me: ProgId, actor: u32) {
+        let nrc = self.nrc();
+        if actor >= self.a_rank_start(0) {
+            let r = actor - self.a_rank_start(0);
+            if self.dispatch {
+                self.dispatch_rank(core, r);
+            } else {
+                self.combine_rank(core, r);
+            }
+            return;
+        }
+        if self.dispatch {
+            if actor < nrc {
+                self.sender(core, actor / self.ch, actor % self.ch);
+            } else if actor < nrc * (1 + P) {
+                self.forwarder(core, (actor - nrc) as usize);
+            } else if actor < nrc * (1 + 2 * P) {
+                self.forwarder_batch_done(core, (actor - nrc * (1 + P)) as usize);
+            } else if actor < nrc * (1 + 3 * P) {
+                let x = (actor - nrc * (1 + 2 * P)) as usize;
+                self.fwd_waiting_head[x] = false;
+                self.forwarder(core, x);
+            } else if actor < nrc * (1 + 3 * P + P * self.nodes) {
+                let k = (actor - nrc * (1 + 3 * P)) as usize;
+                let (x, m) = (k / self.nodes as usize, k % self.nodes as usize);
+                self.fwd_armed[x * self.nodes as usize + m] = false;
+                self.forwarder(core, x);
+            } else {
+                self.nvl_receiver(core, (actor - nrc * (1 + 3 * P + P * self.nodes)) as usize);
+            }
+        } else if actor < nrc * P {
+            self.combine_sender(core, actor as usize);
+        } else if actor < nrc * (P + self.nodes) {
+            self.combine_group(core, (actor - nrc * P) as usize);
+        } else {
+            self.combine_receiver(core, (actor - nrc * (P + self.nodes)) as usize);
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.ranks.left == 0
+    }
+
+    fn finish(&mut self, _core: &Core) -> OpSample {
+        for r in 0..self.n as usize {
+            if self.got_count[r] != self.want_count[r] || self.got_hash[r] != self.want_hash[r] {
+                self.ranks.fail(format!(
+                    "rank {r}: got {} tokens, routing expects {} (or a different set)",
+                    self.got_count[r], self.want_count[r]
+                ));
+            }
+        }
+        self.ranks.sample(&self.meta, 0.0)
+    }
+
+    fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
+        self.ranks.spans(&self.gpu, &self.global)
+    }
+
+    fn describe(&self, actor: u32) -> String {
+        let nrc = self.nrc();
+        let who = |x: usize, per: usize| {
+            (x / per / self.ch as usize, (x / per) % self.ch as usize, x % per)
+        };
+        if self.dispatch {
+            if actor < nrc {
+                format!(
+                    "internode dispatch rank {} channel {} RDMA sender",
+                    actor / self.ch,
+                    actor % self.ch
+                )
+            } else if actor < nrc * (1 + 3 * P) {
+                let x = ((actor - nrc) % (nrc * P)) as usize;
+                let (r, c, j) = who(x, P as usize);
+                format!("internode dispatch rank {r} channel {c} forwarder to local GPU {j}")
+            } else if actor < nrc * (1 + 3 * P + P * self.nodes) {
+                let k = (actor - nrc * (1 + 3 * P)) as usize;
+                let (r, c, j) = who(k / self.nodes as usize, P as usize);
+                format!(
+                    "internode dispatch rank {r} channel {c} forwarder to local GPU {j} (waiting for node {})",
+                    k % self.nodes as usize
+                )
+            } else {
+                let x = (actor - nrc * (1 + 3 * P + P * self.nodes)) as usize;
+                let (r, c, i) = who(x, P as usize);
+                format!("internode dispatch rank {r} channel {c} NVL receiver from local GPU {i}")
+            }
+        } else if actor < nrc * P {
+            let (r, c, i) = who(actor as usize, P as usize);
+            format!("internode combine rank {r} channel {c} NVL sender to local GPU {i}")
+        } else if actor < nrc * (P + self.nodes) {
+            let (r, c, m) = who((actor - nrc * P) as usize, self.nodes as usize);
+            format!("internode combine rank {r} channel {c} forwarder group for node {m}")
+        } else {
+            let x = actor - nrc * (P + self.nodes);
+            format!("internode combine rank {} channel {} RDMA receiver", x / self.ch, x % self.ch)
+        }
+    }
+}

@@ -1,0 +1,740 @@
+//! Low-latency kernels (`internode_ll.cu`, deepep.md §11, §12).
+//!
+//! Dispatch: `ceil(E / ceil(E / SMs))` blocks; tokens go round robin to blocks; per token the
+//! block casts to FP8, then one warp per top-k slot sends one message per (token, selected
+//! expert): an IBGDA put on QP = destination local expert (doorbell every 4 messages per QP,
+//! by slot index) or, for mapped peers, a warp copy over NVLink. After its tokens, the block
+//! that owns expert `e` waits until every put to `e` was issued and sends the count (an atomic
+//! on the same QP, or a release store) — also for experts that got no token. After a grid
+//! sync, one warp group per (source rank, local expert) waits for its count and unpacks.
+//!
+//! Combine: one warp group per (local expert, destination rank) stages each token (TMA) and
+//! puts it back (14,336 B BF16) on QP = local expert, then a flag atomic; receivers wait for all
+//! flags, then reduce the top-k partials with the weights. Hook mode times the send phase and
+//! a receive-phase kernel launched after everything arrived.
+
+use eptwin_engine::Plan;
+use eptwin_engine::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
+use eptwin_engine::routing::RoutingTable;
+use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::transport::OpSample;
+
+use super::{GpuCosts, Meta, Ranks, Route, deepep_job, ll_route, mix};
+use crate::core::{Action, Core, ProgId};
+use crate::gpu::PathKind;
+use crate::time::Time;
+use crate::world::Program;
+
+/// DeepEP's doorbell batching for LL puts (`kNumRequestInBatch`).
+const DOORBELL_BATCH: u32 = 4;
+/// Bytes of a count/flag release store over NVLink.
+const FLAG_BYTES: u64 = 4;
+
+pub struct LlProgram {
+    meta: Meta,
+    me: ProgId,
+    job: usize,
+    dispatch: bool,
+    hook: bool,
+    n: u32,
+    tokens: u32,
+    topk: u32,
+    experts: u32,
+    local: u32,
+    /// Warp groups per block, warps per group, blocks.
+    groups: u32,
+    wpg: u32,
+    blocks: u32,
+    msg_bytes: u64,
+    routing: RoutingTable,
+    routes: Vec<Route>,
+    gpu: Vec<u32>,
+    /// Global rank of each job rank (trace tracks).
+    global: Vec<u32>,
+    costs: GpuCosts,
+    ranks: Ranks,
+    // --- dispatch -----------------------------------------------------------------------
+    /// Next token per (rank, block).
+    next_token: Vec<u32>,
+    block_done: Vec<Option<Time>>,
+    blocks_left: Vec<u32>,
+    /// Per (rank, expert): puts still to issue, issued so far (the slot), last issue time,
+    /// signal sent, identity hash of what was sent.
+    puts_left: Vec<u32>,
+    sent: Vec<u32>,
+    last_put: Vec<Time>,
+    signalled: Vec<bool>,
+    signals_left: Vec<u32>,
+    send_done: Vec<Time>,
+    sent_hash: Vec<u64>,
+    /// What routing says each (source rank, expert) must carry, computed independently of the
+    /// senders: token count and identity hash.
+    want_count: Vec<u32>,
+    want_hash: Vec<u64>,
+    /// Counters: data messages delivered and count signal per (receiver, source, local expert).
+    data_ctr: u32,
+    cnt_ctr: u32,
+    groups_left: Vec<u32>,
+    /// Hook mode: the longest unpack of a rank's groups (they run in the receive kernel).
+    hook_recv: Vec<Time>,
+    // --- combine ------------------------------------------------------------------------
+    /// CSR over (holder rank, group = dst × L + local expert): the tokens to send back.
+    group_off: Vec<u32>,
+    group_tok: Vec<u32>,
+    /// Next position per (holder rank, group).
+    group_pos: Vec<u32>,
+    /// Combine: data messages delivered and flags received per destination rank.
+    cdata_ctr: u32,
+    flag_ctr: u32,
+    /// Per (rank, token): weighted sum and number of expert outputs the combine carried.
+    acc: Vec<f64>,
+    acc_n: Vec<u32>,
+    expected_msgs: Vec<u64>,
+}
+
+/// Actor id layout.
+impl LlProgram {
+    fn a_block(&self, r: u32, b: u32) -> u32 {
+        r * self.blocks + b
+    }
+    fn a_group(&self, r: u32, g: u32) -> u32 {
+        self.n * self.blocks + r * self.experts + g
+    }
+    fn a_recv_start(&self, r: u32) -> u32 {
+        self.n * (self.blocks + self.experts) + r
+    }
+    fn a_final(&self, r: u32) -> u32 {
+        self.n * (self.blocks + self.experts + 1) + r
+    }
+    fn a_flags(&self, r: u32) -> u32 {
+        self.n * (self.blocks + self.experts + 2) + r
+    }
+}
+
+impl LlProgram {
+    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LlProgram {
+        let d = deepep_job(plan, meta.job);
+        let w = &d.workload;
+        let n = plan.job(meta.job).num_ranks();
+        let experts = w.experts;
+        let local = (experts / n).max(1);
+        let sms = core.params.sm_count.max(1);
+        let groups = experts.div_ceil(sms).max(1);
+        let wpg = (32 / groups).max(1);
+        let blocks = experts.div_ceil(groups);
+        let dispatch = meta.op == OpKind::Dispatch;
+        let msg_bytes = if dispatch {
+            ll_dispatch_msg_bytes(w.hidden, w.dispatch_dtype)
+        } else {
+            ll_combine_msg_bytes(w.hidden, w.combine_dtype)
+        };
+        let mut routes = Vec::with_capacity((n * n) as usize);
+        for a in 0..n {
+            for b in 0..n {
+                routes.push(ll_route(plan, meta.job, a, b));
+            }
+        }
+        let job = meta.job.index();
+        let routing = d.routing.clone();
+        let costs = GpuCosts::new(plan, core).for_blocks(blocks);
+        let ne = (n * experts) as usize;
+        let mut p = LlProgram {
+            meta,
+            me: 0,
+            job,
+            dispatch,
+            hook: w.hook,
+            n,
+            tokens: w.tokens_per_rank,
+            topk: w.topk,
+            experts,
+            local,
+            groups,
+            wpg,
+            blocks,
+            msg_bytes,
+            routes,
+            gpu: core.jobs[job].gpu.clone(),
+            global: core.jobs[job].ranks.iter().map(|r| r.0).collect(),
+            costs,
+            ranks: Ranks::new(n),
+            next_token: Vec::new(),
+            block_done: Vec::new(),
+            blocks_left: Vec::new(),
+            puts_left: vec![0; ne],
+            sent: vec![0; ne],
+            last_put: vec![0; ne],
+            signalled: vec![false; ne],
+            signals_left: vec![experts; n as usize],
+            send_done: vec![0; n as usize],
+            sent_hash: vec![0; ne],
+            want_count: vec![0; ne],
+            want_hash: vec![0; ne],
+            data_ctr: 0,
+            cnt_ctr: 0,
+            groups_left: vec![experts; n as usize],
+            hook_recv: vec![0; n as usize],
+            group_off: Vec::new(),
+            group_tok: Vec::new(),
+            group_pos: Vec::new(),
+            cdata_ctr: 0,
+            flag_ctr: 0,
+            acc: Vec::new(),
+            acc_n: Vec::new(),
+            expected_msgs: vec![0; n as usize],
+            routing,
+        };
+        // Per (source rank, expert): how many of the source's tokens selected it, and which.
+        for r in 0..n {
+            for t in 0..p.tokens {
+                for &e in p.routing.experts(r, t) {
+                    if e >= 0 {
+                        let i = (r * experts + e as u32) as usize;
+                        p.puts_left[i] += 1;
+                        p.want_count[i] += 1;
+                        p.want_hash[i] = p.want_hash[i].wrapping_add(mix(r, t, e as u32));
+                    }
+                }
+            }
+        }
+        p
+    }
+
+    fn route(&self, a: u32, b: u32) -> Route {
+        self.routes[(a * self.n + b) as usize]
+    }
+
+    #[inline]
+    fn idx(&self, r: u32, e: u32) -> usize {
+        (r * self.experts + e) as usize
+    }
+
+    /// Counter of (receiver, source, local expert).
+    #[inline]
+    fn rsl(&self, recv: u32, src: u32, le: u32) -> u32 {
+        (recv * self.n + src) * self.local + le
+    }
+
+    // ---- dispatch ------------------------------------------------------------------------
+
+    fn dispatch_start(&mut self, core: &mut Core) {
+        let n = self.n;
+        self.next_token = (0..n * self.blocks).map(|i| i % self.blocks).collect();
+        self.block_done = vec![None; (n * self.blocks) as usize];
+        self.blocks_left = vec![self.blocks; n as usize];
+        let cells = (n * n * self.local) as usize;
+        self.data_ctr = core.counters(cells);
+        self.cnt_ctr = core.counters(cells);
+    }
+
+    /// Block `b` of rank `r` processes its next token (cast, then one put per top-k slot in
+    /// parallel warps), or finishes its token loop.
+    fn block_step(&mut self, core: &mut Core, r: u32, b: u32) {
+        let now = core.now;
+        let bi = (r * self.blocks + b) as usize;
+        let t = self.next_token[bi];
+        if t >= self.tokens {
+            self.block_finished(core, r, b, now);
+            return;
+        }
+        self.next_token[bi] = t + self.blocks;
+        // FP8 cast: read BF16, write FP8 + scales into the send buffer.
+        let hidden = self.msg_bytes.saturating_sub(16);
+        let cast = self.costs.per_token + self.costs.sm.time(hidden * 3);
+        let t1 = now + cast;
+        let mut end = t1;
+        let put_warps = self.topk.max(1);
+        let warp_rate = self.costs.warp_rate(put_warps);
+        let experts: Vec<i32> = self.routing.experts(r, t).to_vec();
+        for &e in &experts {
+            if e < 0 {
+                continue;
+            }
+            let e = e as u32;
+            let (d, le) = (e / self.local, e % self.local);
+            let i = self.idx(r, e);
+            let slot = self.sent[i];
+            self.sent[i] += 1;
+            self.sent_hash[i] = self.sent_hash[i].wrapping_add(mix(r, t, e));
+            let remote = Action::Add { counter: self.data_ctr + self.rsl(d, r, le), delta: 1 };
+            let put_end = match self.route(r, d) {
+                Route::Rdma => {
+                    let qp = core.job_qp(self.job, r, d, le, self.me);
+                    core.post(qp, self.msg_bytes as u32, false, remote, Action::None, self.me);
+                    let end = t1 + self.costs.wqe_post;
+                    if (slot + 1).is_multiple_of(DOORBELL_BATCH) {
+                        core.ring(qp, end);
+                    }
+                    end
+                }
+                Route::Copy(kind) => core.copy(
+                    t1,
+                    self.gpu[r as usize],
+                    self.gpu[d as usize],
+                    kind,
+                    self.msg_bytes,
+                    warp_rate,
+                    remote,
+                    self.me,
+                    r != d,
+                ),
+            };
+            end = end.max(put_end);
+            self.last_put[i] = self.last_put[i].max(put_end);
+            self.puts_left[i] -= 1;
+            if self.puts_left[i] == 0 {
+                self.maybe_signal(core, r, e);
+            }
+        }
+        self.ranks.touch(r, end);
+        core.wake_at(end, self.me, self.a_block(r, b));
+    }
+
+    fn block_finished(&mut self, core: &mut Core, r: u32, b: u32, t: Time) {
+        let bi = (r * self.blocks + b) as usize;
+        if self.block_done[bi].is_some() {
+            return;
+        }
+        self.block_done[bi] = Some(t);
+        self.blocks_left[r as usize] -= 1;
+        for e in b * self.groups..((b + 1) * self.groups).min(self.experts) {
+            self.maybe_signal(core, r, e);
+        }
+        self.maybe_send_done(core, r);
+    }
+
+    /// Send the count for expert `e` once its owner block finished its tokens and every put
+    /// to `e` was issued.
+    fn maybe_signal(&mut self, core: &mut Core, r: u32, e: u32) {
+        let i = self.idx(r, e);
+        if self.signalled[i] || self.puts_left[i] != 0 {
+            return;
+        }
+        let owner = (r * self.blocks + e / self.groups) as usize;
+        let Some(block_t) = self.block_done[owner] else { return };
+        self.signalled[i] = true;
+        let ts = block_t.max(self.last_put[i]).max(core.now) + self.costs.ll_signal;
+        let (d, le) = (e / self.local, e % self.local);
+        let count = self.sent[i];
+        let remote = Action::Add { counter: self.cnt_ctr + self.rsl(d, r, le), delta: count + 1 };
+        let end = match self.route(r, d) {
+            Route::Rdma => {
+                let qp = core.job_qp(self.job, r, d, le, self.me);
+                core.post(qp, 0, true, remote, Action::None, self.me);
+                // Atomics always ring, flushing puts still below the batch boundary.
+                core.ring(qp, ts + self.costs.wqe_post);
+                ts + self.costs.wqe_post
+            }
+            Route::Copy(kind) => core.copy(
+                ts,
+                self.gpu[r as usize],
+                self.gpu[d as usize],
+                kind,
+                FLAG_BYTES,
+                self.costs.warp,
+                remote,
+                self.me,
+                r != d,
+            ),
+        };
+        self.send_done[r as usize] = self.send_done[r as usize].max(end);
+        self.signals_left[r as usize] -= 1;
+        self.maybe_send_done(core, r);
+    }
+
+    fn maybe_send_done(&mut self, core: &mut Core, r: u32) {
+        if self.blocks_left[r as usize] != 0 || self.signals_left[r as usize] != 0 {
+            return;
+        }
+        // Only the first time both reach zero.
+        self.blocks_left[r as usize] = u32::MAX;
+        let done = self.send_done[r as usize].max(core.now);
+        self.ranks.touch(r, done);
+        self.ranks.phase("send", r, self.ranks.since_start(r, done), self.n);
+        // Non-hook: grid sync, then the receive phase in the same kernel. Hook: the receive
+        // kernel is launched later, once everything has arrived (the test overlaps a GEMM).
+        let t = if self.hook { done } else { done + self.costs.grid_sync };
+        core.wake_at(t, self.me, self.a_recv_start(r));
+    }
+
+    fn recv_start(&mut self, core: &mut Core, r: u32) {
+        for g in 0..self.experts {
+            let (s, le) = (g / self.local, g % self.local);
+            let c = self.cnt_ctr + self.rsl(r, s, le);
+            if core.wait(c, 1, self.me, self.a_group(r, g)) {
+                self.recv_group(core, r, g);
+            }
+        }
+    }
+
+    /// Warp group (source `s`, local expert `le`) of rank `r` has its count: unpack.
+    fn recv_group(&mut self, core: &mut Core, r: u32, g: u32) {
+        let (s, le) = (g / self.local, g % self.local);
+        let cell = self.rsl(r, s, le);
+        let count = core.value(self.cnt_ctr + cell).saturating_sub(1);
+        let delivered = core.value(self.data_ctr + cell);
+        let e = r * self.local + le;
+        let i = self.idx(s, e);
+        let expected = self.want_count[i];
+        if delivered != count {
+            self.ranks.fail(format!(
+                "rank {r} local expert {le}: count from rank {s} says {count} tokens but {delivered} arrived before it (per-QP order broken)"
+            ));
+        }
+        if count != expected as u64 || self.sent_hash[i] != self.want_hash[i] {
+            self.ranks.fail(format!(
+                "rank {r} local expert {le}: received {count} tokens from rank {s}, routing selects {expected} (or a different set)"
+            ));
+        }
+        // The group copies its tokens out of the receive buffer (its share of the SM).
+        let rate = self.costs.group_rate(self.wpg, self.wpg * self.groups);
+        let bytes = count * self.msg_bytes;
+        let per_msg = self.costs.ll_recv_per_msg * count;
+        let dur = per_msg + rate.time(bytes);
+        if self.hook {
+            // The receive kernel runs once everything is in: unpack then, groups in parallel.
+            self.hook_recv[r as usize] = self.hook_recv[r as usize].max(dur);
+        } else {
+            let (_, hbm_end) =
+                core.gpus.gpus[self.gpu[r as usize] as usize].hbm.reserve(core.now, bytes);
+            let end = (core.now + dur).max(hbm_end);
+            self.ranks.touch(r, end);
+        }
+        self.groups_left[r as usize] -= 1;
+        if self.groups_left[r as usize] == 0 {
+            if self.hook {
+                let start = core.now;
+                let end = start + self.hook_recv[r as usize];
+                self.ranks.phase("recv", r, end - start, self.n);
+                self.ranks.touch(r, end);
+            }
+            let last = self.ranks.last[r as usize];
+            core.wake_at(last, self.me, self.a_final(r));
+        }
+    }
+
+    // ---- combine -------------------------------------------------------------------------
+
+    fn combine_start(&mut self, core: &mut Core) {
+        let n = self.n;
+        let groups_per_rank = self.experts; // (dst rank, local expert)
+        // CSR of tokens each holder sends back, per (holder, dst × L + le).
+        let cells = (n * groups_per_rank) as usize;
+        let mut counts = vec![0u32; cells + 1];
+        for d in 0..n {
+            for t in 0..self.tokens {
+                for &e in self.routing.experts(d, t) {
+                    if e >= 0 {
+                        let e = e as u32;
+                        let (h, le) = (e / self.local, e % self.local);
+                        counts[(h * groups_per_rank + d * self.local + le) as usize] += 1;
+                        self.expected_msgs[d as usize] += 1;
+                    }
+                }
+            }
+        }
+        let mut off = vec![0u32; cells + 1];
+        for i in 0..cells {
+            off[i + 1] = off[i] + counts[i];
+        }
+        let mut fill = off.clone();
+        let mut toks = vec![0u32; off[cells] as usize];
+        for d in 0..n {
+            for t in 0..self.tokens {
+                for &e in self.routing.experts(d, t) {
+                    if e >= 0 {
+                        let e = e as u32;
+                        let (h, le) = (e / self.local, e % self.local);
+                        let c = (h * groups_per_rank + d * self.local + le) as usize;
+                        toks[fill[c] as usize] = t;
+                        fill[c] += 1;
+                    }
+                }
+            }
+        }
+        self.group_off = off;
+        self.group_tok = toks;
+        self.group_pos = vec![0; cells];
+        self.cdata_ctr = core.counters(n as usize);
+        self.flag_ctr = core.counters(n as usize);
+        self.acc = vec![0.0; (n * self.tokens) as usize];
+        self.acc_n = vec![0; (n * self.tokens) as usize];
+        self.signals_left = vec![self.experts; n as usize];
+    }
+
+    /// Warp group (dst `d`, local expert `le`) on holder `h` sends its next round of tokens
+    /// (one per warp), or its flag when all are out.
+    fn combine_round(&mut self, core: &mut Core, h: u32, g: u32) {
+        let now = core.now;
+        let cell = (h * self.experts + g) as usize;
+        let (d, le) = (g / self.local, g % self.local);
+        let e = h * self.local + le;
+        let (lo, hi) = (self.group_off[cell], self.group_off[cell + 1]);
+        let pos = self.group_pos[cell];
+        let route = self.route(h, d);
+        // Warps of the block share the SM: groups × warps per group copy at once.
+        let warp_rate = self.costs.warp_rate(self.groups * self.wpg);
+        if lo + pos >= hi {
+            // Flag (after every put of this group, on the same QP).
+            let ts = now + self.costs.ll_signal;
+            let remote = Action::Add { counter: self.flag_ctr + d, delta: 1 };
+            let end = match route {
+                Route::Rdma => {
+                    let qp = core.job_qp(self.job, h, d, le, self.me);
+                    core.post(qp, 0, true, remote, Action::None, self.me);
+                    core.ring(qp, ts + self.costs.wqe_post);
+                    ts + self.costs.wqe_post
+                }
+                Route::Copy(kind) => core.copy(
+                    ts,
+                    self.gpu[h as usize],
+                    self.gpu[d as usize],
+                    kind,
+                    FLAG_BYTES,
+                    self.costs.warp,
+                    remote,
+                    self.me,
+                    h != d,
+                ),
+            };
+            self.send_done[h as usize] = self.send_done[h as usize].max(end);
+            self.signals_left[h as usize] -= 1;
+            if self.signals_left[h as usize] == 0 {
+                self.combine_send_done(core, h);
+            }
+            return;
+        }
+        let take = (hi - lo - pos).min(self.wpg);
+        let mut end = now;
+        for k in 0..take {
+            let idx = pos + k;
+            let t = self.group_tok[(lo + idx) as usize];
+            let w = self.weight_of(d, t, e);
+            let ti = (d * self.tokens + t) as usize;
+            self.acc[ti] += w * (d + 1) as f64;
+            self.acc_n[ti] += 1;
+            let remote = Action::Add { counter: self.cdata_ctr + d, delta: 1 };
+            let put_end = match route {
+                Route::Rdma => {
+                    // TMA-stage the token into the send buffer, then put it.
+                    let staged = core.copy(
+                        now,
+                        self.gpu[h as usize],
+                        self.gpu[h as usize],
+                        PathKind::Local,
+                        self.msg_bytes,
+                        warp_rate,
+                        Action::None,
+                        self.me,
+                        false,
+                    );
+                    let qp = core.job_qp(self.job, h, d, le, self.me);
+                    core.post(qp, self.msg_bytes as u32, false, remote, Action::None, self.me);
+                    let end = staged + self.costs.wqe_post;
+                    if (idx + 1).is_multiple_of(DOORBELL_BATCH) {
+                        core.ring(qp, end);
+                    }
+                    end
+                }
+                Route::Copy(kind) => core.copy(
+                    now,
+                    self.gpu[h as usize],
+                    self.gpu[d as usize],
+                    kind,
+                    self.msg_bytes,
+                    warp_rate,
+                    remote,
+                    self.me,
+                    h != d,
+                ),
+            };
+            end = end.max(put_end);
+        }
+        self.group_pos[cell] = pos + take;
+        self.ranks.touch(h, end);
+        core.wake_at(end, self.me, self.a_group(h, g));
+    }
+
+    fn weight_of(&self, d: u32, t: u32, e: u32) -> f64 {
+        let ex = self.routing.experts(d, t);
+        let w = self.routing.weights(d, t);
+        ex.iter().position(|&x| x == e as i32).map_or(0.0, |k| w[k] as f64)
+    }
+
+    fn combine_send_done(&mut self, core: &mut Core, h: u32) {
+        let done = self.send_done[h as usize].max(core.now);
+        self.ranks.touch(h, done);
+        self.ranks.phase("send", h, self.ranks.since_start(h, done), self.n);
+        let t = if self.hook { done } else { done + self.costs.grid_sync };
+        core.wake_at(t, self.me, self.a_recv_start(h));
+    }
+
+    fn combine_recv_start(&mut self, core: &mut Core, r: u32) {
+        if core.wait(self.flag_ctr + r, self.experts as u64, self.me, self.a_flags(r)) {
+            self.combine_reduce(core, r);
+        }
+    }
+
+    /// All flags in: grid sync, then every block reduces its tokens' top-k partials.
+    fn combine_reduce(&mut self, core: &mut Core, r: u32) {
+        let delivered = core.value(self.cdata_ctr + r);
+        if delivered != self.expected_msgs[r as usize] {
+            self.ranks.fail(format!(
+                "rank {r}: all flags arrived but {delivered} of {} combine messages (per-QP order broken)",
+                self.expected_msgs[r as usize]
+            ));
+        }
+        let start = core.now + if self.hook { 0 } else { self.costs.grid_sync };
+        if std::env::var("DBG").is_ok() && r < 2 {
+            eprintln!("rank {r}: send done {} flags at {} ", self.send_done[r as usize], core.now);
+        }
+        let mut end = start;
+        let mut block_end = vec![start; self.blocks as usize];
+        let mut bytes_total = 0;
+        for t in 0..self.tokens {
+            let ti = (r * self.tokens + t) as usize;
+            let valid = self.routing.experts(r, t).iter().filter(|&&e| e >= 0).count() as u32;
+            let wsum: f64 = self
+                .routing
+                .experts(r, t)
+                .iter()
+                .zip(self.routing.weights(r, t))
+                .filter(|(e, _)| **e >= 0)
+                .map(|(_, &w)| w as f64)
+                .sum();
+            let want = wsum * (r + 1) as f64;
+            if self.acc_n[ti] != valid || (self.acc[ti] - want).abs() > 1e-9 * want.abs().max(1.0) {
+                self.ranks.fail(format!(
+                    "rank {r} token {t}: combined {} expert outputs (weighted sum {}), expected {valid} ({want})",
+                    self.acc_n[ti], self.acc[ti]
+                ));
+            }
+            // Read the partials, write the combined BF16 row.
+            let bytes = self.msg_bytes * (valid as u64 + 1);
+            bytes_total += bytes;
+            let b = (t % self.blocks) as usize;
+            block_end[b] += self.costs.sm.time(bytes);
+            end = end.max(block_end[b]);
+        }
+        let (_, hbm_end) =
+            core.gpus.gpus[self.gpu[r as usize] as usize].hbm.reserve(start, bytes_total / 2);
+        let end = end.max(hbm_end);
+        if self.hook {
+            self.ranks.phase("recv", r, end - start, self.n);
+        }
+        if std::env::var("DBG").is_ok() && r < 2 {
+            eprintln!("rank {r}: reduce end {end} (hbm {hbm_end})");
+        }
+        self.ranks.touch(r, end);
+        core.wake_at(end, self.me, self.a_final(r));
+    }
+}
+
+impl Program for LlProgram {
+    fn num_ranks(&self) -> u32 {
+        self.n
+    }
+
+    fn take_finished(&mut self) -> Vec<(u32, Time)> {
+        std::mem::take(&mut self.ranks.newly_finished)
+    }
+
+    fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+        self.ranks.begin(r, t);
+        if self.dispatch {
+            for b in 0..self.blocks {
+                core.wake_at(t, me, self.a_block(r, b));
+            }
+        } else {
+            // All groups start at once on different SMs, so a holder's stores interleave
+            // across destinations: issue them destination-minor (the egress model is FIFO).
+            for k in 0..self.experts {
+                let g = (k % self.n) * self.local + k / self.n;
+                core.wake_at(t, me, self.a_group(r, g));
+            }
+        }
+    }
+
+    fn start(&mut self, core: &mut Core, me: ProgId) {
+        self.me = me;
+        self.ranks.checks.push(if self.dispatch {
+            "low-latency dispatch: every (token, expert) message arrives exactly once, before its count".into()
+        } else {
+            "low-latency combine: every token gets its top-k expert outputs once, weighted; data before flags".into()
+        });
+        if self.dispatch { self.dispatch_start(core) } else { self.combine_start(core) }
+    }
+
+    fn wake(&mut self, core: &mut Core, _me: ProgId, actor: u32) {
+        let nb = self.n * self.blocks;
+        let ng = self.n * self.experts;
+        if self.dispatch {
+            if actor < nb {
+                self.block_step(core, actor / self.blocks, actor % self.blocks);
+            } else if actor < nb + ng {
+                let a = actor - nb;
+                self.recv_group(core, a / self.experts, a % self.experts);
+            } else if actor < nb + ng + self.n {
+                self.recv_start(core, actor - nb - ng);
+            } else if actor < nb + ng + 2 * self.n {
+                let r = actor - nb - ng - self.n;
+                self.ranks.finish(r, core.now);
+            }
+        } else if actor >= nb && actor < nb + ng {
+            let a = actor - nb;
+            self.combine_round(core, a / self.experts, a % self.experts);
+        } else if actor >= nb + ng && actor < nb + ng + self.n {
+            self.combine_recv_start(core, actor - nb - ng);
+        } else if actor >= nb + ng + self.n && actor < nb + ng + 2 * self.n {
+            let r = actor - nb - ng - self.n;
+            self.ranks.finish(r, core.now);
+        } else if actor >= nb + ng + 2 * self.n {
+            self.combine_reduce(core, actor - nb - ng - 2 * self.n);
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.ranks.left == 0
+    }
+
+    fn finish(&mut self, _core: &Core) -> OpSample {
+        let mut s = self.ranks.sample(&self.meta, 0.0);
+        if self.hook {
+            // DeepEP's hook test: send-phase kernel + receive-phase kernel (launched after
+            // everything arrived), timed separately and added.
+            s.latency_ns = s.phases.iter().map(|p| p.latency_ns).sum();
+        }
+        s
+    }
+
+    fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
+        self.ranks.spans(&self.gpu, &self.global)
+    }
+
+    fn describe(&self, actor: u32) -> String {
+        let nb = self.n * self.blocks;
+        let ng = self.n * self.experts;
+        let op = if self.dispatch { "dispatch" } else { "combine" };
+        if actor < nb {
+            format!("LL {op} rank {} sender block {}", actor / self.blocks, actor % self.blocks)
+        } else if actor < nb + ng {
+            let a = actor - nb;
+            let (r, g) = (a / self.experts, a % self.experts);
+            if self.dispatch {
+                format!(
+                    "LL dispatch rank {r} receive group (source {}, local expert {})",
+                    g / self.local,
+                    g % self.local
+                )
+            } else {
+                format!(
+                    "LL combine rank {r} send group (destination {}, local expert {})",
+                    g / self.local,
+                    g % self.local
+                )
+            }
+        } else {
+            format!("LL {op} rank {} receiver", (actor - nb - ng) % self.n)
+        }
+    }
+}

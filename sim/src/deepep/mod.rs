@@ -1,0 +1,282 @@
+//! DeepEP V1's algorithms as programs on the simulated machine (deepep.md §8–§12): the
+//! normal intranode and internode (RDMA once per node, NVLink forwarding) kernels and the
+//! low-latency kernels, with DeepEP's flow control expressed as actors waiting on counters.
+
+pub mod internode;
+pub mod intranode;
+pub mod ll;
+pub mod ring;
+
+use eptwin_engine::Plan;
+use eptwin_engine::deepep::config::EpMode;
+use eptwin_engine::ids::JobId;
+use eptwin_engine::plan::DeepEpJob;
+use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::topology::PeerPath;
+use eptwin_engine::transport::{OpSample, PhaseTime};
+
+use crate::core::Core;
+use crate::gpu::PathKind;
+use crate::time::{Rate, Time};
+use crate::world::Program;
+
+pub fn program(
+    plan: &Plan,
+    core: &mut Core,
+    job: JobId,
+    op: OpKind,
+    iteration: u32,
+    warmup: bool,
+) -> Box<dyn Program> {
+    let d = plan.job(job).deepep().expect("a DeepEP job");
+    let meta = Meta { job, op, iteration, warmup };
+    match d.mode {
+        EpMode::LowLatency => Box::new(ll::LlProgram::new(plan, core, meta)),
+        EpMode::Intranode => Box::new(intranode::IntranodeProgram::new(plan, core, meta)),
+        EpMode::Internode => Box::new(internode::InternodeProgram::new(plan, core, meta)),
+    }
+}
+
+/// Which op instance a program is.
+#[derive(Debug, Clone, Copy)]
+pub struct Meta {
+    pub job: JobId,
+    pub op: OpKind,
+    pub iteration: u32,
+    pub warmup: bool,
+}
+
+/// How a rank reaches another in a DeepEP kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// A copy: device-local, NVLink or PCIe peer-to-peer.
+    Copy(PathKind),
+    /// RDMA through the NICs.
+    Rdma,
+}
+
+/// The path NVSHMEM gives a low-latency kernel between two job ranks (deepep.md §11, §15):
+/// itself always by pointer; a mapped peer (P2P allowed; across nodes only with MNNVL) by
+/// stores; everyone else through the NIC.
+pub fn ll_route(plan: &Plan, job: JobId, a: u32, b: u32) -> Route {
+    let j = plan.job(job);
+    if a == b {
+        return Route::Copy(PathKind::Local);
+    }
+    let (ra, rb) = (j.ranks[a as usize], j.ranks[b as usize]);
+    let topo = &plan.topology;
+    let p2p = !j.nvshmem.disable_p2p;
+    match topo.rank_path(ra, rb) {
+        PeerPath::SameGpu if p2p => Route::Copy(PathKind::Local),
+        PeerPath::Nvlink => {
+            let cross_node = topo.node_of_rank(ra) != topo.node_of_rank(rb);
+            if p2p && !(cross_node && j.nvshmem.disable_mnnvl) {
+                Route::Copy(PathKind::Nvlink)
+            } else {
+                Route::Rdma
+            }
+        }
+        PeerPath::Pcie if p2p => Route::Copy(PathKind::Pcie),
+        _ => Route::Rdma,
+    }
+}
+
+/// The path a normal kernel's CUDA-IPC copy takes between two ranks of one DeepEP node.
+pub fn ipc_path(plan: &Plan, job: JobId, a: u32, b: u32) -> PathKind {
+    let j = plan.job(job);
+    if a == b {
+        return PathKind::Local;
+    }
+    match plan.topology.rank_path(j.ranks[a as usize], j.ranks[b as usize]) {
+        PeerPath::SameGpu => PathKind::Local,
+        PeerPath::Nvlink => PathKind::Nvlink,
+        // CUDA IPC needs peer access; without NVLink it goes over PCIe.
+        PeerPath::Pcie | PeerPath::Rdma => PathKind::Pcie,
+    }
+}
+
+/// GPU-side rates and costs every DeepEP program uses (from the profile).
+#[derive(Debug, Clone, Copy)]
+pub struct GpuCosts {
+    /// One SM's copy throughput, shared by the warps that copy on it.
+    pub sm: Rate,
+    /// One warp's copy throughput on its own (its memory-level parallelism).
+    pub warp: Rate,
+    pub launch: Time,
+    pub flag: Time,
+    pub grid_sync: Time,
+    pub per_token: Time,
+    pub ll_signal: Time,
+    pub ll_recv_per_msg: Time,
+    pub wqe_post: Time,
+    pub notify: Time,
+    /// Fraction of an SM each of the kernel's blocks gets: co-located ranks (ranks_per_gpu)
+    /// whose blocks together exceed the GPU's SMs share them.
+    pub sm_share: f64,
+    ranks_per_gpu: u32,
+    sm_count: u32,
+}
+
+impl GpuCosts {
+    pub fn new(plan: &Plan, core: &Core) -> GpuCosts {
+        let p = &core.params;
+        let prof = &p.profile;
+        let ranks_per_gpu = plan.topology.ranks_per_gpu.max(1) as f64;
+        GpuCosts {
+            sm: p.sm_copy_rate,
+            warp: Rate::from_gbps(prof.gpu.warp_copy_bw_gbps),
+            launch: p.kernel_launch,
+            flag: p.flag_latency,
+            grid_sync: crate::time::ns(prof.gpu.grid_sync_ns),
+            per_token: crate::time::ns(prof.deepep.per_token_issue_ns),
+            ll_signal: crate::time::ns(prof.deepep.ll_signal_ns),
+            ll_recv_per_msg: crate::time::ns(prof.deepep.ll_recv_per_msg_ns),
+            wqe_post: p.wqe_post,
+            notify: crate::time::ns(prof.deepep.notify_host_roundtrip_ns),
+            sm_share: 1.0,
+            ranks_per_gpu: ranks_per_gpu as u32,
+            sm_count: p.sm_count.max(1),
+        }
+    }
+
+    /// The costs for a kernel of `blocks` blocks per rank: when the co-located ranks' blocks
+    /// exceed the GPU's SMs, every SM (and warp) rate scales down by the oversubscription.
+    pub fn for_blocks(mut self, blocks: u32) -> GpuCosts {
+        let wanted = self.ranks_per_gpu.max(1) as f64 * blocks.max(1) as f64;
+        self.sm_share = (self.sm_count as f64 / wanted).min(1.0);
+        if self.sm_share < 1.0 {
+            let scale = |r: Rate| Rate::from_gbps(r.gbps() * self.sm_share);
+            self.sm = scale(self.sm);
+            self.warp = scale(self.warp);
+        }
+        self
+    }
+
+    /// Copy rate of one of `warps` warps sharing an SM.
+    pub fn warp_rate(&self, warps: u32) -> Rate {
+        self.warp.slower(self.sm.shared(warps))
+    }
+
+    /// Copy rate of a group of `warps` warps on an SM where `active` warps copy at once.
+    pub fn group_rate(&self, warps: u32, active: u32) -> Rate {
+        let per = self.warp.slower(self.sm.shared(active.max(warps)));
+        Rate::from_gbps(per.gbps() * warps.max(1) as f64)
+    }
+}
+
+/// Per-rank kernel bookkeeping shared by the programs: start, end, the sample.
+#[derive(Debug, Clone)]
+pub struct Ranks {
+    /// When each rank's kernel started (ranks start together, or when their previous kernel
+    /// on the same stream ended).
+    pub start: Vec<Time>,
+    pub end: Vec<Option<Time>>,
+    /// Ranks finished since the world last asked (it chains the next kernel on them).
+    pub newly_finished: Vec<(u32, Time)>,
+    /// The latest time any work of the rank finishes (the kernel ends there).
+    pub last: Vec<Time>,
+    pub left: u32,
+    pub phases: Vec<(String, Vec<Time>)>,
+    pub checks: Vec<String>,
+    pub failures: Vec<String>,
+}
+
+impl Ranks {
+    pub fn new(n: u32) -> Ranks {
+        Ranks {
+            start: vec![0; n as usize],
+            end: vec![None; n as usize],
+            newly_finished: Vec::new(),
+            last: vec![0; n as usize],
+            left: n,
+            phases: Vec::new(),
+            checks: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    pub fn touch(&mut self, r: u32, t: Time) {
+        let l = &mut self.last[r as usize];
+        *l = (*l).max(t);
+    }
+
+    pub fn begin(&mut self, r: u32, t: Time) {
+        self.start[r as usize] = t;
+        self.last[r as usize] = t;
+    }
+
+    pub fn finish(&mut self, r: u32, t: Time) {
+        if self.end[r as usize].is_none() {
+            let end = t.max(self.last[r as usize]);
+            self.end[r as usize] = Some(end);
+            self.newly_finished.push((r, end));
+            self.left -= 1;
+        }
+    }
+
+    /// (GPU, global rank, start, end) of every finished rank, for the trace.
+    pub fn spans(&self, gpu: &[u32], ranks: &[u32]) -> Vec<(u32, u32, Time, Time)> {
+        self.end
+            .iter()
+            .enumerate()
+            .filter_map(|(r, e)| e.map(|e| (gpu[r], ranks[r], self.start[r], e)))
+            .collect()
+    }
+
+    /// Kernel time of rank `r` so far (for phases).
+    pub fn since_start(&self, r: u32, t: Time) -> Time {
+        t.saturating_sub(self.start[r as usize])
+    }
+
+    pub fn fail(&mut self, what: String) {
+        if self.failures.len() < 16 {
+            self.failures.push(what);
+        }
+    }
+
+    pub fn phase(&mut self, name: &str, r: u32, t: Time, n: u32) {
+        let i = match self.phases.iter().position(|(p, _)| p == name) {
+            Some(i) => i,
+            None => {
+                self.phases.push((name.to_string(), vec![0; n as usize]));
+                self.phases.len() - 1
+            }
+        };
+        self.phases[i].1[r as usize] = t;
+    }
+
+    /// The sample: latency = per-rank kernel time averaged over ranks (deepep.md §17).
+    pub fn sample(&self, meta: &Meta, extra_ns: f64) -> OpSample {
+        let n = self.end.len().max(1) as f64;
+        let mean = self
+            .end
+            .iter()
+            .zip(&self.start)
+            .map(|(e, &s)| e.map_or(0, |e| e - s) as f64)
+            .sum::<f64>()
+            / n;
+        let mut s =
+            OpSample::new(meta.job, meta.op, meta.iteration, meta.warmup, mean / 1e3 + extra_ns);
+        for (name, per_rank) in &self.phases {
+            let avg = per_rank.iter().map(|&t| t as f64).sum::<f64>() / n / 1e3;
+            s.phases.push(PhaseTime { name: name.clone(), latency_ns: avg });
+        }
+        s.checks = self.checks.clone();
+        s.failures = self.failures.clone();
+        s
+    }
+}
+
+/// The DeepEP job of a plan.
+pub fn deepep_job(plan: &Plan, job: JobId) -> &DeepEpJob {
+    plan.job(job).deepep().expect("a DeepEP job")
+}
+
+/// A 64-bit mix of (source rank, token, expert) for identity checks.
+#[inline]
+pub fn mix(a: u32, b: u32, c: u32) -> u64 {
+    let mut z = ((a as u64) << 42) ^ ((b as u64) << 21) ^ c as u64;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,548 @@
+//! NICs and RC queue pairs: WQE posting and doorbells, per-WR NIC processing, MTU
+//! segmentation with header overhead, per-QP in-order execution at the responder (an atomic
+//! after writes on the same QP takes effect after them, even when adaptive routing reorders
+//! packets), RC ACKs and completions, and the QP-depth rule.
+//!
+//! DeepEP's IBGDA layer reserves WQE slots without checking for free ones (deepep.md §12): a
+//! DeepEP QP never blocks, and a post beyond `NVSHMEM_QP_DEPTH` outstanding work requests is
+//! reported as a correctness failure with its coordinates. Background traffic behaves like a
+//! verbs application and never posts beyond the depth.
+
+use crate::core::{Action, Core, Ev, ProgId};
+use crate::fabric::{Pkt, PktKind, QP_ITEM};
+use crate::slab::NONE;
+use crate::time::Time;
+
+#[derive(Debug, Clone)]
+pub struct Nic {
+    pub tx_port: u32,
+    /// The receive pipeline (PCIe writes into GPU memory) is free from this time.
+    pub rx_free: Time,
+    /// The WQE-processing engine is free from this time (message-rate limit).
+    pub engine_free: Time,
+}
+
+impl Nic {
+    pub fn new(tx_port: u32) -> Nic {
+        Nic { tx_port, rx_free: 0, engine_free: 0 }
+    }
+}
+
+/// Who a QP belongs to, for messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QpLabel {
+    pub job: u16,
+    pub src_rank: u32,
+    pub dst_rank: u32,
+    pub index: u16,
+}
+
+#[derive(Debug, Clone)]
+pub struct Qp {
+    pub nic: u32,
+    pub peer_nic: u32,
+    pub lane: u8,
+    pub depth: u32,
+    /// DeepEP QPs report a post beyond the depth as a failure of `prog`.
+    pub check_depth: bool,
+    pub prog: ProgId,
+    pub label: QpLabel,
+    // Requester: messages in post order, linked through `Msg::next`.
+    pub head: u32,
+    pub tail: u32,
+    /// Next message to packetize and the bytes of it already sent.
+    pub send: u32,
+    pub send_off: u32,
+    /// The `send` message as the NIC's send engine holds it (so a packet touches only the
+    /// QP): wire bytes of the next packet, payload bytes left, kind, op, ready time.
+    pub next_wire: u32,
+    pub send_left: u32,
+    pub send_atomic: bool,
+    pub send_prog: ProgId,
+    pub send_ready: Time,
+    /// Wire bytes of the item queued after this QP in its port lane.
+    pub port_next_wire: u32,
+    /// First message not yet covered by a doorbell.
+    pub db: u32,
+    pub posted: u32,
+    pub rung: u32,
+    pub in_flight: u32,
+    pub max_in_flight: u32,
+    pub completed: u32,
+    pub active: bool,
+    pub ready_pending: bool,
+    pub port_next: u32,
+    // Responder: next message to execute, in order.
+    pub exec: u32,
+    pub exec_seq: u32,
+    /// The responder's ACK for this QP still waiting in its NIC port (NONE: none): a later
+    /// message's execution bumps it instead of queueing another (ACKs are cumulative).
+    pub ack_pkt: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Msg {
+    pub qp: u32,
+    pub seq: u32,
+    pub bytes: u32,
+    pub atomic: bool,
+    pub npkts: u32,
+    pub arrived: u32,
+    pub arrived_all: bool,
+    pub ready_at: Time,
+    pub posted_at: Time,
+    pub remote: Action,
+    pub local: Action,
+    pub next: u32,
+    pub prog: ProgId,
+}
+
+impl Core {
+    /// Create a queue pair from `nic` to `peer_nic` on `lane`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_qp(
+        &mut self,
+        nic: u32,
+        peer_nic: u32,
+        lane: u8,
+        depth: u32,
+        check_depth: bool,
+        prog: ProgId,
+        label: QpLabel,
+    ) -> u32 {
+        self.net.qps.push(Qp {
+            nic,
+            peer_nic,
+            lane,
+            depth,
+            check_depth,
+            prog,
+            label,
+            head: NONE,
+            tail: NONE,
+            send: NONE,
+            send_off: 0,
+            next_wire: 0,
+            send_left: 0,
+            send_atomic: false,
+            send_prog: 0,
+            send_ready: Time::MAX,
+            port_next_wire: 0,
+            db: NONE,
+            posted: 0,
+            rung: 0,
+            in_flight: 0,
+            max_in_flight: 0,
+            completed: 0,
+            active: false,
+            ready_pending: false,
+            port_next: NONE,
+            exec: NONE,
+            exec_seq: 0,
+            ack_pkt: NONE,
+        });
+        (self.net.qps.len() - 1) as u32
+    }
+
+    /// Post an RDMA write of `bytes` (or a 32-bit atomic) on `qp`. `remote` runs at the
+    /// responder when it takes effect; `local` at the requester on completion. Visible to the
+    /// NIC only after a doorbell ([`Core::ring`]).
+    pub fn post(
+        &mut self,
+        qp: u32,
+        bytes: u32,
+        atomic: bool,
+        remote: Action,
+        local: Action,
+        prog: ProgId,
+    ) {
+        let seq = self.net.qps[qp as usize].posted;
+        let npkts = if atomic { 1 } else { self.params.packets(bytes) };
+        let m = self.net.msgs.insert(crate::nic::Msg {
+            qp,
+            seq,
+            bytes: if atomic { 0 } else { bytes },
+            atomic,
+            npkts,
+            arrived: 0,
+            arrived_all: false,
+            ready_at: Time::MAX,
+            posted_at: self.now,
+            remote,
+            local,
+            next: NONE,
+            prog,
+        });
+        let q = &mut self.net.qps[qp as usize];
+        if q.tail != NONE {
+            let tail = q.tail;
+            self.net.msgs[tail].next = m;
+        }
+        let q = &mut self.net.qps[qp as usize];
+        q.tail = m;
+        if q.head == NONE {
+            q.head = m;
+        }
+        if q.send == NONE {
+            self.load_send(qp, m);
+        }
+        let q = &mut self.net.qps[qp as usize];
+        if q.db == NONE {
+            q.db = m;
+        }
+        if q.exec == NONE {
+            q.exec = m;
+        }
+        q.posted += 1;
+        q.in_flight += 1;
+        q.max_in_flight = q.max_in_flight.max(q.in_flight);
+        if q.in_flight > q.depth {
+            let (label, depth, in_flight, check) = (q.label, q.depth, q.in_flight, q.check_depth);
+            let what = format!(
+                "QP overrun: job {} rank {} -> rank {} QP {}: {in_flight} work requests in flight > NVSHMEM_QP_DEPTH {depth} (IBGDA does not check for free WQE slots; the ring overwrites unconsumed WQEs)",
+                label.job, label.src_rank, label.dst_rank, label.index
+            );
+            if check {
+                self.fail(prog, what);
+            } else {
+                self.violation(format!("QP in-flight <= depth: {what}"));
+            }
+        }
+    }
+
+    /// Ring the QP's doorbell at `t` (≥ now): the NIC sees every WQE posted so far after the
+    /// doorbell latency (an MMIO write through PCIe).
+    pub fn ring(&mut self, qp: u32, t: Time) {
+        let upto = self.net.qps[qp as usize].posted;
+        self.push(t.max(self.now) + self.params.doorbell, Ev::Doorbell { qp, upto });
+    }
+
+    pub(crate) fn doorbell_arrive(&mut self, qp: u32, upto: u32) {
+        let now = self.now;
+        let nic = self.net.qps[qp as usize].nic as usize;
+        while self.net.qps[qp as usize].rung < upto {
+            let m = self.net.qps[qp as usize].db;
+            if m == NONE {
+                self.violation(format!("doorbell on QP {qp} beyond its posted WQEs"));
+                break;
+            }
+            // One WR at a time through the NIC's processing engine, then WQE fetch and payload
+            // DMA read before the first byte leaves (tx latency).
+            let start = self.net.nics[nic].engine_free.max(now);
+            let ready = start + self.params.wqe_process;
+            self.net.nics[nic].engine_free = ready;
+            self.net.msgs[m].ready_at = ready + self.params.tx_latency;
+            let q = &mut self.net.qps[qp as usize];
+            if q.send == m {
+                q.send_ready = ready + self.params.tx_latency;
+            }
+            q.rung += 1;
+            q.db = self.net.msgs[m].next;
+        }
+        self.kick_qp(qp);
+    }
+
+    pub(crate) fn qp_ready(&mut self, qp: u32) {
+        self.net.qps[qp as usize].ready_pending = false;
+        self.kick_qp(qp);
+    }
+
+    /// Put the QP in its NIC port's round robin if its next message may send.
+    fn kick_qp(&mut self, qp: u32) {
+        let q = &self.net.qps[qp as usize];
+        if q.active || q.send == NONE {
+            return;
+        }
+        let ready = q.send_ready;
+        if ready == Time::MAX {
+            return; // not doorbelled yet
+        }
+        if ready <= self.now {
+            let (port, lane) = (self.net.nics[q.nic as usize].tx_port, q.lane);
+            let wire = self.qp_next_wire(qp);
+            self.net.qps[qp as usize].active = true;
+            self.enqueue(port, lane, QP_ITEM | qp, wire);
+        } else if !q.ready_pending {
+            self.net.qps[qp as usize].ready_pending = true;
+            self.push(ready, Ev::QpReady(qp));
+        }
+    }
+
+    /// Wire bytes of the next packet the QP would send.
+    #[inline]
+    pub(crate) fn qp_next_wire(&self, qp: u32) -> u32 {
+        self.net.qps[qp as usize].next_wire
+    }
+
+    /// Make message `m` (or none) the QP's send cursor, caching what packetizing needs.
+    fn load_send(&mut self, qp: u32, m: u32) {
+        let (bytes, atomic, prog, ready) = if m == NONE {
+            (0, false, 0, Time::MAX)
+        } else {
+            let msg = &self.net.msgs[m];
+            (msg.bytes, msg.atomic, msg.prog, msg.ready_at)
+        };
+        let next_wire = if atomic {
+            self.params.hdr.atomic_req
+        } else {
+            self.params.data_wire(bytes.min(self.params.mtu), true)
+        };
+        let q = &mut self.net.qps[qp as usize];
+        q.send = m;
+        q.send_off = 0;
+        q.send_left = bytes;
+        q.send_atomic = atomic;
+        q.send_prog = prog;
+        q.send_ready = ready;
+        q.next_wire = next_wire;
+    }
+
+    /// The QP at the head of `port`'s `lane` queue sends one packet; it goes to the back of
+    /// the queue if it has more ready to send (packet-level round robin between QPs).
+    pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> u32 {
+        let now = self.now;
+        let q = &self.net.qps[qp as usize];
+        let (wire, m, prog) = (q.next_wire, q.send, q.send_prog);
+        let (payload, kind, last) = if q.send_atomic {
+            (0, PktKind::AtomicReq, true)
+        } else {
+            let payload = q.send_left.min(self.params.mtu);
+            let last = payload >= q.send_left;
+            (payload, if last { PktKind::DataLast } else { PktKind::Data }, last)
+        };
+        let pkt = self.net.pkts.insert(Pkt {
+            msg: m,
+            wire,
+            payload,
+            src_nic: q.nic,
+            dst_nic: q.peer_nic,
+            from_port: NONE,
+            next: NONE,
+            next_wire: 0,
+            lane,
+            kind,
+            prog,
+        });
+        let ob = &mut self.op_bytes[prog as usize];
+        ob.wire += wire as u64;
+        ob.rdma_payload += payload as u64;
+        if last {
+            // Only a message boundary touches the message records.
+            let next = self.net.msgs[m].next;
+            self.load_send(qp, next);
+        } else {
+            let q = &mut self.net.qps[qp as usize];
+            q.send_off += payload;
+            q.send_left -= payload;
+            q.next_wire = self.params.data_wire(q.send_left.min(self.params.mtu), false);
+        }
+        // Pop the QP from the lane queue.
+        let l = lane as usize;
+        let q = &self.net.qps[qp as usize];
+        let (next, next_wire) = (q.port_next, q.port_next_wire);
+        let more = q.send != NONE && q.send_ready <= now;
+        let qp_wire = q.next_wire;
+        let p = &mut self.net.ports[port as usize];
+        p.lanes[l].head = next;
+        p.lanes[l].head_wire = next_wire;
+        if next == NONE {
+            p.lanes[l].tail = NONE;
+            p.nonempty &= !(1 << lane);
+        }
+        if more {
+            // Back of the round robin (no try_start: the caller is arbitrating this port).
+            let tail = p.lanes[l].tail;
+            p.lanes[l].tail = QP_ITEM | qp;
+            if tail == NONE {
+                p.lanes[l].head = QP_ITEM | qp;
+                p.lanes[l].head_wire = qp_wire;
+                p.nonempty |= 1 << lane;
+            } else {
+                self.set_next(tail, QP_ITEM | qp, qp_wire);
+            }
+            self.set_next(QP_ITEM | qp, NONE, 0);
+        } else {
+            let q = &mut self.net.qps[qp as usize];
+            q.active = false;
+            q.port_next = NONE;
+            if q.send != NONE && q.send_ready != Time::MAX && !q.ready_pending {
+                q.ready_pending = true;
+                let ready = q.send_ready;
+                self.push(ready, Ev::QpReady(qp));
+            }
+        }
+        pkt
+    }
+
+    /// A packet's head reaches NIC `n` through port `p` at `head_t`, its tail at `tail_t`.
+    pub(crate) fn nic_receive(&mut self, n: u32, p: u32, pkt: u32, head_t: Time, tail_t: Time) {
+        let k = self.net.pkts[pkt];
+        if k.dst_nic != n {
+            self.violation(format!(
+                "misrouted packet: for nic {} delivered to nic {n} via {}",
+                k.dst_nic, self.net.port_names[p as usize]
+            ));
+        }
+        let nic = &mut self.net.nics[n as usize];
+        let start = head_t.max(nic.rx_free);
+        let done = (start + self.params.pcie_rate.time(k.wire as u64)).max(tail_t);
+        nic.rx_free = done;
+        let lat = self.net.ports[p as usize].latency;
+        self.return_credits(p, k.lane, k.blocks(), done + lat + self.params.credit_delay);
+        match k.kind {
+            PktKind::Data | PktKind::DataLast => {
+                self.op_bytes[k.prog as usize].rdma_delivered += k.payload as u64;
+                // Static routing keeps a QP's packets in order: the last one completes the
+                // message. Adaptive routing may reorder them, so count.
+                let complete = if self.params.adaptive {
+                    let m = &mut self.net.msgs[k.msg];
+                    m.arrived += 1;
+                    m.arrived == m.npkts
+                } else {
+                    k.kind == PktKind::DataLast
+                };
+                if complete {
+                    self.push(done, Ev::NicDeliver(pkt));
+                } else {
+                    self.net.pkts.remove(pkt);
+                }
+            }
+            PktKind::AtomicReq => self.push(done, Ev::NicDeliver(pkt)),
+            // The requester sees a completion once the CQE is written.
+            PktKind::Ack | PktKind::AtomicResp => {
+                self.push(done + self.params.rx_latency, Ev::NicDeliver(pkt))
+            }
+        }
+    }
+
+    pub(crate) fn nic_deliver(&mut self, pkt: u32) {
+        let k = self.net.pkts[pkt];
+        self.net.pkts.remove(pkt);
+        match k.kind {
+            PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
+                self.net.msgs[k.msg].arrived_all = true;
+                self.execute_in_order(self.net.msgs[k.msg].qp);
+            }
+            PktKind::Ack | PktKind::AtomicResp => self.complete_upto(k.msg, k.payload),
+        }
+    }
+
+    /// Execute (make visible and acknowledge) the QP's fully arrived messages, in post order.
+    fn execute_in_order(&mut self, qp: u32) {
+        loop {
+            let m = self.net.qps[qp as usize].exec;
+            if m == NONE || !self.net.msgs[m].arrived_all {
+                return;
+            }
+            let msg = self.net.msgs[m];
+            let q = &mut self.net.qps[qp as usize];
+            if msg.seq != q.exec_seq {
+                let what = format!(
+                    "per-QP order: QP {qp} (rank {} -> {}) executes message {} while {} is next",
+                    q.label.src_rank, q.label.dst_rank, msg.seq, q.exec_seq
+                );
+                self.violation(what);
+            }
+            let q = &mut self.net.qps[qp as usize];
+            q.exec_seq += 1;
+            q.exec = msg.next;
+            let (src, dst, lane) = (q.nic, q.peer_nic, q.lane);
+            // Data (or the atomic's result) is visible in GPU memory after the PCIe write.
+            let visible = self.now + self.params.rx_latency;
+            self.act_at(visible, msg.remote);
+            if let Some(tr) = self.trace.as_mut() {
+                use crate::trace::{PID_NIC, TID_NIC_PORT, TID_QP};
+                // The message's path through the fabric: post at the requester, delivery at
+                // the responder's NIC.
+                let (src, dst) =
+                    (self.net.qps[qp as usize].nic, self.net.qps[qp as usize].peer_nic);
+                tr.name_thread(PID_NIC + dst, TID_NIC_PORT, "tx port");
+                tr.flow(
+                    "rdma",
+                    PID_NIC + src,
+                    TID_QP + qp,
+                    msg.posted_at,
+                    PID_NIC + dst,
+                    TID_NIC_PORT,
+                    visible,
+                );
+            }
+            let (kind, wire) = if msg.atomic {
+                (PktKind::AtomicResp, self.params.hdr.atomic_resp)
+            } else {
+                (PktKind::Ack, self.params.hdr.ack)
+            };
+            let pending = self.net.qps[qp as usize].ack_pkt;
+            if kind == PktKind::Ack && pending != NONE {
+                // Coalesce into the ACK still queued at the NIC.
+                self.net.pkts[pending].payload = msg.seq;
+                continue;
+            }
+            // An ACK carries (QP, sequence) rather than the message id: with adaptive routing a
+            // later cumulative ACK may already have retired the message.
+            let ack = self.net.pkts.insert(Pkt {
+                msg: qp,
+                wire,
+                payload: msg.seq,
+                src_nic: dst,
+                dst_nic: src,
+                from_port: NONE,
+                next: NONE,
+                next_wire: 0,
+                lane,
+                kind,
+                prog: msg.prog,
+            });
+            self.ensure_op(msg.prog);
+            self.op_bytes[msg.prog as usize].wire += wire as u64;
+            if kind == PktKind::Ack {
+                self.net.qps[qp as usize].ack_pkt = ack;
+            }
+            let port = self.net.nics[dst as usize].tx_port;
+            self.enqueue(port, lane, ack, wire);
+        }
+    }
+
+    /// An ACK for message `seq` completes every earlier message of its QP too (RC ACKs are
+    /// cumulative); a stale ACK (already covered) does nothing.
+    fn complete_upto(&mut self, qp: u32, seq: u32) {
+        while self.net.qps[qp as usize].completed <= seq {
+            let head = self.net.qps[qp as usize].head;
+            if head == NONE {
+                self.violation(format!("ACK on QP {qp} with nothing outstanding"));
+                return;
+            }
+            let msg = self.net.msgs[head];
+            let q = &mut self.net.qps[qp as usize];
+            q.head = msg.next;
+            if q.head == NONE {
+                q.tail = NONE;
+            }
+            q.in_flight -= 1;
+            q.completed += 1;
+            self.net.msgs.remove(head);
+            self.act(msg.local);
+            if self.trace.is_some() {
+                self.trace_message(qp, &msg);
+            }
+        }
+    }
+
+    /// Trace a completed work request on its QP's track (post to completion).
+    fn trace_message(&mut self, qp: u32, msg: &Msg) {
+        use crate::trace::{PID_NIC, TID_QP};
+        let q = &self.net.qps[qp as usize];
+        let (pid, tid) = (PID_NIC + q.nic, TID_QP + qp);
+        let name = format!(
+            "QP {} rank {}->{} #{} (VL{})",
+            qp, q.label.src_rank, q.label.dst_rank, q.label.index, q.lane
+        );
+        let what = if msg.atomic { "atomic".to_string() } else { format!("write {} B", msg.bytes) };
+        let nic = q.nic;
+        let now = self.now;
+        let tr = self.trace.as_mut().expect("tracing");
+        tr.name_process(pid, &format!("NIC {nic}"));
+        tr.name_thread(pid, tid, &name);
+        tr.span(pid, tid, &what, msg.posted_at, now, &format!("\"seq\":{}", msg.seq));
+    }
+}

@@ -1,0 +1,151 @@
+//! The model's parameters in simulator units, derived once from the resolved hardware profile
+//! (`engine/profiles/*.toml`, docs/calibration.md). Nothing else reads the profile.
+
+use eptwin_engine::Plan;
+use eptwin_engine::profile::HardwareProfile;
+use eptwin_engine::scenario::schema::{FabricKind, FabricRouting};
+
+use crate::time::{Rate, Time, ns};
+
+/// Per-packet header bytes on the wire (fabric.md §3 for IB, §5 for RoCEv2).
+#[derive(Debug, Clone, Copy)]
+pub struct Headers {
+    /// Every data packet: IB LRH 8 + BTH 12 + ICRC 4 + VCRC 2; RoCE Eth 14 + IPv4 20 + UDP 8 +
+    /// BTH 12 + ICRC 4 + FCS 4 + preamble/SFD/IFG 20.
+    pub data: u32,
+    /// RETH on the first packet of an RDMA WRITE.
+    pub reth: u32,
+    /// RC ACK (AETH).
+    pub ack: u32,
+    /// Atomic request (AtomicETH) and response (AETH + AtomicAckETH).
+    pub atomic_req: u32,
+    pub atomic_resp: u32,
+}
+
+impl Headers {
+    pub fn for_kind(kind: FabricKind) -> Headers {
+        match kind {
+            FabricKind::Infiniband => {
+                Headers { data: 26, reth: 16, ack: 30, atomic_req: 54, atomic_resp: 38 }
+            }
+            FabricKind::Roce => {
+                let base = 14 + 20 + 8 + 12 + 4 + 4 + 20;
+                Headers {
+                    data: base,
+                    reth: 16,
+                    ack: base + 4,
+                    atomic_req: base + 28,
+                    atomic_resp: base + 12,
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub kind: FabricKind,
+    pub mtu: u32,
+    pub hdr: Headers,
+    /// Switch-to-switch and switch-to-NIC port rate (line rate).
+    pub link_rate: Rate,
+    /// NIC injection rate: line rate × NIC efficiency (DMA/PCIe limits), wire bytes.
+    pub nic_rate: Rate,
+    /// GPUDirect writes from the NIC into GPU memory (PCIe × efficiency).
+    pub pcie_rate: Rate,
+    pub pcie_latency: Time,
+    pub link_latency: Time,
+    pub switch_latency: Time,
+    pub cut_through: bool,
+    pub adaptive: bool,
+    pub adaptive_latency: Time,
+    /// Credits (64-B blocks) per lane per receive buffer.
+    pub credits_per_lane: i32,
+    /// Delay from freeing a receive buffer to the credit reaching the sender, beyond the wire
+    /// latency: flow-control packets go out periodically, on average half a period late.
+    pub credit_delay: Time,
+    pub wqe_post: Time,
+    pub doorbell: Time,
+    pub wqe_process: Time,
+    pub tx_latency: Time,
+    pub rx_latency: Time,
+    pub nvl_rate: Rate,
+    pub nvl_latency: Time,
+    pub hbm_copy_rate: Rate,
+    pub sm_copy_rate: Rate,
+    pub sm_count: u32,
+    pub kernel_launch: Time,
+    pub flag_latency: Time,
+    pub profile: HardwareProfile,
+}
+
+impl Params {
+    pub fn new(plan: &Plan) -> Params {
+        Params::from_profile(&plan.profile)
+    }
+
+    pub fn from_profile(p: &HardwareProfile) -> Params {
+        let f = &p.fabric;
+        Params {
+            kind: f.kind,
+            mtu: f.mtu,
+            hdr: Headers::for_kind(f.kind),
+            link_rate: Rate::from_gbps(p.nic.link_gbps),
+            nic_rate: Rate::from_gbps(p.nic.link_gbps * p.nic.efficiency),
+            pcie_rate: Rate::from_gbps(p.pcie.bw_gbps * p.pcie.efficiency),
+            pcie_latency: ns(p.pcie.latency_ns),
+            link_latency: ns(f.link_latency_ns),
+            switch_latency: ns(f.switch_latency_ns),
+            cut_through: f.switch_mode == eptwin_engine::profile::SwitchMode::CutThrough,
+            adaptive: f.routing == FabricRouting::Adaptive,
+            adaptive_latency: ns(f.adaptive_routing_latency_ns),
+            credits_per_lane: (f.vl_buffer_bytes / 64) as i32,
+            credit_delay: ns(f.credit_update_ns) / 2,
+            wqe_post: ns(p.nic.wqe_post_ns),
+            doorbell: ns(p.nic.doorbell_ns),
+            wqe_process: ns(p.nic.wqe_process_ns),
+            tx_latency: ns(p.nic.tx_latency_ns),
+            rx_latency: ns(p.nic.rx_latency_ns),
+            nvl_rate: Rate::from_gbps(p.nvlink.achievable_gbps()),
+            nvl_latency: ns(p.nvlink.latency_ns),
+            hbm_copy_rate: Rate::from_gbps(p.gpu.memcpy_bw_gbps),
+            sm_copy_rate: Rate::from_gbps(p.gpu.sm_copy_bw_gbps),
+            sm_count: p.gpu.sm_count,
+            kernel_launch: ns(p.gpu.kernel_launch_ns),
+            flag_latency: ns(p.gpu.flag_latency_ns),
+            profile: p.clone(),
+        }
+    }
+
+    /// Wire bytes of a data packet carrying `payload` bytes.
+    #[inline]
+    pub fn data_wire(&self, payload: u32, first: bool) -> u32 {
+        payload + self.hdr.data + if first { self.hdr.reth } else { 0 }
+    }
+
+    /// Packets of a message of `bytes` payload (at least one).
+    #[inline]
+    pub fn packets(&self, bytes: u32) -> u32 {
+        bytes.div_ceil(self.mtu).max(1)
+    }
+
+    /// Total wire bytes of an RDMA write of `bytes` (fabric.md §3: m + 26·ceil(m/P) + 16).
+    pub fn write_wire_bytes(&self, bytes: u32) -> u64 {
+        bytes as u64 + self.packets(bytes) as u64 * self.hdr.data as u64 + self.hdr.reth as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_sizes_match_fabric_md() {
+        let p: HardwareProfile =
+            toml::from_str(eptwin_engine::profile::BUNDLED[0].1).expect("h800 profile");
+        let params = Params::from_profile(&p);
+        assert_eq!(params.write_wire_bytes(7408), 7476);
+        assert_eq!(params.write_wire_bytes(14336), 14456);
+        assert_eq!(params.write_wire_bytes(59_776), 60_182);
+    }
+}

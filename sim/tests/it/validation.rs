@@ -1,0 +1,88 @@
+//! The validation suite: DeepEP V1's published rows (deepep.md §18) against the simulator
+//! with the bundled `h800-cx7` profile. Prints the table; fails if any row drifts beyond its
+//! tolerance.
+
+use crate::util::{plan_of_file, repo, run, tomls};
+
+#[test]
+fn published_deepep_rows_within_tolerance() {
+    let files = tomls(&repo().join("scenarios/validation"));
+    assert_eq!(files.len(), 7, "one scenario per published row");
+    let mut lines = vec![format!(
+        "{:<22} {:<9} {:>8} {:>10} {:>10} {:>8} {:>6}",
+        "scenario", "op", "metric", "published", "simulated", "error%", "tol%"
+    )];
+    let mut errors = Vec::new();
+    let mut bad = Vec::new();
+    for f in &files {
+        let plan = plan_of_file(f);
+        assert_eq!(plan.profile.name, "h800-cx7", "{}: the suite uses one profile", f.display());
+        let r = run(&plan);
+        assert!(r.failures.is_empty(), "{}: {:?}", f.display(), r.failures);
+        for job in &r.jobs {
+            for op in &job.ops {
+                let c = op
+                    .reference
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{}: {} has no reference", f.display(), op.op));
+                let (metric, published, simulated) = match (c.latency_us, c.logical_bw_gbps) {
+                    (Some(l), _) => ("us", l, op.summary.latency_us.mean),
+                    (None, Some(b)) => ("GB/s", b, op.summary.logical_bw_gbps),
+                    _ => panic!("empty reference"),
+                };
+                lines.push(format!(
+                    "{:<22} {:<9} {:>8} {:>10.1} {:>10.1} {:>+8.1} {:>6.0}",
+                    r.scenario.name,
+                    op.op,
+                    metric,
+                    published,
+                    simulated,
+                    c.error_pct,
+                    c.tolerance_pct
+                ));
+                errors.push(c.error_pct.abs());
+                if !c.within_tolerance {
+                    bad.push(format!("{} {}: {:+.1}%", r.scenario.name, op.op, c.error_pct));
+                }
+            }
+        }
+    }
+    errors.sort_by(f64::total_cmp);
+    let mid = errors.len() / 2;
+    let median = if errors.len().is_multiple_of(2) {
+        (errors[mid - 1] + errors[mid]) / 2.0
+    } else {
+        errors[mid]
+    };
+    lines.push(format!("median |error| {median:.1}%, max {:.1}%", errors[errors.len() - 1]));
+    println!("{}", lines.join("\n"));
+    assert!(bad.is_empty(), "rows beyond tolerance: {bad:?}");
+    assert_eq!(errors.len(), 14, "7 rows x (dispatch, combine)");
+}
+
+/// The shape must come out of the model: internode bandwidth falls from EP32 to EP64,
+/// low-latency latency grows with EP, combine costs more than dispatch.
+#[test]
+fn shape_of_the_published_tables() {
+    let dir = repo().join("scenarios/validation");
+    let bw = |name: &str, op: &str| {
+        let r = run(&plan_of_file(&dir.join(format!("{name}.toml"))));
+        r.jobs[0].ops.iter().find(|o| o.op == op).expect("op").summary.clone()
+    };
+    let ep32 = bw("deepep-normal-ep32", "dispatch");
+    let ep64 = bw("deepep-normal-ep64", "dispatch");
+    assert!(
+        ep64.logical_bw_gbps < ep32.logical_bw_gbps,
+        "EP64 {} >= EP32 {}",
+        ep64.logical_bw_gbps,
+        ep32.logical_bw_gbps
+    );
+    let mut last = 0.0;
+    for ep in [8, 16, 32] {
+        let d = bw(&format!("deepep-ll-ep{ep}"), "dispatch").latency_us.mean;
+        let c = bw(&format!("deepep-ll-ep{ep}"), "combine").latency_us.mean;
+        assert!(d > last, "LL dispatch latency grows with EP");
+        assert!(c > d, "LL EP{ep}: combine {c} costs more than dispatch {d}");
+        last = d;
+    }
+}
