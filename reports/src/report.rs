@@ -1080,8 +1080,28 @@ fn trace_name(t: &Loaded<Trace>, i: usize) -> String {
     })
 }
 
-const MAX_LANES: usize = 48;
 const MAX_CATEGORIES: usize = 8;
+/// Processes shown per kind (GPU, NIC, leaf, spine, ...): a simulated cluster has thousands of
+/// busy lanes, and the first few of each kind already show what every one does.
+const PROCESSES_PER_KIND: usize = 2;
+/// Lanes shown per process, the busiest in the window (a NIC has one per QP).
+const LANES_PER_PROCESS: usize = 4;
+
+/// The kind of a trace process: its name without numbers and parentheses
+/// ("GPU 3" → "GPU", "leaf2 (rail 2)" → "leaf").
+fn process_kind(name: &str) -> String {
+    let head = name.split('(').next().unwrap_or(name);
+    head.chars().filter(|c| !c.is_ascii_digit()).collect::<String>().trim().to_string()
+}
+
+/// The colour class of a span: its `cat`, else the first word of its name ("copy to GPU 3"
+/// → "copy", "dispatch (job 0, iteration 0)" → "dispatch").
+fn span_category(s: &crate::trace::Span) -> String {
+    if !s.cat.is_empty() {
+        return s.cat.clone();
+    }
+    s.name.split_whitespace().next().unwrap_or("").to_string()
+}
 
 fn timeline(t: &Loaded<Trace>, i: usize) -> Result<Planned, String> {
     let name = trace_name(t, i);
@@ -1103,11 +1123,48 @@ fn timeline(t: &Loaded<Trace>, i: usize) -> Result<Planned, String> {
         s.end_us() > w0 && s.start_us < w1
             || (s.dur_us == 0.0 && s.start_us >= w0 && s.start_us <= w1)
     };
-    // Categories by busy time inside the window; the rest become "other".
+    let busy_in = |spans: &[crate::trace::Span]| -> f64 {
+        spans.iter().filter(|s| visible(s)).map(|s| s.end_us().min(w1) - s.start_us.max(w0)).sum()
+    };
+    // Lanes: the first processes of each kind, each with its busiest lanes, in trace order.
+    let busy_lanes: Vec<&crate::trace::Lane> =
+        trace.lanes.iter().filter(|l| l.spans.iter().any(&visible)).collect();
+    let total = busy_lanes.len();
+    let mut processes: Vec<(&str, Vec<&crate::trace::Lane>)> = Vec::new();
+    for lane in &busy_lanes {
+        match processes.iter_mut().find(|p| p.0 == lane.process) {
+            Some(p) => p.1.push(lane),
+            None => processes.push((&lane.process, vec![lane])),
+        }
+    }
+    let mut kinds: Vec<(String, usize, usize)> = Vec::new(); // (kind, shown, present)
+    let mut lanes: Vec<&crate::trace::Lane> = Vec::new();
+    for (process, mut list) in processes {
+        let kind = process_kind(process);
+        let entry = match kinds.iter().position(|k| k.0 == kind) {
+            Some(i) => &mut kinds[i],
+            None => {
+                kinds.push((kind, 0, 0));
+                kinds.last_mut().expect("just pushed")
+            }
+        };
+        entry.2 += 1;
+        if entry.1 >= PROCESSES_PER_KIND {
+            continue;
+        }
+        entry.1 += 1;
+        if list.len() > LANES_PER_PROCESS {
+            let mut by_busy = list.clone();
+            by_busy.sort_by(|a, b| busy_in(&b.spans).total_cmp(&busy_in(&a.spans)));
+            by_busy.truncate(LANES_PER_PROCESS);
+            list.retain(|l| by_busy.iter().any(|b| std::ptr::eq(*b, *l)));
+        }
+        lanes.extend(list);
+    }
+    // Categories by busy time inside the shown lanes; the rest become "other".
     let mut busy: BTreeMap<String, f64> = BTreeMap::new();
-    for s in trace.lanes.iter().flat_map(|l| &l.spans).filter(|s| visible(s)) {
-        let cat = if s.cat.is_empty() { s.name.clone() } else { s.cat.clone() };
-        *busy.entry(cat).or_default() += s.end_us().min(w1) - s.start_us.max(w0);
+    for s in lanes.iter().flat_map(|l| &l.spans).filter(|s| visible(s)) {
+        *busy.entry(span_category(s)).or_default() += s.end_us().min(w1) - s.start_us.max(w0);
     }
     let mut cats: Vec<(String, f64)> = busy.into_iter().collect();
     cats.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -1121,12 +1178,8 @@ fn timeline(t: &Loaded<Trace>, i: usize) -> Result<Planned, String> {
         categories.push(("other".into(), RGBColor(170, 170, 170)));
         categories.len() - 1
     });
-    let lanes: Vec<&crate::trace::Lane> =
-        trace.lanes.iter().filter(|l| l.spans.iter().any(&visible)).collect();
-    let total = lanes.len();
     let rows: Vec<GanttRow> = lanes
         .iter()
-        .take(MAX_LANES)
         .map(|l| GanttRow {
             label: l.label(),
             boxes: l
@@ -1134,18 +1187,40 @@ fn timeline(t: &Loaded<Trace>, i: usize) -> Result<Planned, String> {
                 .iter()
                 .filter(|s| visible(s))
                 .map(|s| {
-                    let cat = if s.cat.is_empty() { &s.name } else { &s.cat };
-                    let idx = categories.iter().position(|c| &c.0 == cat).or(other).unwrap_or(0);
+                    let cat = span_category(s);
+                    let idx = categories.iter().position(|c| c.0 == cat).or(other).unwrap_or(0);
                     (s.start_us.max(w0) - w0, s.end_us().min(w1) - w0, idx)
                 })
                 .collect(),
         })
         .collect();
-    let shown = if total > MAX_LANES {
-        format!("first {MAX_LANES} of {total} busy lanes")
+    let shown = if rows.len() < total {
+        let per_kind: Vec<String> = kinds
+            .iter()
+            .map(|(k, shown, present)| {
+                if shown == present {
+                    format!("{present} {k}")
+                } else {
+                    format!("{shown} of {present} {k}")
+                }
+            })
+            .collect();
+        format!(
+            "{} of {total} busy lanes ({}; at most {LANES_PER_PROCESS} busiest lanes each)",
+            rows.len(),
+            per_kind.join(", ")
+        )
     } else {
         format!("{total} busy lanes")
     };
+    let first = trace
+        .lanes
+        .iter()
+        .flat_map(|l| &l.spans)
+        .filter(|s| s.start_us == w0 && s.name.to_ascii_lowercase().contains("dispatch"))
+        .map(|s| format!("{:?}, ", s.name))
+        .next()
+        .unwrap_or_default();
     Ok(Planned {
         id: format!("timeline-{}", slug(&name)),
         caption: format!(
@@ -1156,7 +1231,7 @@ fn timeline(t: &Loaded<Trace>, i: usize) -> Result<Planned, String> {
         spec: ChartSpec::Gantt(Gantt {
             title: format!("Timeline of {what}: {name}"),
             subtitle: format!(
-                "{shown}; time from {} µs of the trace; boxes are busy intervals by category.",
+                "{first}{shown}; from {} µs of the trace; boxes are busy intervals by category.",
                 fmt_num(w0)
             ),
             x_desc: format!("time since {since} (µs)"),
@@ -1254,6 +1329,59 @@ mod tests {
         assert_eq!(g.rows.len(), 2);
         let empty = trace(serde_json::json!([{"ph": "C", "name": "c", "pid": 1, "ts": 0}]));
         assert!(timeline(&empty, 0).unwrap_err().contains("no complete"));
+    }
+
+    #[test]
+    fn process_kinds_and_span_categories() {
+        assert_eq!(process_kind("GPU 13"), "GPU");
+        assert_eq!(process_kind("leaf2 (rail 2)"), "leaf");
+        assert_eq!(process_kind("spine0"), "spine");
+        let span = |name: &str, cat: &str| crate::trace::Span {
+            name: name.into(),
+            cat: cat.into(),
+            start_us: 0.0,
+            dur_us: 1.0,
+        };
+        assert_eq!(span_category(&span("copy to GPU 3", "")), "copy");
+        assert_eq!(span_category(&span("dispatch (job 0, iteration 0)", "")), "dispatch");
+        assert_eq!(span_category(&span("copy to GPU 3", "nvlink")), "nvlink");
+    }
+
+    #[test]
+    fn timeline_shows_a_few_processes_of_each_kind_and_their_busiest_lanes() {
+        let mut events = vec![serde_json::json!(
+            {"ph": "X", "name": "dispatch", "pid": 1, "tid": 0, "ts": 0.0, "dur": 100.0})];
+        for gpu in 1..=5 {
+            events.push(serde_json::json!(
+                {"ph": "M", "name": "process_name", "pid": gpu, "args": {"name": format!("GPU {gpu}")}}));
+            events.push(serde_json::json!(
+                {"ph": "X", "name": "copy", "pid": gpu, "tid": 1, "ts": 1.0, "dur": 5.0}));
+        }
+        events.push(serde_json::json!(
+            {"ph": "M", "name": "process_name", "pid": 100, "args": {"name": "NIC 0"}}));
+        for qp in 0..10 {
+            events.push(serde_json::json!(
+                {"ph": "X", "name": "write", "pid": 100, "tid": qp, "ts": 1.0, "dur": qp as f64}));
+        }
+        let ChartSpec::Gantt(g) =
+            timeline(&trace(serde_json::Value::Array(events)), 0).unwrap().spec
+        else {
+            panic!()
+        };
+        let labels: Vec<&str> = g.rows.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "GPU 1",
+                "GPU 1 · tid 1",
+                "GPU 2 · tid 1",
+                "NIC 0 · tid 6",
+                "NIC 0 · tid 7",
+                "NIC 0 · tid 8",
+                "NIC 0 · tid 9"
+            ]
+        );
+        assert!(g.subtitle.contains("7 of 16 busy lanes (2 of 5 GPU, 1 NIC"), "{}", g.subtitle);
     }
 
     #[test]
