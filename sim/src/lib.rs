@@ -215,6 +215,7 @@ impl Transport for Simulator {
             concurrent_jobs: true,
             max_ranks: None,
             rdma: true,
+            rdma_reason: None,
         }
     }
 
