@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# h200cal: the four H200 scenarios with the memory-model probes (binary built from branch
-# h200cal, carried in .devbin/h200cal/), plus the low-latency scenarios in hook mode (send and
-# receive phases timed apart). Everything goes to $OUT (log.txt, results/, diag/).
+# The run behind results/h200/*.json: eptwin topo, the four H200 scenarios (with every probe,
+# the memcpy ceiling and the NCCL baseline), then the low-latency scenarios in hook mode (send
+# and receive phases timed apart). Everything goes to $OUT (log.txt, results/, diag/).
+# Binary: `cargo build --release && mkdir -p .devbin/run1 && strip -o .devbin/run1/eptwin
+# target/release/eptwin` here, then on the GPU machine (device tool, carry [".devbin/run1"]):
+#   bash results/h200/probe-run/measure.sh        (EPTWIN_BIN overrides the binary's path)
 set -uo pipefail
-B=.devbin/h200cal/eptwin
+B=${EPTWIN_BIN:-.devbin/run1/eptwin}
 mkdir -p "$OUT/results" "$OUT/diag"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -14,6 +17,7 @@ if ! ldconfig -p | grep -q 'libnccl\.so '; then
     n2=$(ldconfig -p | grep -o '/[^ ]*libnccl\.so\.2$' | head -1)
     if [[ -n "$n2" ]]; then mkdir -p /tmp/ncclib && ln -sf "$n2" /tmp/ncclib/libnccl.so; export LD_LIBRARY_PATH="/tmp/ncclib:${LD_LIBRARY_PATH:-}"; fi
 fi
+echo; echo "== eptwin topo"; $B topo; echo "== exit $?"
 for s in normal-128 ll-128 normal-4096 ll-4096; do
     echo; echo "== eptwin run scenarios/h200-ep8-$s.toml --backend hw"
     t0=$(date +%s%N)
