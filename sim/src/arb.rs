@@ -72,21 +72,32 @@ impl ArbConfig {
     }
 }
 
-/// Per-port arbiter state.
-#[derive(Debug, Clone, Default)]
+/// Per-port arbiter state (InfiniBand tables; 16 bytes, it lives in the port's hot record).
+#[derive(Debug, Clone, Copy, Default)]
 pub struct ArbState {
     high_idx: u8,
-    high_rem: i32,
     low_idx: u8,
-    low_rem: i32,
-    /// High-priority bytes since the last low-priority opportunity.
-    high_bytes: u64,
     /// Which table the last pick came from (for `sent`).
     last_high: bool,
-    // RoCE deficit round robin.
+    high_rem: i32,
+    low_rem: i32,
+    /// High-priority bytes since the last low-priority opportunity (saturating: it is only
+    /// compared with `high_limit` × 4 KiB ≤ 1 MiB).
+    high_bytes: u32,
+}
+
+/// Per-port RoCE deficit round robin state (kept apart: InfiniBand ports never touch it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DrrState {
     deficit: [i64; 8],
     rr: u8,
     fresh: bool,
+}
+
+impl DrrState {
+    pub fn new() -> DrrState {
+        DrrState { fresh: true, ..Default::default() }
+    }
 }
 
 /// What the arbiter picked: the lane, and whether a low lane was passed over because the
@@ -102,7 +113,6 @@ impl ArbState {
         ArbState {
             high_rem: cfg.high.first().map_or(0, |e| e.weight as i32),
             low_rem: cfg.low.first().map_or(0, |e| e.weight as i32),
-            fresh: true,
             ..Default::default()
         }
     }
@@ -112,6 +122,7 @@ impl ArbState {
     pub fn pick(
         &mut self,
         cfg: &ArbConfig,
+        drr: &mut DrrState,
         eligible: LaneMask,
         size_of: impl Fn(u8) -> u32,
     ) -> Option<Pick> {
@@ -120,7 +131,7 @@ impl ArbState {
         }
         match cfg.kind {
             FabricKind::Infiniband => self.pick_ib(cfg, eligible),
-            FabricKind::Roce => self.pick_roce(cfg, eligible, size_of),
+            FabricKind::Roce => drr.pick(cfg, eligible, size_of),
         }
     }
 
@@ -137,7 +148,7 @@ impl ArbState {
         let limit_reached = match cfg.high_limit_bytes {
             None => false,
             // One high packet is always allowed (limit 0 = one packet).
-            Some(limit) => self.high_bytes > 0 && self.high_bytes >= limit,
+            Some(limit) => self.high_bytes > 0 && self.high_bytes as u64 >= limit,
         };
         if limit_reached && low_available {
             let lane = find(&cfg.low, eligible, &mut self.low_idx, &mut self.low_rem, true)?;
@@ -153,12 +164,12 @@ impl ArbState {
     }
 
     /// Account a packet of `bytes` (whole wire size) sent on the last picked lane.
-    pub fn sent(&mut self, cfg: &ArbConfig, lane: u8, bytes: u32) {
+    pub fn sent(&mut self, cfg: &ArbConfig, drr: &mut DrrState, lane: u8, bytes: u32) {
         match cfg.kind {
             FabricKind::Infiniband => {
                 let blocks = bytes.div_ceil(64) as i32;
                 if self.last_high {
-                    self.high_bytes += bytes as u64;
+                    self.high_bytes = self.high_bytes.saturating_add(bytes);
                     consume(&cfg.high, &mut self.high_idx, &mut self.high_rem, blocks);
                 } else {
                     consume(&cfg.low, &mut self.low_idx, &mut self.low_rem, blocks);
@@ -166,13 +177,15 @@ impl ArbState {
             }
             FabricKind::Roce => {
                 if cfg.strict & (1 << lane) == 0 {
-                    self.deficit[lane as usize] -= bytes as i64;
+                    drr.deficit[lane as usize] -= bytes as i64;
                 }
             }
         }
     }
+}
 
-    fn pick_roce(
+impl DrrState {
+    fn pick(
         &mut self,
         cfg: &ArbConfig,
         eligible: LaneMask,
@@ -290,10 +303,11 @@ mod tests {
     /// Send `packets` MTU packets with every lane in `backlogged` always eligible; bytes per lane.
     fn run(cfg: &ArbConfig, backlogged: LaneMask, packets: usize, bytes: u32) -> [u64; 15] {
         let mut st = ArbState::new(cfg);
+        let mut drr = DrrState::new();
         let mut out = [0u64; 15];
         for _ in 0..packets {
-            let Some(p) = st.pick(cfg, backlogged, |_| bytes) else { break };
-            st.sent(cfg, p.lane, bytes);
+            let Some(p) = st.pick(cfg, &mut drr, backlogged, |_| bytes) else { break };
+            st.sent(cfg, &mut drr, p.lane, bytes);
             out[p.lane as usize] += bytes as u64;
         }
         out

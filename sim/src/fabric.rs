@@ -14,9 +14,9 @@ use std::collections::VecDeque;
 use eptwin_engine::Plan;
 use eptwin_engine::scenario::schema::FabricTopology;
 
-use crate::arb::{ArbConfig, ArbState, LaneMask, MAX_LANES};
+use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
 use crate::core::{Core, Ev};
-use crate::nic::{Msg, Nic, Qp};
+use crate::nic::{Msg, Nic, Qp, QpTx};
 use crate::slab::{NONE, Slab};
 use crate::time::{Rate, Time, fmt_us};
 
@@ -39,12 +39,14 @@ pub enum PktKind {
     AtomicResp,
 }
 
+/// A packet in flight (32 bytes: two per cache line). Its source NIC is not stored: the trace
+/// derives it from the message's QP.
 #[derive(Debug, Clone, Copy)]
 pub struct Pkt {
+    /// The message (data, atomic request) or the QP (ACK, atomic response).
     pub msg: u32,
     pub wire: u32,
     pub payload: u32,
-    pub src_nic: u32,
     pub dst_nic: u32,
     /// The port whose credits this packet occupies (the link it arrived on), NONE at a NIC.
     pub from_port: u32,
@@ -64,34 +66,33 @@ impl Pkt {
     }
 }
 
+/// An output port's hot state: exactly one cache line. Its lanes live in [`Net::lanes`], the
+/// rarely used parts (name, RoCE DRR state, starvation watch) in side arrays.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub struct Port {
-    pub rate: Rate,
-    pub latency: Time,
-    pub to: Endpoint,
-    /// Where the port is (its transmitter side).
-    pub from: Endpoint,
-    /// Where the port sits, for messages ("nic 3", "leaf 2 up 1").
+    pub busy_until: Time,
     /// When the scheduled `PortDone` fires (Time::MAX: none). Only a busy port with more queued
     /// has one: an idle path costs no event per packet.
     pub done_at: Time,
-    pub busy_until: Time,
-    /// Per lane: queue head and tail, the head's wire bytes (so arbitration touches no
-    /// packet) and the credits in hand — one 16-byte record per lane for locality.
-    pub lanes: [Lane; MAX_LANES],
-    pub nonempty: LaneMask,
-    pub arb: ArbState,
     /// Pending `PortWake` (Time::MAX: none).
     pub wake_at: Time,
+    pub rate: Rate,
     /// Bytes queued (adaptive routing looks at it).
     pub queued_bytes: u64,
-    pub tx_bytes: u64,
-    pub tx_packets: u64,
-    pub busy_ps: Time,
-    /// Since when a lane has been eligible but passed over by the high table (starvation).
-    pub bypassed_since: [Time; MAX_LANES],
+    /// Where the port leads: a switch, or a NIC when [`TO_NIC`] is set.
+    pub to: u32,
+    pub nonempty: LaneMask,
+    /// Lanes whose `bypassed_since` is set (so a send clears it without touching the array).
+    pub bypassed: LaneMask,
+    pub arb: ArbState,
 }
 
+/// `Port::to` names a NIC (else a switch).
+pub const TO_NIC: u32 = 1 << 31;
+
+/// Per (port, lane): queue head and tail, the head's wire bytes (so arbitration touches no
+/// packet) and the credits in hand — 16 bytes, four lanes of a port per cache line.
 #[derive(Debug, Clone, Copy)]
 pub struct Lane {
     pub head: u32,
@@ -116,7 +117,15 @@ pub const STARVATION_PS: Time = 1_000_000_000; // 1 ms
 
 pub struct Net {
     pub ports: Vec<Port>,
+    /// Per (port, lane), at `port * MAX_LANES + lane`.
+    pub lanes: Vec<Lane>,
+    /// Where each port is (its transmitter side) and its name, for messages and the trace.
+    pub port_from: Vec<Endpoint>,
     pub port_names: Vec<String>,
+    pub drr: Vec<DrrState>,
+    /// Per (port, lane): since when the lane has been eligible but passed over by the high
+    /// table (starvation), Time::MAX when not.
+    pub bypassed_since: Vec<Time>,
     /// Pending credit returns per (port, lane): (due time, blocks), time-ordered.
     pub returns: Vec<VecDeque<(Time, u32)>>,
     pub switches: Vec<Switch>,
@@ -125,6 +134,8 @@ pub struct Net {
     pub pkts: Slab<Pkt>,
     pub msgs: Slab<Msg>,
     pub qps: Vec<Qp>,
+    /// The send side of each QP (what a packet touches), apart from the rest of the QP.
+    pub qp_tx: Vec<QpTx>,
     pub arb: ArbConfig,
     /// Lanes whose traffic the arbiter never schedules (not in any table).
     pub unschedulable: LaneMask,
@@ -163,7 +174,11 @@ impl Net {
         };
         let mut net = Net {
             ports: Vec::new(),
+            lanes: Vec::new(),
+            port_from: Vec::new(),
             port_names: Vec::new(),
+            drr: Vec::new(),
+            bypassed_since: Vec::new(),
             returns: Vec::new(),
             switches: Vec::new(),
             sw_ports: Vec::new(),
@@ -171,6 +186,7 @@ impl Net {
             pkts: Slab::default(),
             msgs: Slab::default(),
             qps: Vec::new(),
+            qp_tx: Vec::new(),
             unschedulable: !arb.schedulable(),
             arb,
             lossless,
@@ -182,27 +198,28 @@ impl Net {
         };
         let credits = params.credits_per_lane;
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
-            let mut lanes = [Lane { head: NONE, tail: NONE, head_wire: 0, credits: 0 }; MAX_LANES];
-            for (lane, v) in lanes.iter_mut().enumerate() {
-                v.credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
+            for lane in 0..MAX_LANES {
+                let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
+                net.lanes.push(Lane { head: NONE, tail: NONE, head_wire: 0, credits });
+                net.bypassed_since.push(Time::MAX);
             }
+            let to = match to {
+                Endpoint::Switch(sw) => sw,
+                Endpoint::Nic(n) => TO_NIC | n,
+            };
             net.ports.push(Port {
-                rate,
-                latency: params.link_latency,
-                to,
-                from,
-                done_at: Time::MAX,
                 busy_until: 0,
-                lanes,
-                nonempty: 0,
-                arb: ArbState::new(&net.arb),
+                done_at: Time::MAX,
                 wake_at: Time::MAX,
+                rate,
                 queued_bytes: 0,
-                tx_bytes: 0,
-                tx_packets: 0,
-                busy_ps: 0,
-                bypassed_since: [Time::MAX; MAX_LANES],
+                to,
+                nonempty: 0,
+                bypassed: 0,
+                arb: ArbState::new(&net.arb),
             });
+            net.port_from.push(from);
+            net.drr.push(DrrState::new());
             net.port_names.push(name);
             for _ in 0..MAX_LANES {
                 net.returns.push(VecDeque::new());
@@ -324,6 +341,7 @@ impl Net {
 
 impl Core {
     /// Output port at switch `sw` toward NIC `dst`.
+    #[inline]
     fn route(&mut self, sw: u32, dst: u32) -> u32 {
         let net = &self.net;
         let s = &net.switches[sw as usize];
@@ -366,20 +384,19 @@ impl Core {
     /// Append an item (packet, or `QP_ITEM | qp`) to a port lane and try to send.
     pub fn enqueue(&mut self, p: u32, lane: u8, item: u32, bytes: u32) {
         let l = lane as usize;
-        {
-            let port = &mut self.net.ports[p as usize];
-            let tail = port.lanes[l].tail;
-            if tail == NONE {
-                port.lanes[l].head = item;
-                port.lanes[l].head_wire = bytes;
-            } else {
-                self.set_next(tail, item, bytes);
-            }
-            let port = &mut self.net.ports[p as usize];
-            port.lanes[l].tail = item;
-            port.nonempty |= 1 << lane;
-            port.queued_bytes += bytes as u64;
+        let li = p as usize * MAX_LANES + l;
+        let tail = self.net.lanes[li].tail;
+        if tail == NONE {
+            let ln = &mut self.net.lanes[li];
+            ln.head = item;
+            ln.head_wire = bytes;
+        } else {
+            self.set_next(tail, item, bytes);
         }
+        self.net.lanes[li].tail = item;
+        let port = &mut self.net.ports[p as usize];
+        port.nonempty |= 1 << lane;
+        port.queued_bytes += bytes as u64;
         self.set_next(item, NONE, 0);
         // A lane no arbitration table lists never leaves (fabric.md §1.1 step 6): the deadlock
         // report names it if the run cannot finish.
@@ -389,7 +406,7 @@ impl Core {
     #[inline]
     pub(crate) fn set_next(&mut self, item: u32, next: u32, next_wire: u32) {
         if item & QP_ITEM != 0 {
-            let q = &mut self.net.qps[(item & !QP_ITEM) as usize];
+            let q = &mut self.net.qp_tx[(item & !QP_ITEM) as usize];
             q.port_next = next;
             q.port_next_wire = next_wire;
         } else {
@@ -401,9 +418,9 @@ impl Core {
 
     /// Absorb the credit returns of (port, lane) that are due.
     #[inline]
-    fn absorb_credits(&mut self, p: u32, lane: usize) -> i32 {
+    fn absorb_credits(&mut self, li: usize) -> i32 {
         let now = self.now;
-        let q = &mut self.net.returns[p as usize * MAX_LANES + lane];
+        let q = &mut self.net.returns[li];
         let mut got = 0i32;
         while let Some(&(t, b)) = q.front() {
             if t > now {
@@ -412,9 +429,9 @@ impl Core {
             got += b as i32;
             q.pop_front();
         }
-        let port = &mut self.net.ports[p as usize];
-        port.lanes[lane].credits += got;
-        port.lanes[lane].credits
+        let lane = &mut self.net.lanes[li];
+        lane.credits += got;
+        lane.credits
     }
 
     /// Return `blocks` credits of `lane` to port `p` at time `t` (kept time-ordered).
@@ -427,9 +444,9 @@ impl Core {
         let t = q.back().map_or(t, |&(last, _)| t.max(last));
         q.push_back((t, blocks as u32));
         // A port idle for lack of credits must learn about them.
-        let port = &self.net.ports[p as usize];
+        let port = &mut self.net.ports[p as usize];
         if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
-            self.net.ports[p as usize].wake_at = t;
+            port.wake_at = t;
             self.push(t, Ev::PortWake(p));
         }
     }
@@ -455,13 +472,14 @@ impl Core {
     /// downstream credits, and start sending its head packet.
     pub(crate) fn try_start(&mut self, p: u32) {
         let pi = p as usize;
+        let base = pi * MAX_LANES;
         let now = self.now;
-        if self.net.ports[pi].nonempty == 0 {
+        let port = &mut self.net.ports[pi];
+        if port.nonempty == 0 {
             return;
         }
-        if now < self.net.ports[pi].busy_until {
+        if now < port.busy_until {
             // Busy: make sure it looks at its queue again when the packet is out.
-            let port = &mut self.net.ports[pi];
             if port.done_at != port.busy_until {
                 let t = port.busy_until;
                 port.done_at = t;
@@ -470,45 +488,54 @@ impl Core {
             return;
         }
         let mut eligible: LaneMask = 0;
-        let mut sizes = [0u32; MAX_LANES];
         let mut next_return = Time::MAX;
-        let mut lanes = self.net.ports[pi].nonempty;
+        let mut lanes = port.nonempty;
         while lanes != 0 {
             let lane = lanes.trailing_zeros() as usize;
             lanes &= lanes - 1;
-            let wire = self.net.ports[pi].lanes[lane].head_wire;
-            sizes[lane] = wire;
-            let need = wire.div_ceil(64) as i32;
+            let l = &self.net.lanes[base + lane];
+            let need = l.head_wire.div_ceil(64) as i32;
             // Returned credits are absorbed only when the ones in hand do not suffice: they
             // only ever add, and most of the time the buffer is far from full.
-            let mut credits = self.net.ports[pi].lanes[lane].credits;
+            let mut credits = l.credits;
             if credits < need {
-                credits = self.absorb_credits(p, lane);
+                credits = self.absorb_credits(base + lane);
             }
             if credits >= need {
                 eligible |= 1 << lane;
-            } else if let Some(&(t, _)) = self.net.returns[pi * MAX_LANES + lane].front() {
+            } else if let Some(&(t, _)) = self.net.returns[base + lane].front() {
                 next_return = next_return.min(t);
             }
         }
         if eligible == 0 {
-            if next_return != Time::MAX && self.net.ports[pi].wake_at > next_return {
-                self.net.ports[pi].wake_at = next_return;
+            let port = &mut self.net.ports[pi];
+            if next_return != Time::MAX && port.wake_at > next_return {
+                port.wake_at = next_return;
                 self.push(next_return, Ev::PortWake(p));
             }
             return;
         }
-        let arb_cfg = &self.net.arb;
-        let Some(pick) = self.net.ports[pi].arb.pick(arb_cfg, eligible, |l| sizes[l as usize])
-        else {
+        let pick = {
+            let net = &mut self.net;
+            let lanes = &net.lanes;
+            net.ports[pi]
+                .arb
+                .pick(&net.arb, &mut net.drr[pi], eligible, |l| lanes[base + l as usize].head_wire)
+        };
+        let Some(pick) = pick else {
             return; // only unschedulable lanes are eligible: they stall
         };
         if pick.bypassed != 0 {
             self.watch_starvation(p, pick.bypassed);
         }
         let lane = pick.lane as usize;
-        self.net.ports[pi].bypassed_since[lane] = Time::MAX;
-        let head = self.net.ports[pi].lanes[lane].head;
+        let li = base + lane;
+        let port = &mut self.net.ports[pi];
+        if port.bypassed & (1 << lane) != 0 {
+            port.bypassed &= !(1 << lane);
+            self.net.bypassed_since[li] = Time::MAX;
+        }
+        let head = self.net.lanes[li].head;
         let pkt_id = if head & QP_ITEM != 0 {
             self.take_qp_packet(p, lane as u8, head & !QP_ITEM)
         } else {
@@ -516,102 +543,99 @@ impl Core {
                 let k = &self.net.pkts[head];
                 (k.next, k.next_wire)
             };
-            let port = &mut self.net.ports[pi];
-            port.lanes[lane].head = next;
-            port.lanes[lane].head_wire = next_wire;
+            let l = &mut self.net.lanes[li];
+            l.head = next;
+            l.head_wire = next_wire;
             if next == NONE {
-                port.lanes[lane].tail = NONE;
-                port.nonempty &= !(1 << lane);
+                l.tail = NONE;
+                self.net.ports[pi].nonempty &= !(1 << lane);
             }
             head
         };
         let pkt = self.net.pkts[pkt_id];
-        if pkt.kind == PktKind::Ack {
-            // Once on the wire an ACK can no longer absorb later completions.
-            let q = &mut self.net.qps[pkt.msg as usize];
-            if q.ack_pkt == pkt_id {
-                q.ack_pkt = NONE;
-            }
-        }
         let blocks = pkt.blocks();
         let ser = {
-            let arb_cfg = &self.net.arb;
-            let port = &mut self.net.ports[pi];
-            port.arb.sent(arb_cfg, lane as u8, pkt.wire);
-            if port.lanes[lane].credits < blocks && self.net.lossless & (1 << lane) != 0 {
+            let net = &mut self.net;
+            let port = &mut net.ports[pi];
+            port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, pkt.wire);
+            let l = &mut net.lanes[li];
+            if l.credits < blocks && net.lossless & (1 << lane) != 0 {
                 let msg = format!(
                     "credit overdraft on {} lane {lane}: {} credits, packet needs {blocks}",
-                    self.net.port_names[pi], port.lanes[lane].credits
+                    net.port_names[pi], l.credits
                 );
                 self.violations.push(msg);
             }
-            let port = &mut self.net.ports[pi];
-            port.lanes[lane].credits -= blocks;
+            l.credits -= blocks;
             if now < port.busy_until {
                 let msg = format!(
                     "link above capacity: {} starts a packet at {} while busy until {}",
-                    self.net.port_names[pi],
+                    net.port_names[pi],
                     fmt_us(now),
                     fmt_us(port.busy_until)
                 );
                 self.violations.push(msg);
             }
-            let port = &mut self.net.ports[pi];
             let ser = port.rate.time(pkt.wire as u64);
             port.busy_until = now + ser;
-            port.busy_ps += ser;
-            port.tx_bytes += pkt.wire as u64;
-            port.tx_packets += 1;
             port.queued_bytes = port.queued_bytes.saturating_sub(pkt.wire as u64);
+            if port.nonempty != 0 {
+                port.done_at = now + ser;
+                self.push(now + ser, Ev::PortDone(p));
+            } else {
+                port.done_at = Time::MAX;
+            }
             ser
         };
-        if self.net.ports[pi].nonempty != 0 {
-            self.net.ports[pi].done_at = now + ser;
-            self.push(now + ser, Ev::PortDone(p));
-        } else {
-            self.net.ports[pi].done_at = Time::MAX;
-        }
+        let latency = self.params.link_latency;
         // The packet leaves the input buffer it sat in: credits flow back upstream.
         if pkt.from_port != NONE {
-            let up = &self.net.ports[pkt.from_port as usize];
-            let t = now + up.latency + self.params.credit_delay;
+            let t = now + latency + self.params.credit_delay;
             self.return_credits(pkt.from_port, lane as u8, blocks, t);
         }
         if self.trace.is_some() {
             self.trace_packet(p, now, ser, &pkt);
         }
-        let latency = self.net.ports[pi].latency;
-        match self.net.ports[pi].to {
-            Endpoint::Switch(sw) => {
-                let ser_next = self.params.link_rate.time(pkt.wire as u64);
-                let mut t = now + latency + self.params.switch_latency;
-                if self.params.cut_through {
-                    // The next hop cannot finish before the tail is in.
-                    t += ser.saturating_sub(ser_next);
-                } else {
-                    t += ser;
-                }
-                if self.params.adaptive {
-                    t += self.params.adaptive_latency;
-                }
-                self.net.pkts[pkt_id].from_port = p;
-                self.push(t, Ev::SwitchArrive { sw, pkt: pkt_id });
+        let to = self.net.ports[pi].to;
+        if to & TO_NIC == 0 {
+            let ser_next = self.params.link_rate.time(pkt.wire as u64);
+            let mut t = now + latency + self.params.switch_latency;
+            if self.params.cut_through {
+                // The next hop cannot finish before the tail is in.
+                t += ser.saturating_sub(ser_next);
+            } else {
+                t += ser;
             }
-            Endpoint::Nic(n) => self.nic_receive(n, p, pkt_id, now + latency, now + ser + latency),
+            if self.params.adaptive {
+                t += self.params.adaptive_latency;
+            }
+            self.net.pkts[pkt_id].from_port = p;
+            self.push(t, Ev::SwitchArrive { sw: to, pkt: pkt_id });
+        } else {
+            self.nic_receive(to & !TO_NIC, p, pkt_id, now + latency, now + ser + latency);
+        }
+    }
+
+    /// The NIC a packet came from (the trace shows it; packets do not carry it).
+    fn src_nic(&self, pkt: &Pkt) -> u32 {
+        match pkt.kind {
+            PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
+                self.net.qps[self.net.msgs[pkt.msg].qp as usize].nic
+            }
+            PktKind::Ack | PktKind::AtomicResp => self.net.qps[pkt.msg as usize].peer_nic,
         }
     }
 
     /// Trace one packet on its port's track, with credit and queue counters.
     fn trace_packet(&mut self, p: u32, now: Time, ser: Time, pkt: &Pkt) {
         use crate::trace::{PID_NIC, PID_SWITCH, TID_NIC_PORT};
-        let port = &self.net.ports[p as usize];
-        let (pid, tid, pname) = match port.from {
+        let (pid, tid, pname) = match self.net.port_from[p as usize] {
             Endpoint::Nic(n) => (PID_NIC + n, TID_NIC_PORT, format!("NIC {n}")),
             Endpoint::Switch(s) => (PID_SWITCH + s, p, self.net.switches[s as usize].name.clone()),
         };
         let tname = self.net.port_names[p as usize].clone();
-        let credits = port.lanes[pkt.lane as usize].credits;
-        let queued = port.queued_bytes;
+        let credits = self.net.lanes[p as usize * MAX_LANES + pkt.lane as usize].credits;
+        let queued = self.net.ports[p as usize].queued_bytes;
         let kind = match pkt.kind {
             PktKind::Data | PktKind::DataLast => "data",
             PktKind::Ack => "ack",
@@ -619,12 +643,13 @@ impl Core {
             PktKind::AtomicResp => "atomic-resp",
         };
         let lossless = self.net.lossless & (1 << pkt.lane) != 0;
+        let src_nic = self.src_nic(pkt);
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &pname);
         tr.name_thread(pid, tid, &tname);
         let args = format!(
             "\"bytes\":{},\"payload\":{},\"src_nic\":{},\"dst_nic\":{}",
-            pkt.wire, pkt.payload, pkt.src_nic, pkt.dst_nic
+            pkt.wire, pkt.payload, src_nic, pkt.dst_nic
         );
         tr.span(pid, tid, &format!("VL{} {kind}", pkt.lane), now, now + ser, &args);
         if lossless {
@@ -640,7 +665,8 @@ impl Core {
         while lanes != 0 {
             let lane = lanes.trailing_zeros() as usize;
             lanes &= lanes - 1;
-            let since = &mut self.net.ports[p as usize].bypassed_since[lane];
+            self.net.ports[p as usize].bypassed |= 1 << lane;
+            let since = &mut self.net.bypassed_since[p as usize * MAX_LANES + lane];
             if *since == Time::MAX {
                 *since = now;
             } else if now - *since > STARVATION_PS && !self.net.starved.contains(&(p, lane as u8)) {

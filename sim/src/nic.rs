@@ -8,6 +8,7 @@
 //! reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
+use crate::arb::MAX_LANES;
 use crate::core::{Action, Core, Ev, ProgId};
 use crate::fabric::{Pkt, PktKind, QP_ITEM};
 use crate::slab::NONE;
@@ -50,18 +51,6 @@ pub struct Qp {
     // Requester: messages in post order, linked through `Msg::next`.
     pub head: u32,
     pub tail: u32,
-    /// Next message to packetize and the bytes of it already sent.
-    pub send: u32,
-    pub send_off: u32,
-    /// The `send` message as the NIC's send engine holds it (so a packet touches only the
-    /// QP): wire bytes of the next packet, payload bytes left, kind, op, ready time.
-    pub next_wire: u32,
-    pub send_left: u32,
-    pub send_atomic: bool,
-    pub send_prog: ProgId,
-    pub send_ready: Time,
-    /// Wire bytes of the item queued after this QP in its port lane.
-    pub port_next_wire: u32,
     /// First message not yet covered by a doorbell.
     pub db: u32,
     pub posted: u32,
@@ -69,15 +58,36 @@ pub struct Qp {
     pub in_flight: u32,
     pub max_in_flight: u32,
     pub completed: u32,
-    pub active: bool,
-    pub ready_pending: bool,
-    pub port_next: u32,
     // Responder: next message to execute, in order.
     pub exec: u32,
     pub exec_seq: u32,
-    /// The responder's ACK for this QP still waiting in its NIC port (NONE: none): a later
+    /// The responder's last ACK for this QP (NONE: none). While it still waits in its NIC
+    /// port (the packet is an ACK of this QP that has not left: no `from_port` yet), a later
     /// message's execution bumps it instead of queueing another (ACKs are cumulative).
     pub ack_pkt: u32,
+}
+
+/// The send side of a QP: the `send` message as the NIC's send engine holds it, so a packet
+/// touches only these 40 bytes (wire bytes of the next packet, payload left, kind, op, ready
+/// time) and the QP's link in its port lane.
+#[derive(Debug, Clone, Copy)]
+pub struct QpTx {
+    /// When `send` may start (doorbell, WQE processing, tx latency); Time::MAX: not rung.
+    pub send_ready: Time,
+    /// Next message to packetize (NONE: none).
+    pub send: u32,
+    pub send_left: u32,
+    pub next_wire: u32,
+    /// The item queued after this QP in its port lane, and its wire bytes.
+    pub port_next: u32,
+    pub port_next_wire: u32,
+    pub peer_nic: u32,
+    pub send_prog: ProgId,
+    pub send_atomic: bool,
+    /// In its NIC port's round robin.
+    pub active: bool,
+    /// A `QpReady` event is scheduled.
+    pub ready_pending: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -120,26 +130,28 @@ impl Core {
             label,
             head: NONE,
             tail: NONE,
-            send: NONE,
-            send_off: 0,
-            next_wire: 0,
-            send_left: 0,
-            send_atomic: false,
-            send_prog: 0,
-            send_ready: Time::MAX,
-            port_next_wire: 0,
             db: NONE,
             posted: 0,
             rung: 0,
             in_flight: 0,
             max_in_flight: 0,
             completed: 0,
-            active: false,
-            ready_pending: false,
-            port_next: NONE,
             exec: NONE,
             exec_seq: 0,
             ack_pkt: NONE,
+        });
+        self.net.qp_tx.push(QpTx {
+            send_ready: Time::MAX,
+            send: NONE,
+            send_left: 0,
+            next_wire: 0,
+            port_next: NONE,
+            port_next_wire: 0,
+            peer_nic,
+            send_prog: 0,
+            send_atomic: false,
+            active: false,
+            ready_pending: false,
         });
         (self.net.qps.len() - 1) as u32
     }
@@ -183,7 +195,7 @@ impl Core {
         if q.head == NONE {
             q.head = m;
         }
-        if q.send == NONE {
+        if self.net.qp_tx[qp as usize].send == NONE {
             self.load_send(qp, m);
         }
         let q = &mut self.net.qps[qp as usize];
@@ -232,10 +244,11 @@ impl Core {
             let ready = start + self.params.wqe_process;
             self.net.nics[nic].engine_free = ready;
             self.net.msgs[m].ready_at = ready + self.params.tx_latency;
-            let q = &mut self.net.qps[qp as usize];
-            if q.send == m {
-                q.send_ready = ready + self.params.tx_latency;
+            let tx = &mut self.net.qp_tx[qp as usize];
+            if tx.send == m {
+                tx.send_ready = ready + self.params.tx_latency;
             }
+            let q = &mut self.net.qps[qp as usize];
             q.rung += 1;
             q.db = self.net.msgs[m].next;
         }
@@ -243,35 +256,30 @@ impl Core {
     }
 
     pub(crate) fn qp_ready(&mut self, qp: u32) {
-        self.net.qps[qp as usize].ready_pending = false;
+        self.net.qp_tx[qp as usize].ready_pending = false;
         self.kick_qp(qp);
     }
 
     /// Put the QP in its NIC port's round robin if its next message may send.
     fn kick_qp(&mut self, qp: u32) {
-        let q = &self.net.qps[qp as usize];
-        if q.active || q.send == NONE {
+        let tx = &mut self.net.qp_tx[qp as usize];
+        if tx.active || tx.send == NONE {
             return;
         }
-        let ready = q.send_ready;
+        let ready = tx.send_ready;
         if ready == Time::MAX {
             return; // not doorbelled yet
         }
         if ready <= self.now {
+            tx.active = true;
+            let wire = tx.next_wire;
+            let q = &self.net.qps[qp as usize];
             let (port, lane) = (self.net.nics[q.nic as usize].tx_port, q.lane);
-            let wire = self.qp_next_wire(qp);
-            self.net.qps[qp as usize].active = true;
             self.enqueue(port, lane, QP_ITEM | qp, wire);
-        } else if !q.ready_pending {
-            self.net.qps[qp as usize].ready_pending = true;
+        } else if !tx.ready_pending {
+            tx.ready_pending = true;
             self.push(ready, Ev::QpReady(qp));
         }
-    }
-
-    /// Wire bytes of the next packet the QP would send.
-    #[inline]
-    pub(crate) fn qp_next_wire(&self, qp: u32) -> u32 {
-        self.net.qps[qp as usize].next_wire
     }
 
     /// Make message `m` (or none) the QP's send cursor, caching what packetizing needs.
@@ -287,9 +295,8 @@ impl Core {
         } else {
             self.params.data_wire(bytes.min(self.params.mtu), true)
         };
-        let q = &mut self.net.qps[qp as usize];
+        let q = &mut self.net.qp_tx[qp as usize];
         q.send = m;
-        q.send_off = 0;
         q.send_left = bytes;
         q.send_atomic = atomic;
         q.send_prog = prog;
@@ -301,12 +308,13 @@ impl Core {
     /// the queue if it has more ready to send (packet-level round robin between QPs).
     pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> u32 {
         let now = self.now;
-        let q = &self.net.qps[qp as usize];
-        let (wire, m, prog) = (q.next_wire, q.send, q.send_prog);
+        let mtu = self.params.mtu;
+        let q = &self.net.qp_tx[qp as usize];
+        let (wire, m, prog, dst) = (q.next_wire, q.send, q.send_prog, q.peer_nic);
         let (payload, kind, last) = if q.send_atomic {
             (0, PktKind::AtomicReq, true)
         } else {
-            let payload = q.send_left.min(self.params.mtu);
+            let payload = q.send_left.min(mtu);
             let last = payload >= q.send_left;
             (payload, if last { PktKind::DataLast } else { PktKind::Data }, last)
         };
@@ -314,8 +322,7 @@ impl Core {
             msg: m,
             wire,
             payload,
-            src_nic: q.nic,
-            dst_nic: q.peer_nic,
+            dst_nic: dst,
             from_port: NONE,
             next: NONE,
             next_wire: 0,
@@ -331,38 +338,17 @@ impl Core {
             let next = self.net.msgs[m].next;
             self.load_send(qp, next);
         } else {
-            let q = &mut self.net.qps[qp as usize];
-            q.send_off += payload;
+            let q = &mut self.net.qp_tx[qp as usize];
             q.send_left -= payload;
-            q.next_wire = self.params.data_wire(q.send_left.min(self.params.mtu), false);
+            q.next_wire = q.send_left.min(mtu) + self.params.hdr.data;
         }
         // Pop the QP from the lane queue.
-        let l = lane as usize;
-        let q = &self.net.qps[qp as usize];
+        let li = port as usize * MAX_LANES + lane as usize;
+        let q = &mut self.net.qp_tx[qp as usize];
         let (next, next_wire) = (q.port_next, q.port_next_wire);
         let more = q.send != NONE && q.send_ready <= now;
         let qp_wire = q.next_wire;
-        let p = &mut self.net.ports[port as usize];
-        p.lanes[l].head = next;
-        p.lanes[l].head_wire = next_wire;
-        if next == NONE {
-            p.lanes[l].tail = NONE;
-            p.nonempty &= !(1 << lane);
-        }
-        if more {
-            // Back of the round robin (no try_start: the caller is arbitrating this port).
-            let tail = p.lanes[l].tail;
-            p.lanes[l].tail = QP_ITEM | qp;
-            if tail == NONE {
-                p.lanes[l].head = QP_ITEM | qp;
-                p.lanes[l].head_wire = qp_wire;
-                p.nonempty |= 1 << lane;
-            } else {
-                self.set_next(tail, QP_ITEM | qp, qp_wire);
-            }
-            self.set_next(QP_ITEM | qp, NONE, 0);
-        } else {
-            let q = &mut self.net.qps[qp as usize];
+        if !more {
             q.active = false;
             q.port_next = NONE;
             if q.send != NONE && q.send_ready != Time::MAX && !q.ready_pending {
@@ -370,6 +356,27 @@ impl Core {
                 let ready = q.send_ready;
                 self.push(ready, Ev::QpReady(qp));
             }
+        }
+        let l = &mut self.net.lanes[li];
+        l.head = next;
+        l.head_wire = next_wire;
+        if next == NONE {
+            l.tail = NONE;
+            self.net.ports[port as usize].nonempty &= !(1 << lane);
+        }
+        if more {
+            // Back of the round robin (no try_start: the caller is arbitrating this port).
+            let l = &mut self.net.lanes[li];
+            let tail = l.tail;
+            l.tail = QP_ITEM | qp;
+            if tail == NONE {
+                l.head = QP_ITEM | qp;
+                l.head_wire = qp_wire;
+                self.net.ports[port as usize].nonempty |= 1 << lane;
+            } else {
+                self.set_next(tail, QP_ITEM | qp, qp_wire);
+            }
+            self.set_next(QP_ITEM | qp, NONE, 0);
         }
         pkt
     }
@@ -387,7 +394,7 @@ impl Core {
         let start = head_t.max(nic.rx_free);
         let done = (start + self.params.pcie_rate.time(k.wire as u64)).max(tail_t);
         nic.rx_free = done;
-        let lat = self.net.ports[p as usize].latency;
+        let lat = self.params.link_latency;
         self.return_credits(p, k.lane, k.blocks(), done + lat + self.params.credit_delay);
         match k.kind {
             PktKind::Data | PktKind::DataLast => {
@@ -473,7 +480,12 @@ impl Core {
                 (PktKind::Ack, self.params.hdr.ack)
             };
             let pending = self.net.qps[qp as usize].ack_pkt;
-            if kind == PktKind::Ack && pending != NONE {
+            if kind == PktKind::Ack && pending != NONE && {
+                // Still queued at this NIC (a packet that left has a `from_port`; a recycled
+                // record is another QP's or another kind).
+                let k = &self.net.pkts[pending];
+                k.kind == PktKind::Ack && k.msg == qp && k.from_port == NONE
+            } {
                 // Coalesce into the ACK still queued at the NIC.
                 self.net.pkts[pending].payload = msg.seq;
                 continue;
@@ -484,7 +496,6 @@ impl Core {
                 msg: qp,
                 wire,
                 payload: msg.seq,
-                src_nic: dst,
                 dst_nic: src,
                 from_port: NONE,
                 next: NONE,

@@ -302,7 +302,8 @@ impl World {
                         } else {
                             "waiting for credits"
                         };
-                        format!("VL{l} ({why}, {} credits)", port.lanes[l].credits)
+                        let credits = net.lanes[i * crate::arb::MAX_LANES + l].credits;
+                        format!("VL{l} ({why}, {credits} credits)")
                     })
                     .collect();
                 lines.push(format!(
