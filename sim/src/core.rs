@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use crate::fabric::Net;
 use crate::gpu::Gpus;
 use crate::params::Params;
-use crate::queue::{EventQueue, HeapQueue, Queue, RadixQueue};
+use crate::queue::{CalendarQueue, EventQueue, HeapQueue, Queue, RadixQueue};
 use crate::time::{Time, fmt_us};
 use crate::trace::Trace;
 
@@ -107,7 +107,7 @@ impl Core {
     pub fn new(params: Params, net: Net, gpus: Gpus, trace: bool) -> Core {
         Core {
             now: 0,
-            queue: Queue::Radix(RadixQueue::new()),
+            queue: Queue::Calendar(CalendarQueue::new()),
             params,
             net,
             gpus,
@@ -128,6 +128,12 @@ impl Core {
     pub fn use_binary_heap(&mut self) {
         assert!(self.queue.is_empty(), "switch queues before the run");
         self.queue = Queue::Heap(HeapQueue::default());
+    }
+
+    /// Use the radix heap instead of the calendar queue (benchmarks).
+    pub fn use_radix_heap(&mut self) {
+        assert!(self.queue.is_empty(), "switch queues before the run");
+        self.queue = Queue::Radix(RadixQueue::new());
     }
 
     #[inline]

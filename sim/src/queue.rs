@@ -129,9 +129,171 @@ impl<T: Copy> EventQueue<T> for RadixQueue<T> {
     }
 }
 
-/// The simulator's queue: the radix heap, or the binary-heap baseline benchmarks compare it
-/// with (identical event order either way).
+/// Width of a calendar bucket: 2^10 ps ≈ 1 ns. Packet-level runs pop a few tens of events
+/// per simulated nanosecond, so a bucket holds a few tens of events.
+const CAL_SHIFT: u32 = 10;
+/// Buckets in the calendar's ring: a 4.2 µs window, beyond which events wait in a heap (few
+/// do: serialization, switch and NIC latencies are well under a microsecond).
+const CAL_SLOTS: usize = 4096;
+const CAL_WORDS: usize = CAL_SLOTS / 64;
+
+/// A calendar queue: a ring of ~1 ns buckets over the next 4.2 µs, a binary heap beyond.
+///
+/// Most events are scheduled a few hundred nanoseconds ahead; each is appended to its bucket
+/// once and sorted once, in a small bucket, when the bucket becomes current (a radix heap
+/// moves an event through up to ~20 levels of picosecond bits). The order is exactly (time,
+/// push sequence): a bucket's entries are in push order (far events of a bucket's range are
+/// moved in, in heap order, when the range enters the window, before anything can be pushed
+/// into it directly), a stable sort by time keeps that order among equal times, and a push
+/// into the current bucket goes after every entry at or before its time.
+pub struct CalendarQueue<T> {
+    /// Start of the current bucket (a multiple of the bucket width); the window is
+    /// `[cur_start, cur_start + CAL_SLOTS buckets)`.
+    cur_start: Time,
+    /// The current bucket in (time, push) order, consumed from `head`.
+    cur: Vec<(Time, T)>,
+    head: usize,
+    ring: Vec<Vec<(Time, T)>>,
+    /// Bit per ring slot: non-empty.
+    occupied: Vec<u64>,
+    /// Events at or beyond the window's end.
+    far: HeapQueue<T>,
+    len: usize,
+    /// The last popped time (pushes before it are clamped, as the radix heap does).
+    last: Time,
+}
+
+impl<T: Copy> Default for CalendarQueue<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Copy> CalendarQueue<T> {
+    pub fn new() -> Self {
+        CalendarQueue {
+            cur_start: 0,
+            cur: Vec::new(),
+            head: 0,
+            ring: (0..CAL_SLOTS).map(|_| Vec::new()).collect(),
+            occupied: vec![0; CAL_WORDS],
+            far: HeapQueue::default(),
+            len: 0,
+            last: 0,
+        }
+    }
+
+    #[inline]
+    fn slot(t: Time) -> usize {
+        (t >> CAL_SHIFT) as usize & (CAL_SLOTS - 1)
+    }
+
+    #[inline]
+    fn window_end(&self) -> Time {
+        self.cur_start + ((CAL_SLOTS as Time) << CAL_SHIFT)
+    }
+
+    /// The event `k` places after the next one, if it is already known (in the current
+    /// bucket): callers prefetch what it will touch.
+    #[inline]
+    pub fn peek_ahead(&self, k: usize) -> Option<&T> {
+        self.cur.get(self.head + k).map(|e| &e.1)
+    }
+
+    /// Distance (in slots, 1..CAL_SLOTS) from `from` to the next occupied slot.
+    fn next_occupied(&self, from: usize) -> Option<usize> {
+        let mut i = (from + 1) & (CAL_SLOTS - 1);
+        let mut scanned = 0;
+        while scanned < CAL_SLOTS {
+            let (w, b) = (i / 64, i % 64);
+            let bits = self.occupied[w] >> b;
+            if bits != 0 {
+                let j = i + bits.trailing_zeros() as usize;
+                return Some((j + CAL_SLOTS - from) & (CAL_SLOTS - 1));
+            }
+            scanned += 64 - b;
+            i = (i + 64 - b) & (CAL_SLOTS - 1);
+        }
+        None
+    }
+
+    /// Make the next non-empty bucket current (the current one is used up).
+    #[cold]
+    #[inline(never)]
+    fn advance(&mut self) {
+        let from = Self::slot(self.cur_start);
+        let new_start = match self.next_occupied(from) {
+            Some(d) => self.cur_start + ((d as Time) << CAL_SHIFT),
+            // Nothing in the window: jump to the first far event's bucket.
+            None => self.far.peek_time().expect("events left") & !((1 << CAL_SHIFT) - 1),
+        };
+        self.cur_start = new_start;
+        // The window's new range enters: its far events move in before any direct push.
+        let end = self.window_end();
+        while self.far.peek_time().is_some_and(|t| t < end) {
+            let (t, item) = self.far.pop().expect("peeked");
+            let s = Self::slot(t);
+            self.ring[s].push((t, item));
+            self.occupied[s / 64] |= 1 << (s % 64);
+        }
+        let s = Self::slot(new_start);
+        self.cur.clear();
+        self.head = 0;
+        std::mem::swap(&mut self.cur, &mut self.ring[s]);
+        self.occupied[s / 64] &= !(1 << (s % 64));
+        // Stable: equal times stay in push order.
+        self.cur.sort_by_key(|e| e.0);
+    }
+}
+
+impl<T: Copy> EventQueue<T> for CalendarQueue<T> {
+    #[inline]
+    fn push(&mut self, time: Time, item: T) {
+        debug_assert!(time >= self.last, "event in the past: {time} ps");
+        // Release builds clamp; the simulator checks monotone time itself and reports it.
+        let t = time.max(self.last);
+        self.len += 1;
+        if t < self.cur_start + (1 << CAL_SHIFT) {
+            // The current bucket: after every event at or before `t`.
+            let pos = self.head + self.cur[self.head..].partition_point(|e| e.0 <= t);
+            if pos == self.cur.len() {
+                self.cur.push((t, item));
+            } else {
+                self.cur.insert(pos, (t, item));
+            }
+        } else if t < self.window_end() {
+            let s = Self::slot(t);
+            self.ring[s].push((t, item));
+            self.occupied[s / 64] |= 1 << (s % 64);
+        } else {
+            self.far.push(t, item);
+        }
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<(Time, T)> {
+        if self.head == self.cur.len() {
+            if self.len == 0 {
+                return None;
+            }
+            self.advance();
+        }
+        let e = self.cur[self.head];
+        self.head += 1;
+        self.len -= 1;
+        self.last = e.0;
+        Some(e)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The simulator's queue: the calendar queue, the radix heap, or the binary-heap baseline
+/// benchmarks compare them with (identical event order in every case).
 pub enum Queue<T> {
+    Calendar(CalendarQueue<T>),
     Radix(RadixQueue<T>),
     Heap(HeapQueue<T>),
 }
@@ -140,6 +302,7 @@ impl<T: Copy> EventQueue<T> for Queue<T> {
     #[inline]
     fn push(&mut self, time: Time, item: T) {
         match self {
+            Queue::Calendar(q) => q.push(time, item),
             Queue::Radix(q) => q.push(time, item),
             Queue::Heap(q) => q.push(time, item),
         }
@@ -148,6 +311,7 @@ impl<T: Copy> EventQueue<T> for Queue<T> {
     #[inline]
     fn pop(&mut self) -> Option<(Time, T)> {
         match self {
+            Queue::Calendar(q) => q.pop(),
             Queue::Radix(q) => q.pop(),
             Queue::Heap(q) => q.pop(),
         }
@@ -155,6 +319,7 @@ impl<T: Copy> EventQueue<T> for Queue<T> {
 
     fn len(&self) -> usize {
         match self {
+            Queue::Calendar(q) => q.len(),
             Queue::Radix(q) => q.len(),
             Queue::Heap(q) => q.len(),
         }
@@ -192,6 +357,13 @@ impl<T> Default for HeapQueue<T> {
     }
 }
 
+impl<T> HeapQueue<T> {
+    /// The earliest event's time.
+    pub fn peek_time(&self) -> Option<Time> {
+        self.heap.peek().map(|Reverse(Keyed(key, _))| (key >> 64) as Time)
+    }
+}
+
 impl<T> EventQueue<T> for HeapQueue<T> {
     fn push(&mut self, time: Time, item: T) {
         let key = ((time as u128) << 64) | self.seq as u128;
@@ -212,6 +384,62 @@ impl<T> EventQueue<T> for HeapQueue<T> {
 mod tests {
     use super::*;
     use eptwin_engine::rng::Rng;
+    use proptest::prelude::*;
+
+    /// A delay drawn from one of several scales: ties, inside a bucket, across the calendar's
+    /// window, beyond it (the far heap), and far enough to leave the window empty.
+    fn delay() -> impl Strategy<Value = Time> {
+        prop_oneof![
+            Just(0u64),
+            // A few distinct times many events share (ties inside one future bucket).
+            (0u64..4).prop_map(|k| 300_000 + 100 * k),
+            0u64..2_000,
+            0u64..200_000,
+            0u64..5_000_000,
+            4_000_000u64..50_000_000,
+            Just(1u64 << 40),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Every queue pops the same (time, push order) sequence as the binary heap, whatever
+        /// the mix of delays and however pushes and pops interleave.
+        #[test]
+        fn calendar_radix_and_heap_agree(
+            steps in proptest::collection::vec(
+                (proptest::collection::vec(delay(), 0..40), 0usize..30), 1..100)
+        ) {
+            let mut cal = CalendarQueue::new();
+            let mut radix = RadixQueue::new();
+            let mut heap = HeapQueue::default();
+            let mut now = 0;
+            let mut id = 0u32;
+            for (pushes, pops) in steps {
+                for d in pushes {
+                    cal.push(now + d, id);
+                    radix.push(now + d, id);
+                    heap.push(now + d, id);
+                    id += 1;
+                }
+                for _ in 0..pops {
+                    let want = heap.pop();
+                    prop_assert_eq!(cal.pop(), want);
+                    prop_assert_eq!(radix.pop(), want);
+                    if let Some((t, _)) = want {
+                        now = t;
+                    }
+                }
+                prop_assert_eq!(cal.len(), heap.len());
+            }
+            while let Some(want) = heap.pop() {
+                prop_assert_eq!(cal.pop(), Some(want));
+                prop_assert_eq!(radix.pop(), Some(want));
+            }
+            prop_assert!(cal.is_empty() && cal.pop().is_none());
+        }
+    }
 
     #[test]
     fn radix_and_binary_heap_pop_the_same_sequence() {
