@@ -58,12 +58,16 @@ pub enum Ev {
     Act(Action),
 }
 
-/// A counter other work waits on (a ring-buffer tail, a credit head, a flag).
+/// The counters other work waits on (ring-buffer tails, credit heads, flags): values apart
+/// from the waiter lists, which few counters have at a time, so bumping a counter touches 8
+/// bytes and a bit.
 #[derive(Debug, Clone, Default)]
-pub struct Counter {
-    pub value: u64,
-    /// (program, actor, threshold): woken when `value >= threshold`.
-    pub waiters: Vec<(ProgId, u32, u64)>,
+pub struct Counters {
+    pub values: Vec<u64>,
+    /// Per counter: (program, actor, threshold), woken when the value reaches the threshold.
+    waiters: Vec<Vec<(ProgId, u32, u64)>>,
+    /// Bit per counter: its waiter list is non-empty.
+    waited: Vec<u64>,
 }
 
 /// Per-op (program) byte accounting.
@@ -83,7 +87,7 @@ pub struct Core {
     pub params: Params,
     pub net: Net,
     pub gpus: Gpus,
-    pub counters: Vec<Counter>,
+    pub counters: Counters,
     pub op_bytes: Vec<OpBytes>,
     /// Model bugs found by the invariant checks (coordinates + time). Any entry fails the run.
     pub violations: Vec<String>,
@@ -111,7 +115,7 @@ impl Core {
             params,
             net,
             gpus,
-            counters: Vec::new(),
+            counters: Counters::default(),
             op_bytes: Vec::new(),
             violations: Vec::new(),
             failures: Vec::new(),
@@ -181,30 +185,41 @@ impl Core {
 
     /// Allocate `n` counters (zero); returns the first id.
     pub fn counters(&mut self, n: usize) -> u32 {
-        let first = self.counters.len() as u32;
-        self.counters.resize_with(self.counters.len() + n, Counter::default);
+        let ctrs = &mut self.counters;
+        let first = ctrs.values.len() as u32;
+        ctrs.values.resize(ctrs.values.len() + n, 0);
+        ctrs.waiters.resize_with(ctrs.values.len(), Vec::new);
+        ctrs.waited.resize(ctrs.values.len().div_ceil(64), 0);
         first
     }
 
+    #[inline]
     pub fn value(&self, c: u32) -> u64 {
-        self.counters[c as usize].value
+        self.counters.values[c as usize]
     }
 
     /// Add to a counter now and wake the waiters it satisfies.
+    #[inline]
     pub fn add(&mut self, c: u32, delta: u32) {
-        let ctr = &mut self.counters[c as usize];
-        ctr.value += delta as u64;
-        if !ctr.waiters.is_empty() {
-            let v = ctr.value;
+        let ctrs = &mut self.counters;
+        let v = &mut ctrs.values[c as usize];
+        *v += delta as u64;
+        let v = *v;
+        let (w, bit) = (c as usize / 64, 1u64 << (c % 64));
+        if ctrs.waited[w] & bit != 0 {
+            let list = &mut ctrs.waiters[c as usize];
             let mut i = 0;
-            while i < ctr.waiters.len() {
-                let (p, a, th) = ctr.waiters[i];
+            while i < list.len() {
+                let (p, a, th) = list[i];
                 if v >= th {
-                    ctr.waiters.swap_remove(i);
+                    list.swap_remove(i);
                     self.pending_wakes.push((p, a));
                 } else {
                     i += 1;
                 }
+            }
+            if list.is_empty() {
+                ctrs.waited[w] &= !bit;
             }
         }
     }
@@ -212,11 +227,12 @@ impl Core {
     /// Wait until counter `c` reaches `threshold`: `true` if it already has (no wake will come),
     /// otherwise the actor is woken when it does.
     pub fn wait(&mut self, c: u32, threshold: u64, prog: ProgId, actor: u32) -> bool {
-        let ctr = &mut self.counters[c as usize];
-        if ctr.value >= threshold {
+        let ctrs = &mut self.counters;
+        if ctrs.values[c as usize] >= threshold {
             return true;
         }
-        ctr.waiters.push((prog, actor, threshold));
+        ctrs.waiters[c as usize].push((prog, actor, threshold));
+        ctrs.waited[c as usize / 64] |= 1 << (c % 64);
         false
     }
 
@@ -290,9 +306,10 @@ impl Core {
     /// Waiters still registered (for the deadlock report).
     pub fn stuck_waiters(&self) -> Vec<(ProgId, u32, u32, u64, u64)> {
         let mut out = Vec::new();
-        for (i, c) in self.counters.iter().enumerate() {
-            for &(p, a, th) in &c.waiters {
-                out.push((p, a, i as u32, c.value, th));
+        let ctrs = &self.counters;
+        for (i, list) in ctrs.waiters.iter().enumerate() {
+            for &(p, a, th) in list {
+                out.push((p, a, i as u32, ctrs.values[i], th));
             }
         }
         out

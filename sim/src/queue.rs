@@ -161,6 +161,9 @@ pub struct CalendarQueue<T> {
     len: usize,
     /// The last popped time (pushes before it are clamped, as the radix heap does).
     last: Time,
+    /// Sort buffers, kept for reuse.
+    keys: Vec<u64>,
+    scratch: Vec<(Time, T)>,
 }
 
 impl<T: Copy> Default for CalendarQueue<T> {
@@ -180,6 +183,8 @@ impl<T: Copy> CalendarQueue<T> {
             far: HeapQueue::default(),
             len: 0,
             last: 0,
+            keys: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -241,9 +246,39 @@ impl<T: Copy> CalendarQueue<T> {
         self.head = 0;
         std::mem::swap(&mut self.cur, &mut self.ring[s]);
         self.occupied[s / 64] &= !(1 << (s % 64));
-        // Stable: equal times stay in push order.
-        self.cur.sort_by_key(|e| e.0);
+        sort_bucket(&mut self.cur, &mut self.keys, &mut self.scratch);
     }
+}
+
+/// Sort a bucket by time, equal times in their current (push) order. Small buckets, mostly a
+/// merge of a few ascending runs, take an insertion sort; larger ones sort packed keys (time
+/// offset in the bucket above the position) and gather.
+fn sort_bucket<T: Copy>(v: &mut Vec<(Time, T)>, keys: &mut Vec<u64>, scratch: &mut Vec<(Time, T)>) {
+    let n = v.len();
+    if n <= 32 {
+        for i in 1..n {
+            let x = v[i];
+            let mut j = i;
+            while j > 0 && v[j - 1].0 > x.0 {
+                v[j] = v[j - 1];
+                j -= 1;
+            }
+            v[j] = x;
+        }
+        return;
+    }
+    let base = v.iter().map(|e| e.0).min().expect("non-empty");
+    let span = v.iter().map(|e| e.0).max().expect("non-empty") - base;
+    if span >= 1 << 32 || n >= 1 << 32 {
+        v.sort_by_key(|e| e.0);
+        return;
+    }
+    keys.clear();
+    keys.extend(v.iter().enumerate().map(|(i, e)| ((e.0 - base) << 32) | i as u64));
+    keys.sort_unstable();
+    scratch.clear();
+    scratch.extend(keys.iter().map(|&k| v[(k & 0xFFFF_FFFF) as usize]));
+    std::mem::swap(v, scratch);
 }
 
 impl<T: Copy> EventQueue<T> for CalendarQueue<T> {

@@ -65,6 +65,8 @@ pub struct World {
     streams: Vec<Stream>,
     pub samples: Vec<OpSample>,
     finished: Vec<bool>,
+    /// Programs woken in the current drain (reused: no allocation per event).
+    touched: Vec<ProgId>,
 }
 
 #[derive(Debug)]
@@ -84,6 +86,7 @@ impl World {
             streams: Vec::new(),
             samples: Vec::new(),
             finished: Vec::new(),
+            touched: Vec::new(),
         }
     }
 
@@ -199,7 +202,7 @@ impl World {
     /// Run pending wakes (in the order they were raised), chain ranks that finished into the
     /// next op, and finish programs that completed.
     fn drain_all(&mut self, factory: &mut Factory) {
-        let mut touched: Vec<ProgId> = Vec::new();
+        let mut touched = std::mem::take(&mut self.touched);
         loop {
             let mut i = 0;
             while i < self.core.pending_wakes.len() {
@@ -213,13 +216,15 @@ impl World {
                 }
             }
             self.core.pending_wakes.clear();
-            for p in std::mem::take(&mut touched) {
+            for &p in &touched {
                 self.after_wake(factory, p);
             }
+            touched.clear();
             if self.core.pending_wakes.is_empty() {
                 break;
             }
         }
+        self.touched = touched;
     }
 
     fn after_wake(&mut self, factory: &mut Factory, p: ProgId) {
