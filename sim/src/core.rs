@@ -35,14 +35,19 @@ pub enum Action {
 
 #[derive(Debug, Clone, Copy)]
 pub enum Ev {
+    // 16 bytes (checked by a test): a calendar entry is 24 bytes with its time.
     /// An output port finished serializing its packet.
     PortDone(u32),
     /// A port blocked on credits re-checks them (the earliest pending credit return is due).
     PortWake(u32),
-    /// A packet reached a switch (head, plus the switching latency).
+    /// A packet sent by port `from` reached the switch at its far end (head, plus the
+    /// switching latency); it carries what forwarding needs, so a hop never reads the packet.
     SwitchArrive {
-        sw: u32,
+        from: u32,
         pkt: u32,
+        dst: u32,
+        wire: u16,
+        lane: u8,
     },
     /// A packet that completes something at a NIC (last packet of a message, ACK) is in.
     NicDeliver(u32),
@@ -275,8 +280,8 @@ impl Core {
                 self.port_wake(p);
                 1
             }
-            Ev::SwitchArrive { sw, pkt } => {
-                self.switch_arrive(sw, pkt);
+            Ev::SwitchArrive { from, pkt, dst, wire, lane } => {
+                self.switch_arrive(from, pkt, dst, wire as u32, lane);
                 2
             }
             Ev::NicDeliver(pkt) => {
@@ -313,5 +318,19 @@ impl Core {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hot records keep the sizes the layout relies on.
+    #[test]
+    fn hot_record_sizes() {
+        assert_eq!(std::mem::size_of::<Ev>(), 16);
+        assert_eq!(std::mem::size_of::<crate::fabric::Port>(), 64);
+        assert_eq!(std::mem::size_of::<crate::fabric::QEntry>(), 16);
+        assert_eq!(std::mem::size_of::<crate::nic::QpTx>(), 32);
     }
 }

@@ -39,7 +39,8 @@ pub enum PktKind {
     AtomicResp,
 }
 
-/// A packet in flight (32 bytes: two per cache line). Its source NIC is not stored: the trace
+/// A packet: what its destination NIC needs. Switch hops never touch it: the events and port
+/// queues carry what forwarding needs ([`QEntry`]). Its source NIC is not stored: the trace
 /// derives it from the message's QP.
 #[derive(Debug, Clone, Copy)]
 pub struct Pkt {
@@ -48,15 +49,24 @@ pub struct Pkt {
     pub wire: u32,
     pub payload: u32,
     pub dst_nic: u32,
-    /// The port whose credits this packet occupies (the link it arrived on), NONE at a NIC.
-    pub from_port: u32,
-    pub next: u32,
-    /// Wire bytes of the item queued after this one (so a dequeue needs no further lookup).
-    pub next_wire: u32,
     pub lane: u8,
     pub kind: PktKind,
     /// The op (program) the packet is charged to.
     pub prog: u16,
+    /// Still waiting in its NIC's port queue (an ACK there can absorb later completions).
+    pub at_nic: bool,
+}
+
+/// An item in a port lane's queue: a packet with what forwarding it needs (its wire bytes,
+/// the port whose input buffer it occupies, its destination), or `QP_ITEM | qp` (the QP's
+/// next packet, produced when served).
+#[derive(Debug, Clone, Copy)]
+pub struct QEntry {
+    pub item: u32,
+    pub wire: u32,
+    /// The port whose credits the packet holds (the link it came in on); NONE at a NIC.
+    pub from: u32,
+    pub dst: u32,
 }
 
 impl Pkt {
@@ -91,12 +101,12 @@ pub struct Port {
 /// `Port::to` names a NIC (else a switch).
 pub const TO_NIC: u32 = 1 << 31;
 
-/// Per (port, lane): queue head and tail, the head's wire bytes (so arbitration touches no
-/// packet) and the credits in hand — 16 bytes, four lanes of a port per cache line.
-#[derive(Debug, Clone, Copy)]
+/// Per (port, lane): the queue (a ring of [`QEntry`]), the head's wire bytes and the credits
+/// in hand.
+#[derive(Debug, Clone, Default)]
 pub struct Lane {
-    pub head: u32,
-    pub tail: u32,
+    pub q: VecDeque<QEntry>,
+    /// Wire bytes of the head item (arbitration reads only this record).
     pub head_wire: u32,
     pub credits: i32,
 }
@@ -140,6 +150,11 @@ pub struct Net {
     /// Lanes whose traffic the arbiter never schedules (not in any table).
     pub unschedulable: LaneMask,
     pub lossless: LaneMask,
+    /// The lane every QP of the run uses when there is only one (and it is schedulable): ports
+    /// then never arbitrate between lanes, so the arbiter's state is never consulted.
+    pub single_lane: Option<u8>,
+    /// Lanes the run's jobs use.
+    pub job_lanes: LaneMask,
     // Geometry of the rail-optimized fat tree.
     rails: u32,
     nodes_per_leaf: u32,
@@ -190,6 +205,8 @@ impl Net {
             unschedulable: !arb.schedulable(),
             arb,
             lossless,
+            single_lane: None,
+            job_lanes: 0,
             rails,
             nodes_per_leaf,
             leaves_per_rail,
@@ -200,7 +217,7 @@ impl Net {
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
             for lane in 0..MAX_LANES {
                 let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
-                net.lanes.push(Lane { head: NONE, tail: NONE, head_wire: 0, credits });
+                net.lanes.push(Lane { q: VecDeque::new(), head_wire: 0, credits });
                 net.bypassed_since.push(Time::MAX);
             }
             let to = match to {
@@ -334,6 +351,14 @@ impl Net {
         if self.single || self.leaf_of(a) == self.leaf_of(b) { 1 } else { 3 }
     }
 
+    /// The lanes the run's jobs use (every QP is on its job's lane).
+    pub fn set_job_lanes(&mut self, lanes: LaneMask) {
+        self.job_lanes = lanes;
+        let schedulable = !self.unschedulable;
+        self.single_lane = (lanes.count_ones() == 1 && lanes & schedulable != 0)
+            .then(|| lanes.trailing_zeros() as u8);
+    }
+
     pub fn lanes_in_use(&self) -> LaneMask {
         self.ports.iter().fold(0, |m, p| m | p.nonempty)
     }
@@ -381,39 +406,19 @@ impl Core {
         best
     }
 
-    /// Append an item (packet, or `QP_ITEM | qp`) to a port lane and try to send.
-    pub fn enqueue(&mut self, p: u32, lane: u8, item: u32, bytes: u32) {
-        let l = lane as usize;
-        let li = p as usize * MAX_LANES + l;
-        let tail = self.net.lanes[li].tail;
-        if tail == NONE {
-            let ln = &mut self.net.lanes[li];
-            ln.head = item;
-            ln.head_wire = bytes;
-        } else {
-            self.set_next(tail, item, bytes);
+    /// Append an item to a port lane and try to send.
+    pub fn enqueue(&mut self, p: u32, lane: u8, e: QEntry) {
+        let l = &mut self.net.lanes[p as usize * MAX_LANES + lane as usize];
+        if l.q.is_empty() {
+            l.head_wire = e.wire;
         }
-        self.net.lanes[li].tail = item;
+        l.q.push_back(e);
         let port = &mut self.net.ports[p as usize];
         port.nonempty |= 1 << lane;
-        port.queued_bytes += bytes as u64;
-        self.set_next(item, NONE, 0);
+        port.queued_bytes += e.wire as u64;
         // A lane no arbitration table lists never leaves (fabric.md §1.1 step 6): the deadlock
         // report names it if the run cannot finish.
         self.try_start(p);
-    }
-
-    #[inline]
-    pub(crate) fn set_next(&mut self, item: u32, next: u32, next_wire: u32) {
-        if item & QP_ITEM != 0 {
-            let q = &mut self.net.qp_tx[(item & !QP_ITEM) as usize];
-            q.port_next = next;
-            q.port_next_wire = next_wire;
-        } else {
-            let k = &mut self.net.pkts[item];
-            k.next = next;
-            k.next_wire = next_wire;
-        }
     }
 
     /// Absorb the credit returns of (port, lane) that are due.
@@ -515,49 +520,56 @@ impl Core {
             }
             return;
         }
-        let pick = {
-            let net = &mut self.net;
-            let lanes = &net.lanes;
-            net.ports[pi]
-                .arb
-                .pick(&net.arb, &mut net.drr[pi], eligible, |l| lanes[base + l as usize].head_wire)
-        };
-        let Some(pick) = pick else {
-            return; // only unschedulable lanes are eligible: they stall
-        };
-        if pick.bypassed != 0 {
-            self.watch_starvation(p, pick.bypassed);
-        }
-        let lane = pick.lane as usize;
-        let li = base + lane;
-        let port = &mut self.net.ports[pi];
-        if port.bypassed & (1 << lane) != 0 {
-            port.bypassed &= !(1 << lane);
-            self.net.bypassed_since[li] = Time::MAX;
-        }
-        let head = self.net.lanes[li].head;
-        let pkt_id = if head & QP_ITEM != 0 {
-            self.take_qp_packet(p, lane as u8, head & !QP_ITEM)
+        let lane = if let Some(only) = self.net.single_lane {
+            // Every queue holds this lane only, and it is schedulable: nothing to arbitrate.
+            only as usize
         } else {
-            let (next, next_wire) = {
-                let k = &self.net.pkts[head];
-                (k.next, k.next_wire)
+            let pick = {
+                let net = &mut self.net;
+                let lanes = &net.lanes;
+                net.ports[pi].arb.pick(&net.arb, &mut net.drr[pi], eligible, |l| {
+                    lanes[base + l as usize].head_wire
+                })
             };
-            let l = &mut self.net.lanes[li];
-            l.head = next;
-            l.head_wire = next_wire;
-            if next == NONE {
-                l.tail = NONE;
-                self.net.ports[pi].nonempty &= !(1 << lane);
+            let Some(pick) = pick else {
+                return; // only unschedulable lanes are eligible: they stall
+            };
+            if pick.bypassed != 0 {
+                self.watch_starvation(p, pick.bypassed);
             }
-            head
+            let lane = pick.lane as usize;
+            let port = &mut self.net.ports[pi];
+            if port.bypassed & (1 << lane) != 0 {
+                port.bypassed &= !(1 << lane);
+                self.net.bypassed_since[base + lane] = Time::MAX;
+            }
+            lane
         };
-        let pkt = self.net.pkts[pkt_id];
-        let blocks = pkt.blocks();
+        let li = base + lane;
+        let head = *self.net.lanes[li].q.front().expect("an eligible lane has a head");
+        let (pkt_id, wire, dst, from) = if head.item & QP_ITEM != 0 {
+            let (pkt, wire, dst) = self.take_qp_packet(p, lane as u8, head.item & !QP_ITEM);
+            (pkt, wire, dst, NONE)
+        } else {
+            let l = &mut self.net.lanes[li];
+            l.q.pop_front();
+            match l.q.front() {
+                Some(next) => l.head_wire = next.wire,
+                None => self.net.ports[pi].nonempty &= !(1 << lane),
+            }
+            if head.from == NONE {
+                // Leaving its NIC: an ACK can no longer absorb later completions.
+                self.net.pkts[head.item].at_nic = false;
+            }
+            (head.item, head.wire, head.dst, head.from)
+        };
+        let blocks = wire.div_ceil(64) as i32;
         let ser = {
             let net = &mut self.net;
             let port = &mut net.ports[pi];
-            port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, pkt.wire);
+            if net.single_lane.is_none() {
+                port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, wire);
+            }
             let l = &mut net.lanes[li];
             if l.credits < blocks && net.lossless & (1 << lane) != 0 {
                 let msg = format!(
@@ -576,9 +588,9 @@ impl Core {
                 );
                 self.violations.push(msg);
             }
-            let ser = port.rate.time(pkt.wire as u64);
+            let ser = port.rate.time(wire as u64);
             port.busy_until = now + ser;
-            port.queued_bytes = port.queued_bytes.saturating_sub(pkt.wire as u64);
+            port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
             if port.nonempty != 0 {
                 port.done_at = now + ser;
                 self.push(now + ser, Ev::PortDone(p));
@@ -589,16 +601,17 @@ impl Core {
         };
         let latency = self.params.link_latency;
         // The packet leaves the input buffer it sat in: credits flow back upstream.
-        if pkt.from_port != NONE {
+        if from != NONE {
             let t = now + latency + self.params.credit_delay;
-            self.return_credits(pkt.from_port, lane as u8, blocks, t);
+            self.return_credits(from, lane as u8, blocks, t);
         }
         if self.trace.is_some() {
+            let pkt = self.net.pkts[pkt_id];
             self.trace_packet(p, now, ser, &pkt);
         }
         let to = self.net.ports[pi].to;
         if to & TO_NIC == 0 {
-            let ser_next = self.params.link_rate.time(pkt.wire as u64);
+            let ser_next = self.params.link_rate.time(wire as u64);
             let mut t = now + latency + self.params.switch_latency;
             if self.params.cut_through {
                 // The next hop cannot finish before the tail is in.
@@ -609,8 +622,9 @@ impl Core {
             if self.params.adaptive {
                 t += self.params.adaptive_latency;
             }
-            self.net.pkts[pkt_id].from_port = p;
-            self.push(t, Ev::SwitchArrive { sw: to, pkt: pkt_id });
+            let ev =
+                Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane: lane as u8 };
+            self.push(t, ev);
         } else {
             self.nic_receive(to & !TO_NIC, p, pkt_id, now + latency, now + ser + latency);
         }
@@ -682,12 +696,10 @@ impl Core {
         }
     }
 
-    pub(crate) fn switch_arrive(&mut self, sw: u32, pkt: u32) {
-        let (dst, lane, wire) = {
-            let k = &self.net.pkts[pkt];
-            (k.dst_nic, k.lane, k.wire)
-        };
+    /// A packet sent by port `from` reaches the switch at its far end.
+    pub(crate) fn switch_arrive(&mut self, from: u32, pkt: u32, dst: u32, wire: u32, lane: u8) {
+        let sw = self.net.ports[from as usize].to;
         let out = self.route(sw, dst);
-        self.enqueue(out, lane, pkt, wire);
+        self.enqueue(out, lane, QEntry { item: pkt, wire, from, dst });
     }
 }

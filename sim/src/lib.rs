@@ -159,6 +159,8 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
     );
     let mut core = Core::new(params, net, gpus, trace);
     core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
+    let lanes = core.jobs.iter().fold(0, |m, j| m | 1 << j.lane);
+    core.net.set_job_lanes(lanes);
     World::new(core)
 }
 

@@ -10,7 +10,7 @@
 
 use crate::arb::MAX_LANES;
 use crate::core::{Action, Core, Ev, ProgId};
-use crate::fabric::{Pkt, PktKind, QP_ITEM};
+use crate::fabric::{Pkt, PktKind, QEntry, QP_ITEM};
 use crate::slab::NONE;
 use crate::time::Time;
 
@@ -62,14 +62,14 @@ pub struct Qp {
     pub exec: u32,
     pub exec_seq: u32,
     /// The responder's last ACK for this QP (NONE: none). While it still waits in its NIC
-    /// port (the packet is an ACK of this QP that has not left: no `from_port` yet), a later
-    /// message's execution bumps it instead of queueing another (ACKs are cumulative).
+    /// port (the packet is an ACK of this QP marked `at_nic`), a later message's execution
+    /// bumps it instead of queueing another (ACKs are cumulative).
     pub ack_pkt: u32,
 }
 
 /// The send side of a QP: the `send` message as the NIC's send engine holds it, so a packet
-/// touches only these 40 bytes (wire bytes of the next packet, payload left, kind, op, ready
-/// time) and the QP's link in its port lane.
+/// touches only these 32 bytes (wire bytes of the next packet, payload left, kind, op, ready
+/// time, destination).
 #[derive(Debug, Clone, Copy)]
 pub struct QpTx {
     /// When `send` may start (doorbell, WQE processing, tx latency); Time::MAX: not rung.
@@ -78,9 +78,6 @@ pub struct QpTx {
     pub send: u32,
     pub send_left: u32,
     pub next_wire: u32,
-    /// The item queued after this QP in its port lane, and its wire bytes.
-    pub port_next: u32,
-    pub port_next_wire: u32,
     pub peer_nic: u32,
     pub send_prog: ProgId,
     pub send_atomic: bool,
@@ -120,6 +117,10 @@ impl Core {
         prog: ProgId,
         label: QpLabel,
     ) -> u32 {
+        if self.net.job_lanes & (1 << lane) == 0 {
+            // Ports skip arbitration when the jobs use a single lane: a QP elsewhere breaks it.
+            self.violation(format!("QP {nic} -> {peer_nic} on lane {lane}, not a job's lane"));
+        }
         self.net.qps.push(Qp {
             nic,
             peer_nic,
@@ -145,8 +146,6 @@ impl Core {
             send: NONE,
             send_left: 0,
             next_wire: 0,
-            port_next: NONE,
-            port_next_wire: 0,
             peer_nic,
             send_prog: 0,
             send_atomic: false,
@@ -274,8 +273,8 @@ impl Core {
             tx.active = true;
             let wire = tx.next_wire;
             let q = &self.net.qps[qp as usize];
-            let (port, lane) = (self.net.nics[q.nic as usize].tx_port, q.lane);
-            self.enqueue(port, lane, QP_ITEM | qp, wire);
+            let (port, lane, dst) = (self.net.nics[q.nic as usize].tx_port, q.lane, q.peer_nic);
+            self.enqueue(port, lane, QEntry { item: QP_ITEM | qp, wire, from: NONE, dst });
         } else if !tx.ready_pending {
             tx.ready_pending = true;
             self.push(ready, Ev::QpReady(qp));
@@ -304,9 +303,10 @@ impl Core {
         q.next_wire = next_wire;
     }
 
-    /// The QP at the head of `port`'s `lane` queue sends one packet; it goes to the back of
-    /// the queue if it has more ready to send (packet-level round robin between QPs).
-    pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> u32 {
+    /// The QP at the head of `port`'s `lane` queue sends one packet (returned with its wire
+    /// bytes and destination); it goes to the back of the queue if it has more ready to send
+    /// (packet-level round robin between QPs).
+    pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> (u32, u32, u32) {
         let now = self.now;
         let mtu = self.params.mtu;
         let q = &self.net.qp_tx[qp as usize];
@@ -323,12 +323,10 @@ impl Core {
             wire,
             payload,
             dst_nic: dst,
-            from_port: NONE,
-            next: NONE,
-            next_wire: 0,
             lane,
             kind,
             prog,
+            at_nic: false,
         });
         let ob = &mut self.op_bytes[prog as usize];
         ob.wire += wire as u64;
@@ -342,43 +340,29 @@ impl Core {
             q.send_left -= payload;
             q.next_wire = q.send_left.min(mtu) + self.params.hdr.data;
         }
-        // Pop the QP from the lane queue.
-        let li = port as usize * MAX_LANES + lane as usize;
+        // Pop the QP from the lane queue; back of the round robin if it has more ready.
         let q = &mut self.net.qp_tx[qp as usize];
-        let (next, next_wire) = (q.port_next, q.port_next_wire);
         let more = q.send != NONE && q.send_ready <= now;
         let qp_wire = q.next_wire;
         if !more {
             q.active = false;
-            q.port_next = NONE;
             if q.send != NONE && q.send_ready != Time::MAX && !q.ready_pending {
                 q.ready_pending = true;
                 let ready = q.send_ready;
                 self.push(ready, Ev::QpReady(qp));
             }
         }
-        let l = &mut self.net.lanes[li];
-        l.head = next;
-        l.head_wire = next_wire;
-        if next == NONE {
-            l.tail = NONE;
-            self.net.ports[port as usize].nonempty &= !(1 << lane);
-        }
+        let l = &mut self.net.lanes[port as usize * MAX_LANES + lane as usize];
+        l.q.pop_front();
         if more {
-            // Back of the round robin (no try_start: the caller is arbitrating this port).
-            let l = &mut self.net.lanes[li];
-            let tail = l.tail;
-            l.tail = QP_ITEM | qp;
-            if tail == NONE {
-                l.head = QP_ITEM | qp;
-                l.head_wire = qp_wire;
-                self.net.ports[port as usize].nonempty |= 1 << lane;
-            } else {
-                self.set_next(tail, QP_ITEM | qp, qp_wire);
-            }
-            self.set_next(QP_ITEM | qp, NONE, 0);
+            // No try_start: the caller is arbitrating this port.
+            l.q.push_back(QEntry { item: QP_ITEM | qp, wire: qp_wire, from: NONE, dst });
         }
-        pkt
+        match l.q.front() {
+            Some(next) => l.head_wire = next.wire,
+            None => self.net.ports[port as usize].nonempty &= !(1 << lane),
+        }
+        (pkt, wire, dst)
     }
 
     /// A packet's head reaches NIC `n` through port `p` at `head_t`, its tail at `tail_t`.
@@ -481,10 +465,10 @@ impl Core {
             };
             let pending = self.net.qps[qp as usize].ack_pkt;
             if kind == PktKind::Ack && pending != NONE && {
-                // Still queued at this NIC (a packet that left has a `from_port`; a recycled
-                // record is another QP's or another kind).
+                // Still queued at this NIC (a recycled record is another QP's or another
+                // kind, or has left).
                 let k = &self.net.pkts[pending];
-                k.kind == PktKind::Ack && k.msg == qp && k.from_port == NONE
+                k.kind == PktKind::Ack && k.msg == qp && k.at_nic
             } {
                 // Coalesce into the ACK still queued at the NIC.
                 self.net.pkts[pending].payload = msg.seq;
@@ -497,12 +481,10 @@ impl Core {
                 wire,
                 payload: msg.seq,
                 dst_nic: src,
-                from_port: NONE,
-                next: NONE,
-                next_wire: 0,
                 lane,
                 kind,
                 prog: msg.prog,
+                at_nic: true,
             });
             self.ensure_op(msg.prog);
             self.op_bytes[msg.prog as usize].wire += wire as u64;
@@ -510,7 +492,7 @@ impl Core {
                 self.net.qps[qp as usize].ack_pkt = ack;
             }
             let port = self.net.nics[dst as usize].tx_port;
-            self.enqueue(port, lane, ack, wire);
+            self.enqueue(port, lane, QEntry { item: ack, wire, from: NONE, dst: src });
         }
     }
 
