@@ -145,16 +145,22 @@ impl Core {
         self.queue = Queue::Radix(RadixQueue::new());
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, t: Time, ev: Ev) {
         if t < self.now {
-            self.violation(format!(
-                "monotone time: event {ev:?} scheduled at {} before now {}",
-                fmt_us(t),
-                fmt_us(self.now)
-            ));
+            self.past_event(t, ev);
         }
         self.queue.push(t.max(self.now), ev);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn past_event(&mut self, t: Time, ev: Ev) {
+        self.violation(format!(
+            "monotone time: event {ev:?} scheduled at {} before now {}",
+            fmt_us(t),
+            fmt_us(self.now)
+        ));
     }
 
     /// Record a broken invariant (a model bug) with its coordinates.
@@ -269,6 +275,7 @@ impl Core {
     }
 
     /// Handle one event (the world loop pops it); wakes land in `pending_wakes`.
+    #[inline(always)]
     pub fn handle(&mut self, ev: Ev) {
         self.events += 1;
         let kind = match ev {

@@ -407,6 +407,7 @@ impl Core {
     }
 
     /// Append an item to a port lane and try to send.
+    #[inline]
     pub fn enqueue(&mut self, p: u32, lane: u8, e: QEntry) {
         let l = &mut self.net.lanes[p as usize * MAX_LANES + lane as usize];
         if l.q.is_empty() {
@@ -456,6 +457,7 @@ impl Core {
         }
     }
 
+    #[inline]
     pub(crate) fn port_done(&mut self, p: u32) {
         let port = &mut self.net.ports[p as usize];
         if port.done_at != self.now {
@@ -697,6 +699,7 @@ impl Core {
     }
 
     /// A packet sent by port `from` reaches the switch at its far end.
+    #[inline]
     pub(crate) fn switch_arrive(&mut self, from: u32, pkt: u32, dst: u32, wire: u32, lane: u8) {
         let sw = self.net.ports[from as usize].to;
         let out = self.route(sw, dst);

@@ -136,6 +136,7 @@ const CAL_SHIFT: u32 = 10;
 /// do: serialization, switch and NIC latencies are well under a microsecond).
 const CAL_SLOTS: usize = 4096;
 const CAL_WORDS: usize = CAL_SLOTS / 64;
+const CAL_SLOT_CAPACITY: usize = 16;
 
 /// A calendar queue: a ring of ~1 ns buckets over the next 4.2 µs, a binary heap beyond.
 ///
@@ -161,8 +162,7 @@ pub struct CalendarQueue<T> {
     len: usize,
     /// The last popped time (pushes before it are clamped, as the radix heap does).
     last: Time,
-    /// Sort buffers, kept for reuse.
-    keys: Vec<u64>,
+    /// Sort buffer, kept for reuse.
     scratch: Vec<(Time, T)>,
 }
 
@@ -178,12 +178,12 @@ impl<T: Copy> CalendarQueue<T> {
             cur_start: 0,
             cur: Vec::new(),
             head: 0,
-            ring: (0..CAL_SLOTS).map(|_| Vec::new()).collect(),
+            // Room for a typical bucket up front: no reallocation while the ring warms up.
+            ring: (0..CAL_SLOTS).map(|_| Vec::with_capacity(CAL_SLOT_CAPACITY)).collect(),
             occupied: vec![0; CAL_WORDS],
             far: HeapQueue::default(),
             len: 0,
             last: 0,
-            keys: Vec::new(),
             scratch: Vec::new(),
         }
     }
@@ -246,39 +246,46 @@ impl<T: Copy> CalendarQueue<T> {
         self.head = 0;
         std::mem::swap(&mut self.cur, &mut self.ring[s]);
         self.occupied[s / 64] &= !(1 << (s % 64));
-        sort_bucket(&mut self.cur, &mut self.keys, &mut self.scratch);
+        debug_assert!(self.cur.iter().all(|e| e.0 - new_start < 1 << CAL_SHIFT));
+        sort_bucket(&mut self.cur, new_start, &mut self.scratch);
     }
 }
 
-/// Sort a bucket by time, equal times in their current (push) order. Small buckets, mostly a
-/// merge of a few ascending runs, take an insertion sort; larger ones sort packed keys (time
-/// offset in the bucket above the position) and gather.
-fn sort_bucket<T: Copy>(v: &mut Vec<(Time, T)>, keys: &mut Vec<u64>, scratch: &mut Vec<(Time, T)>) {
+/// Sub-buckets a large bucket is first distributed over (by the next 4 bits of time).
+const SUB_SHIFT: u32 = CAL_SHIFT - 4;
+
+/// Sort a bucket (times in `[start, start + bucket width)`) by time, equal times in their
+/// current (push) order. Large buckets are first distributed over 16 sub-ranges by a stable
+/// counting sort; then an insertion sort (cheap on small or nearly sorted input) finishes.
+fn sort_bucket<T: Copy>(v: &mut Vec<(Time, T)>, start: Time, scratch: &mut Vec<(Time, T)>) {
     let n = v.len();
-    if n <= 32 {
-        for i in 1..n {
-            let x = v[i];
-            let mut j = i;
-            while j > 0 && v[j - 1].0 > x.0 {
-                v[j] = v[j - 1];
-                j -= 1;
-            }
-            v[j] = x;
+    if n > 16 {
+        let sub = |t: Time| ((t - start) >> SUB_SHIFT) as usize & 15;
+        let mut at = [0u32; 17];
+        for e in v.iter() {
+            at[sub(e.0) + 1] += 1;
         }
-        return;
+        for k in 1..17 {
+            at[k] += at[k - 1];
+        }
+        scratch.clear();
+        scratch.resize(n, v[0]);
+        for e in v.iter() {
+            let k = sub(e.0);
+            scratch[at[k] as usize] = *e;
+            at[k] += 1;
+        }
+        std::mem::swap(v, scratch);
     }
-    let base = v.iter().map(|e| e.0).min().expect("non-empty");
-    let span = v.iter().map(|e| e.0).max().expect("non-empty") - base;
-    if span >= 1 << 32 || n >= 1 << 32 {
-        v.sort_by_key(|e| e.0);
-        return;
+    for i in 1..n {
+        let x = v[i];
+        let mut j = i;
+        while j > 0 && v[j - 1].0 > x.0 {
+            v[j] = v[j - 1];
+            j -= 1;
+        }
+        v[j] = x;
     }
-    keys.clear();
-    keys.extend(v.iter().enumerate().map(|(i, e)| ((e.0 - base) << 32) | i as u64));
-    keys.sort_unstable();
-    scratch.clear();
-    scratch.extend(keys.iter().map(|&k| v[(k & 0xFFFF_FFFF) as usize]));
-    std::mem::swap(v, scratch);
 }
 
 impl<T: Copy> EventQueue<T> for CalendarQueue<T> {
@@ -298,8 +305,11 @@ impl<T: Copy> EventQueue<T> for CalendarQueue<T> {
             }
         } else if t < self.window_end() {
             let s = Self::slot(t);
-            self.ring[s].push((t, item));
-            self.occupied[s / 64] |= 1 << (s % 64);
+            let slot = &mut self.ring[s];
+            if slot.is_empty() {
+                self.occupied[s / 64] |= 1 << (s % 64);
+            }
+            slot.push((t, item));
         } else {
             self.far.push(t, item);
         }
