@@ -15,7 +15,7 @@ use eptwin_engine::Plan;
 use eptwin_engine::scenario::schema::FabricTopology;
 
 use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
-use crate::core::{Core, Ev};
+use crate::core::{Core, Ev, prefetch};
 use crate::nic::{Msg, Nic, Qp, QpTx};
 use crate::slab::{NONE, Slab};
 use crate::time::{Rate, Time, fmt_us};
@@ -565,6 +565,15 @@ impl Core {
             }
             (head.item, head.wire, head.dst, head.from)
         };
+        // The lane's next item is served a packet time from now: fetch what it will touch (a
+        // QP's send state; a packet's record where the port delivers to a NIC).
+        if let Some(next) = self.net.lanes[li].q.front() {
+            if next.item & QP_ITEM != 0 {
+                prefetch(&self.net.qp_tx[(next.item & !QP_ITEM) as usize]);
+            } else if self.net.ports[pi].to & TO_NIC != 0 {
+                prefetch(&self.net.pkts[next.item]);
+            }
+        }
         let blocks = wire.div_ceil(64) as i32;
         let ser = {
             let net = &mut self.net;
