@@ -72,39 +72,59 @@ pub enum Command {
         #[arg(long)]
         hw: bool,
     },
-    /// Run on both backends where possible and write the comparison.
+    /// Run on the simulator and the hardware (or read measured results), write both results
+    /// and the comparison, and print a table of the differences.
     Compare {
         #[arg(required = true)]
         scenarios: Vec<PathBuf>,
+        /// Directory for `<scenario>.sim.json`, `<scenario>.hw.json`, `<scenario>.compare.json`.
         #[arg(long, default_value = "out")]
         out: PathBuf,
+        /// Compare against previously measured result files or directories (e.g.
+        /// `results/h200/`) instead of running the hardware here.
+        #[arg(long, num_args = 1.., value_name = "RESULT|DIR")]
+        measured: Vec<PathBuf>,
+        /// Fail (exit 1) when |simulated − measured| / measured exceeds PCT on any op's mean
+        /// latency.
+        #[arg(long, value_name = "PCT")]
+        tolerance: Option<f64>,
+        /// Print the comparison documents (JSON Lines) instead of the table.
         #[arg(long)]
         json: bool,
     },
-    /// Plots (PNG + SVG) and an index.html from result files.
+    /// Charts (PNG + SVG) and an index.html from result files, sweep indexes and simulator
+    /// traces (files or directories).
     Report {
         #[arg(required = true)]
         results: Vec<PathBuf>,
         #[arg(long)]
         out: PathBuf,
+        /// Print what was written and skipped as JSON.
+        #[arg(long)]
+        json: bool,
     },
-    /// Parameter sweep on all cores, shardable for batch schedulers.
+    /// Parameter sweep on all cores, shardable for batch schedulers: one result per point
+    /// plus an index that `eptwin report` plots.
     Sweep {
         scenario: PathBuf,
         /// KEY=V1,V2,... (several make a grid). KEY is a scenario key path such as
-        /// `job.env.NVSHMEM_QP_DEPTH` or `job[0].buffer.num_qps_per_rank`.
-        #[arg(long = "set", required = true)]
+        /// `job.env.NVSHMEM_QP_DEPTH`, `job[0].buffer.num_qps_per_rank`,
+        /// `job[decode].workload.tokens_per_rank` or `cluster.nodes`.
+        #[arg(long = "set", required = true, value_name = "KEY=V1,V2,...")]
         sets: Vec<String>,
-        /// Run only shard K of N (0-based; defaults from SLURM_ARRAY_TASK_ID/COUNT).
-        #[arg(long)]
+        /// Run only shard K of N (0-based: the points whose index ≡ K mod N). Defaults from
+        /// SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT (minus SLURM_ARRAY_TASK_MIN).
+        #[arg(long, value_name = "K/N")]
         shard: Option<String>,
-        #[arg(long, default_value = "out")]
-        out: PathBuf,
+        /// Directory for the points and the index (default: out/sweep-<scenario name>).
+        #[arg(long)]
+        out: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "sim")]
         backend: BackendArg,
-        /// Worker threads (default: all cores).
+        /// Worker threads (default: SLURM_CPUS_PER_TASK, else all cores).
         #[arg(long)]
         threads: Option<usize>,
+        /// Print the sweep index on stdout instead of the table.
         #[arg(long)]
         json: bool,
     },

@@ -10,6 +10,7 @@ pub mod diag;
 pub mod error;
 pub mod fabric;
 pub mod ids;
+pub mod layout;
 pub mod plan;
 pub mod profile;
 pub mod result;

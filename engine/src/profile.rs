@@ -69,6 +69,41 @@ pub struct GpuParams {
     pub flag_latency_ns: u64,
     /// A cooperative-groups grid sync inside a kernel, ns.
     pub grid_sync_ns: u64,
+    /// The memory system as the SMs see it (`[gpu.memory]`), for ranks sharing one GPU: the
+    /// simulator models the hardware backend's one-GPU kernels with it when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<GpuMemory>,
+}
+
+/// One GPU's memory system as its SMs see it: L2 and HBM throughput for SM-driven copies and
+/// the latencies the kernels' dependency chains are made of (measured by the hardware
+/// backend's probes, `results/h200/README.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuMemory {
+    /// L2 capacity, bytes.
+    pub l2_bytes: u64,
+    /// SM-side L2 throughput with L2-resident data, GB/s of bytes loaded plus stored.
+    pub l2_bw_gbps: f64,
+    /// HBM throughput of SM-driven copies, GB/s of bytes read plus written.
+    pub dram_bw_gbps: f64,
+    /// One warp copying 7,168-byte rows back to back (7 16-byte loads in flight per lane),
+    /// ns per row: source in L2, source in HBM.
+    pub warp_row_l2_ns: f64,
+    pub warp_row_hbm_ns: f64,
+    /// One SM's copy rate with every warp of a 1,024-thread block copying, GB/s: source in
+    /// L2, source in HBM.
+    pub sm_copy_l2_gbps: f64,
+    pub sm_copy_hbm_gbps: f64,
+    /// A dependent 16-byte load, ns: L2 hit; HBM with the GPU idle; HBM while every SM's
+    /// threads load at once (one load in flight each).
+    pub load_l2_ns: u64,
+    pub load_hbm_ns: u64,
+    pub load_hbm_busy_ns: u64,
+    /// A returning atomic add in L2, ns.
+    pub atomic_ns: u64,
+    /// What a `red.release.gpu` after a warp's row copy adds to the copy, ns.
+    pub release_ns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -291,7 +326,8 @@ pub fn resolve(cluster: &ClusterSpec) -> Result<HardwareProfile, ProfileError> {
 }
 
 fn is_optional_profile_key(section: &str, key: &str) -> bool {
-    section == "fabric" && matches!(key, "ets_tc_bw" | "strict_tcs" | "pfc")
+    (section == "fabric" && matches!(key, "ets_tc_bw" | "strict_tcs" | "pfc"))
+        || (section == "gpu" && key == "memory")
 }
 
 #[cfg(test)]

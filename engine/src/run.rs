@@ -227,6 +227,7 @@ pub fn job_facts(job: &JobPlan) -> BTreeMap<String, Value> {
             ("hidden".into(), json!(d.workload.hidden)),
             ("topk".into(), json!(d.workload.topk)),
             ("experts".into(), json!(d.workload.experts)),
+            ("seed".into(), json!(d.workload.seed)),
         ]),
         JobKind::Traffic(t) => {
             BTreeMap::from([("bytes_per_rank".into(), json!(t.bytes_per_rank.bytes()))])

@@ -9,11 +9,22 @@ pub fn render(result: &RunResult) -> String {
     let mut out = String::new();
     let backend = result.backend_kind();
     let detail = match backend {
-        "sim" => format!(
-            "simulator {} seed {}",
-            result.backend.get("version").and_then(|v| v.as_str()).unwrap_or("?"),
-            result.backend.get("seed").map(|v| v.to_string()).unwrap_or_else(|| "?".into())
-        ),
+        "sim" => {
+            let seeds: Vec<String> = result
+                .jobs
+                .iter()
+                .filter_map(|j| j.facts.get("seed").map(|s| s.to_string()))
+                .collect();
+            format!(
+                "simulator {}{}",
+                result.backend.get("version").and_then(|v| v.as_str()).unwrap_or("?"),
+                if seeds.is_empty() {
+                    String::new()
+                } else {
+                    format!(", routing seed {}", seeds.join("/"))
+                }
+            )
+        }
         _ => {
             result.backend.get("gpus").map(|g| g.to_string()).unwrap_or_else(|| backend.to_string())
         }

@@ -49,6 +49,8 @@ pub struct Capabilities {
     pub max_ranks: Option<u32>,
     /// Whether peers outside one NVLink domain can be reached (an RDMA device is present).
     pub rdma: bool,
+    /// Why not, when `rdma` is false (the RDMA probe's one line).
+    pub rdma_reason: Option<String>,
 }
 
 impl Capabilities {
@@ -96,7 +98,11 @@ impl Capabilities {
                 nodes.len() > 1
             });
         if needs_rdma && !self.rdma {
-            return Some("the scenario spans several nodes and no RDMA device is present".into());
+            return Some(match &self.rdma_reason {
+                Some(reason) => format!("the scenario spans several nodes: {reason}"),
+                None => "the scenario spans several nodes and this backend cannot reach them here"
+                    .into(),
+            });
         }
         None
     }

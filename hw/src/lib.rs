@@ -185,6 +185,17 @@ impl GpuInventory for Inventory<'_> {
     }
 }
 
+/// Why this machine cannot run scenarios that span nodes: the RDMA probe's answer (no device,
+/// or built without the `rdma` feature), else the missing piece of the hardware backend.
+fn internode_reason() -> String {
+    match rdma::internode_waiver() {
+        Some(reason) => reason,
+        None => "an RDMA port is up, but the hardware backend does not run DeepEP's internode \
+                 kernels over it yet (the verbs layer and CPU proxy exist in hw::rdma)"
+            .into(),
+    }
+}
+
 impl Transport for HwTransport {
     fn capabilities(&self) -> Capabilities {
         match &self.env {
@@ -197,6 +208,7 @@ impl Transport for HwTransport {
                 concurrent_jobs: false,
                 max_ranks: None,
                 rdma: false,
+                rdma_reason: None,
             },
             Ok(env) => Capabilities {
                 backend: BackendKind::Hw,
@@ -207,6 +219,7 @@ impl Transport for HwTransport {
                 concurrent_jobs: false,
                 max_ranks: None,
                 rdma: false,
+                rdma_reason: Some(internode_reason()),
             },
         }
     }
@@ -329,10 +342,7 @@ fn prepare(
     };
     let d = d.as_ref();
     if d.mode == EpMode::Internode {
-        return Err(HwError::Unsupported(format!(
-            "job {:?}: normal internode kernels need RDMA between nodes (not built)",
-            job.name
-        )));
+        return Err(HwError::Unsupported(format!("job {:?}: {}", job.name, internode_reason())));
     }
     let n = job.num_ranks();
     let placement = placement::place(n, plan.topology.ranks_per_gpu, &Inventory(&env.gpus))

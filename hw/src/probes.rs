@@ -153,10 +153,192 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
     m.insert("probe.flag_roundtrip_same_gpu_ns".into(), json!(round3(rtt)));
     m.insert("probe.flag_latency_same_gpu_ns".into(), json!(round3(rtt / 2.0)));
 
+    memory_model_probes(devs, &mut m, src.ptr, dst.ptr, big)?;
+
     if devs.list.len() > 1 {
         peer_probes(devs, &mut m)?;
     }
     Ok(m)
+}
+
+/// Like [`time_us`] without the L2 flush: the operation runs once untimed first, so that a
+/// working set that fits in L2 is resident when the timed repetitions start.
+fn time_us_warm(
+    devs: &mut Devices,
+    idx: usize,
+    reps: usize,
+    mut op: impl FnMut(&Device) -> Result<(), HwError>,
+) -> Result<f64, HwError> {
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..reps + 1 {
+        let dev = &devs.list[idx];
+        let (a, b) = (dev.gpu.new_event()?, dev.gpu.new_event()?);
+        dev.gpu.record(&a)?;
+        op(dev)?;
+        dev.gpu.record(&b)?;
+        dev.gpu.wait("probe", devs.host_timeout_ms)?;
+        if rep > 0 {
+            samples.push(a.elapsed_ms(&b)? as f64 * 1e3);
+        }
+    }
+    Ok(median(samples))
+}
+
+/// Bytes of one chunk of the warp-copy probes: a 7,168-byte row (hidden 7168 in FP8; half a
+/// BF16 row), the unit the transport kernels' warps copy.
+const CHUNK_BYTES: usize = 7168;
+/// The L2-resident working set of a probe side: 12 MiB (source and destination together stay
+/// well inside the 60 MB L2).
+const L2_REGION_BYTES: usize = 12 << 20;
+
+/// Probes for the simulator's one-GPU memory model: the transport kernels' warp copy with the
+/// source and destination either L2-resident or streaming through HBM, from one warp to the
+/// whole GPU; dependent-load latency from L2 and HBM, idle and with every SM loading; single
+/// operations (atomic, acquire load, one message copy, copy + release); the flag latency at
+/// .gpu scope. `src` and `dst` are `big`-byte buffers.
+fn memory_model_probes(
+    devs: &mut Devices,
+    m: &mut BTreeMap<String, Value>,
+    src: u64,
+    dst: u64,
+    big: usize,
+) -> Result<(), HwError> {
+    let chunk_int4 = (CHUNK_BYTES / 16) as i32;
+    let big_chunks = (big / CHUNK_BYTES) as u64;
+    let l2_chunks = (L2_REGION_BYTES / CHUNK_BYTES) as u64;
+    // (name, source chunks, destination chunks, L2-resident on both sides).
+    let variants = [
+        ("l2_to_l2", l2_chunks, l2_chunks, true),
+        ("hbm_to_hbm", big_chunks, big_chunks, false),
+        ("l2_to_hbm", l2_chunks, big_chunks, false),
+        ("hbm_to_l2", big_chunks, l2_chunks, false),
+    ];
+    let mut copies = serde_json::Map::new();
+    for (name, src_chunks, dst_chunks, resident) in variants {
+        let shapes: &[(u32, u32)] = match name {
+            "l2_to_l2" => &[
+                (1, 32),
+                (1, 512),
+                (1, 1024),
+                (8, 1024),
+                (32, 1024),
+                (66, 1024),
+                (132, 1024),
+                (192, 512),
+                (264, 512),
+            ],
+            "hbm_to_hbm" => &[(1, 32), (1, 512), (1, 1024), (132, 1024), (192, 512), (264, 512)],
+            _ => &[(1, 32), (1, 1024), (132, 1024), (192, 512)],
+        };
+        let mut by_shape = serde_json::Map::new();
+        for &(blocks, threads) in shapes {
+            let warps = (blocks * threads / 32) as u64;
+            let n_chunks = if resident {
+                (warps * 64).max(4096)
+            } else {
+                (warps * 32).clamp(4096, big_chunks)
+            };
+            let (s, d) = (src, dst);
+            let launch = |dev: &Device| {
+                let f = dev.module("probes")?.function("probe_warp_copy");
+                let mut a = kernel_args![s, d, chunk_int4, n_chunks, src_chunks, dst_chunks];
+                // SAFETY: chunk indices wrap inside both buffers (src_chunks, dst_chunks ≤ big).
+                unsafe { dev.gpu.launch(f, blocks, threads, &mut a) }
+            };
+            let us = if resident {
+                time_us_warm(devs, 0, 5, launch)?
+            } else {
+                time_us(devs, 0, 5, launch)?
+            };
+            let gbps = (n_chunks * CHUNK_BYTES as u64) as f64 / (us * 1e3);
+            by_shape.insert(format!("{blocks}x{threads}"), json!(round3(gbps)));
+        }
+        copies.insert(name.into(), Value::Object(by_shape));
+    }
+    m.insert("probe.warp_copy_bw_gbps".into(), Value::Object(copies));
+
+    // Dependent loads: ns per load of thread 0, and the whole launch's loads per second.
+    let out = devs.list[0].gpu.alloc(64)?;
+    let sink = devs.list[0].gpu.alloc(64)?;
+    let mut chase = serde_json::Map::new();
+    let l2_int4 = (8u64 << 20) / 16;
+    let big_int4 = big as u64 / 16;
+    for (name, n_int4, blocks, threads, iters, resident) in [
+        ("l2_1x32", l2_int4, 1u32, 32u32, 4000i32, true),
+        ("hbm_1x32", big_int4, 1, 32, 4000, false),
+        ("l2_132x1024", l2_int4, 132, 1024, 48, true),
+        ("hbm_132x1024", big_int4, 132, 1024, 48, false),
+    ] {
+        let (b, o, k) = (src, out.ptr, sink.ptr);
+        let launch = |dev: &Device| {
+            let f = dev.module("probes")?.function("probe_chase");
+            let mut a = kernel_args![b, n_int4, iters, o, k];
+            // SAFETY: every int4 index is < n_int4, inside the buffer.
+            unsafe { dev.gpu.launch(f, blocks, threads, &mut a) }
+        };
+        let us =
+            if resident { time_us_warm(devs, 0, 5, launch)? } else { time_us(devs, 0, 5, launch)? };
+        let mut ns = [0u64];
+        devs.list[0].gpu.download(out.ptr, &mut ns)?;
+        let loads = (blocks * threads) as f64 * iters as f64;
+        chase.insert(
+            name.into(),
+            json!({
+                "ns_per_load_thread0": round3(ns[0] as f64 / iters as f64),
+                "launch_us": round3(us),
+                "loads_per_us": round3(loads / us),
+            }),
+        );
+    }
+    m.insert("probe.dependent_load".into(), Value::Object(chase));
+
+    // Single operations of one warp.
+    let flags = devs.list[0].gpu.alloc(4096)?;
+    let mut ops = serde_json::Map::new();
+    for (name, mode, iters) in [
+        ("atomic_add_ns", 0i32, 4000i32),
+        ("acquire_load_gpu_ns", 1, 4000),
+        ("warp_copy_7168B_ns", 2, 2000),
+        ("warp_copy_7168B_release_ns", 3, 2000),
+    ] {
+        devs.list[0].gpu.memset_u8(flags.ptr, 0, 4096)?;
+        devs.flush_l2()?;
+        let (f_, s, d, o) = (flags.ptr, src, dst, out.ptr);
+        {
+            let dev = &devs.list[0];
+            let f = dev.module("probes")?.function("probe_op_latency");
+            let mut a = kernel_args![f_, s, d, chunk_int4, mode, iters, o];
+            // SAFETY: dst holds iters chunks (2000 × 7168 B < big); flags hold 1024 ints.
+            unsafe { dev.gpu.launch(f, 1, 32, &mut a)? };
+        }
+        devs.finish("operation latency probe")?;
+        let mut ns = [0u64];
+        devs.list[0].gpu.download(out.ptr, &mut ns)?;
+        ops.insert(name.into(), json!(round3(ns[0] as f64 / iters as f64)));
+    }
+    m.insert("probe.op_latency".into(), Value::Object(ops));
+
+    // Flag ping-pong at .gpu scope (the transport kernels' scope on one GPU).
+    let iters = 10_000i32;
+    {
+        let d = &devs.list[0];
+        d.gpu.memset_u8(flags.ptr, 0, 4096)?;
+        devs.clear_errors()?;
+        let (ping, pong, o, err, to) =
+            (flags.ptr, flags.ptr + 2048, out.ptr, d.err.ptr, devs.timeout_ns());
+        let f = d.module("probes")?.function("probe_pingpong_gpu");
+        let mut a = kernel_args![ping, pong, iters, o, err, to];
+        // SAFETY: flag words and output are live; two blocks of one warp each are resident.
+        unsafe { d.gpu.launch(f, 2, 32, &mut a)? };
+    }
+    devs.finish("gpu-scope flag ping-pong probe")?;
+    let mut ns = [0u64];
+    devs.list[0].gpu.download(out.ptr, &mut ns)?;
+    m.insert(
+        "probe.flag_latency_same_gpu_gpu_scope_ns".into(),
+        json!(round3(ns[0] as f64 / iters as f64 / 2.0)),
+    );
+    Ok(())
 }
 
 /// Peer copy bandwidth and flag latency for every pair of GPUs in use.

@@ -53,3 +53,117 @@ extern "C" __global__ void probe_pingpong(int* ping, int* pong, int role, int it
     }
     if (me == 0) out_ns[0] = globaltimer_ns() - t0;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Probes for the simulator's one-GPU memory model (engine/profiles/h200-single.toml): what the
+// transport kernels' own access patterns cost when the data is L2-resident or streams through
+// HBM, one warp alone and the whole GPU together, and the latency of the single operations
+// their dependency chains are made of.
+// ---------------------------------------------------------------------------------------------
+
+// The transport kernels' copy primitive alone: every warp copies whole chunks of `chunk_int4`
+// int4 with UNROLLED_WARP_COPY (7 loads in flight per lane, L2-coherent loads, stores that skip
+// L1) — chunk c from source chunk c % src_chunks to destination chunk c % dst_chunks. A small
+// src/dst_chunks keeps that side resident in L2 across passes; a large one streams it to HBM.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    probe_warp_copy(const int4* __restrict__ src, int4* __restrict__ dst, int chunk_int4,
+                    u64 n_chunks, u64 src_chunks, u64 dst_chunks) {
+    const int lane = threadIdx.x % 32;
+    const u64 warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 c = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; c < n_chunks; c += warps) {
+        const int4* s = src + (c % src_chunks) * (u64)chunk_int4;
+        int4* d = dst + (c % dst_chunks) * (u64)chunk_int4;
+        UNROLLED_WARP_COPY(7, lane, chunk_int4, d, s, ld_cg_v4, st_na_v4);
+    }
+}
+
+// Dependent 16-byte loads (one in flight per thread), coalesced like the low-latency kernels'
+// row loops (a warp reads 512 contiguous bytes): thread t of T reads int4 t, t + T, t + 2T, ...
+// (mod n_int4), the next address waiting for the loaded value (it never equals the marker, so
+// the walk is fixed but cannot be issued ahead). Thread 0 of block 0 writes its %globaltimer
+// nanoseconds to out_ns[0]. A region that fits in L2 (warmed first) measures L2 hits, a large
+// one HBM.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    probe_chase(const int4* __restrict__ buf, u64 n_int4, int iters, u64* out_ns, int* sink) {
+    const u64 total = (u64)gridDim.x * blockDim.x;
+    const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 i = t % n_int4;
+    int acc = 0;
+    const u64 t0 = globaltimer_ns();
+    for (int k = 0; k < iters; ++k) {
+        const int4 v = ld_cg_v4(buf + i);
+        acc += v.x;
+        i = (i + total + (v.x == 0x7fffffff ? 1 : 0)) % n_int4;
+    }
+    const u64 t1 = globaltimer_ns();
+    if (t == 0) out_ns[0] = t1 - t0;
+    if (acc == 0x12345678) sink[0] = acc;
+}
+
+DEVICE void st_release_gpu(int* p, int v) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// One warp, `iters` repetitions of one operation, %globaltimer nanoseconds of the loop into
+// out_ns[0]. mode 0: a returning atomicAdd (lane 0; the next waits for its result). mode 1: an
+// acquire load at .gpu scope (lane 0, dependent). mode 2: a warp copy of one `chunk_int4` chunk
+// (src L2-resident: the same chunk; dst a fresh chunk each time). mode 3: the same copy, then
+// __syncwarp and a red.release.gpu add (the low-latency sender's per-message step).
+extern "C" __global__ void probe_op_latency(int* flags, const int4* __restrict__ src,
+                                            int4* __restrict__ dst, int chunk_int4, int mode,
+                                            int iters, u64* out_ns) {
+    const int lane = threadIdx.x % 32;
+    if (threadIdx.x >= 32) return;
+    int v = 0;
+    const u64 t0 = globaltimer_ns();
+    for (int k = 0; k < iters; ++k) {
+        if (mode == 0) {
+            if (lane == 0) v = atomicAdd(flags + (v < 0 ? 1 : 0), 1);
+        } else if (mode == 1) {
+            if (lane == 0) v += ld_acquire_gpu(flags + 32 + (v < 0 ? 1 : 0));
+        } else {
+            int4* d = dst + (u64)k * chunk_int4;
+            UNROLLED_WARP_COPY(7, lane, chunk_int4, d, src, ld_cg_v4, st_na_v4);
+            if (mode == 3) {
+                __syncwarp();
+                if (lane == 0) red_add_release_gpu(flags + 64, 1);
+            }
+        }
+    }
+    const u64 t1 = globaltimer_ns();
+    if (lane == 0) {
+        out_ns[0] = t1 - t0;
+        if (v == 0x12345678) flags[96] = v;
+    }
+}
+
+// probe_pingpong with .gpu-scope release/acquire: the flag scope the transport kernels use when
+// every rank shares one GPU (hw.flag_scope = "gpu"). Two blocks of one launch.
+extern "C" __global__ void probe_pingpong_gpu(int* ping, int* pong, int iters, u64* out_ns,
+                                              ErrorRecord* err, u64 timeout_ns) {
+    if (threadIdx.x != 0) return;
+    const int me = (int)blockIdx.x;
+    const u64 t0 = globaltimer_ns();
+    for (int i = 1; i <= iters; ++i) {
+        if (me == 0) {
+            st_release_gpu(ping, i);
+            int v;
+            while ((v = ld_acquire_gpu(pong)) != i) {
+                if (globaltimer_ns() - t0 > timeout_ns || error_raised(err)) {
+                    record_timeout(err, WAIT_PROBE_FLAG, 0, -1, 1, -1, i, v);
+                    return;
+                }
+            }
+        } else {
+            int v;
+            while ((v = ld_acquire_gpu(ping)) != i) {
+                if (globaltimer_ns() - t0 > timeout_ns || error_raised(err)) {
+                    record_timeout(err, WAIT_PROBE_FLAG, 1, -1, 0, -1, i, v);
+                    return;
+                }
+            }
+            st_release_gpu(pong, i);
+        }
+    }
+    if (me == 0) out_ns[0] = globaltimer_ns() - t0;
+}

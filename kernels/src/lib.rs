@@ -71,7 +71,15 @@ pub static MODULES: &[KernelModule] = &[
         id: ModuleId::Probes,
         file: "probes.cu",
         source: include_str!("../cuda/probes.cu"),
-        entry_points: &["probe_copy", "probe_empty", "probe_pingpong"],
+        entry_points: &[
+            "probe_copy",
+            "probe_empty",
+            "probe_pingpong",
+            "probe_warp_copy",
+            "probe_chase",
+            "probe_op_latency",
+            "probe_pingpong_gpu",
+        ],
         required_defines: &[],
     },
     KernelModule {

@@ -56,6 +56,12 @@ pub struct Gpu {
     pub pcie_rx: Server,
     /// Device-local copies (bounded by the memcpy rate, shared by co-located ranks).
     pub hbm: Server,
+    /// The one-GPU memory model (`sm_copy`): SM-side L2 traffic and HBM traffic of SM-driven
+    /// copies, each a server of its own (rates set by the one-GPU programs from the profile).
+    pub l2: Server,
+    pub dram: Server,
+    /// Per SM: its load/store port (empty until a one-GPU program sizes it).
+    pub sms: Vec<Server>,
 }
 
 /// A copy waiting for its far-side reservation.
@@ -83,6 +89,9 @@ impl Gpus {
             pcie_tx: Server::new(pcie),
             pcie_rx: Server::new(pcie),
             hbm: Server::new(hbm),
+            l2: Server::new(hbm),
+            dram: Server::new(hbm),
+            sms: Vec::new(),
         };
         Gpus { gpus: vec![gpu; count as usize], xfers: Slab::default() }
     }
@@ -139,6 +148,48 @@ impl Core {
                 near_end
             }
         }
+    }
+
+    /// Memory traffic of SMs on one GPU (the one-GPU model): `l2_bytes` loaded and stored
+    /// through SM `sm`'s port and L2, `dram_bytes` read from or written back to HBM, issued at
+    /// `at` (≥ now) by warps that need `issue` on their own (their latency chain). Done when the
+    /// slowest of the four is: each server is FIFO, so concurrent traffic queues for its
+    /// bandwidth. `done` runs then; `nvl_bytes` are charged to `prog` as transport bytes
+    /// between ranks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sm_traffic(
+        &mut self,
+        at: Time,
+        gpu: u32,
+        sm: u32,
+        l2_bytes: u64,
+        dram_bytes: u64,
+        issue: Time,
+        done: Action,
+        prog: ProgId,
+        nvl_bytes: u64,
+    ) -> Time {
+        let at = at.max(self.now);
+        self.ensure_op(prog);
+        let ob = &mut self.op_bytes[prog as usize];
+        ob.copies_issued += l2_bytes;
+        ob.nvlink += nvl_bytes;
+        let g = &mut self.gpus.gpus[gpu as usize];
+        let mut end = at + issue;
+        if l2_bytes > 0 {
+            end = end.max(g.l2.reserve(at, l2_bytes).1);
+            if let Some(port) = g.sms.get_mut(sm as usize) {
+                end = end.max(port.reserve(at, l2_bytes).1);
+            }
+        }
+        if dram_bytes > 0 {
+            end = end.max(g.dram.reserve(at, dram_bytes).1);
+        }
+        if self.trace.is_some() {
+            self.trace_copy(at, gpu, gpu, PathKind::Local, l2_bytes, end);
+        }
+        self.copy_done_at(end, l2_bytes, done, prog);
+        end
     }
 
     /// Trace a copy on its source GPU's NVLink (or HBM) track: issue to the issuer's end.

@@ -220,6 +220,7 @@ impl Transport for Simulator {
             concurrent_jobs: true,
             max_ranks: None,
             rdma: true,
+            rdma_reason: None,
         }
     }
 

@@ -76,7 +76,36 @@ pub struct Params {
     pub sm_count: u32,
     pub kernel_launch: Time,
     pub flag_latency: Time,
+    /// The SM-side memory system (profile `[gpu.memory]`): present, ranks that share one GPU
+    /// run the hardware backend's one-GPU kernels (`deepep::one_gpu`).
+    pub one_gpu: Option<OneGpu>,
     pub profile: HardwareProfile,
+}
+
+/// One GPU's memory system as its SMs see it (`[gpu.memory]`, docs/calibration.md).
+#[derive(Debug, Clone, Copy)]
+pub struct OneGpu {
+    pub l2_bytes: u64,
+    /// SM-side L2 throughput (bytes loaded + stored).
+    pub l2_rate: Rate,
+    /// HBM throughput of SM-driven traffic (bytes read + written).
+    pub dram_rate: Rate,
+    /// One warp's copy of a 7,168-byte row (two rounds of 7 × 16-B loads per lane).
+    pub row_l2: Time,
+    pub row_hbm: Time,
+    /// One SM's load/store port: bytes loaded plus stored per second, the most a block of the
+    /// copy probes moved through one SM (L2-resident or HBM source, whichever is higher).
+    pub sm_port: Rate,
+    pub load_l2: Time,
+    pub load_hbm: Time,
+    pub load_hbm_busy: Time,
+    pub atomic: Time,
+    pub release: Time,
+}
+
+/// Fractional nanoseconds to simulated time.
+fn ns_f(v: f64) -> Time {
+    (v * 1000.0).round().max(0.0) as Time
 }
 
 impl Params {
@@ -113,6 +142,19 @@ impl Params {
             sm_count: p.gpu.sm_count,
             kernel_launch: ns(p.gpu.kernel_launch_ns),
             flag_latency: ns(p.gpu.flag_latency_ns),
+            one_gpu: p.gpu.memory.as_ref().map(|m| OneGpu {
+                l2_bytes: m.l2_bytes,
+                l2_rate: Rate::from_gbps(m.l2_bw_gbps),
+                dram_rate: Rate::from_gbps(m.dram_bw_gbps),
+                row_l2: ns_f(m.warp_row_l2_ns),
+                row_hbm: ns_f(m.warp_row_hbm_ns),
+                sm_port: Rate::from_gbps(2.0 * m.sm_copy_l2_gbps.max(m.sm_copy_hbm_gbps)),
+                load_l2: ns(m.load_l2_ns),
+                load_hbm: ns(m.load_hbm_ns),
+                load_hbm_busy: ns(m.load_hbm_busy_ns),
+                atomic: ns(m.atomic_ns),
+                release: ns(m.release_ns),
+            }),
             profile: p.clone(),
         }
     }

@@ -1,11 +1,104 @@
-//! `eptwin compare` (placeholder until reports land).
+//! `eptwin compare`: the simulator and the hardware (run here, or measured earlier and read
+//! back with `--measured`) on the same scenario, side by side.
+//!
+//! Exit code: the worst of the two sides' verdicts (no measurement ⇒ waived, 77), and 1 when
+//! `--tolerance` is given and a simulated mean latency misses the measured one by more.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result};
+use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
+use eptwin_reports::{Comparison, Inputs};
 
+use super::load_plan;
+use super::run::execute;
 use crate::ExitCode;
+use crate::cli::BackendArg;
 
-pub fn compare(_scenarios: &[PathBuf], _out: &Path, _json: bool) -> Result<ExitCode> {
-    bail!("eptwin compare is not implemented yet")
+pub fn compare(
+    scenarios: &[PathBuf],
+    out: &Path,
+    measured: &[PathBuf],
+    tolerance: Option<f64>,
+    json: bool,
+) -> Result<ExitCode> {
+    let measured_results = if measured.is_empty() {
+        None
+    } else {
+        let inputs = Inputs::load(measured).context("reading --measured")?;
+        let hw: Vec<_> =
+            inputs.results.into_iter().filter(|r| r.doc.backend_kind() == "hw").collect();
+        tracing::info!("{} measured result(s) read", hw.len());
+        Some(hw)
+    };
+    let mut code = ExitCode::Ok;
+    let mut comparisons = Vec::new();
+    for path in scenarios {
+        let Some(plan) = load_plan(path) else {
+            code = code.worst(ExitCode::BadInput);
+            continue;
+        };
+        let name = plan.scenario.name.clone();
+        let (sim, _) = execute(&plan, BackendArg::Sim, false)
+            .with_context(|| format!("simulating {}", path.display()))?;
+        let sim_path = result_path(out, &name, Some("sim"));
+        write_atomic(&sim_path, &sim.to_json())?;
+        let (meas, meas_path): (Option<RunResult>, Option<PathBuf>) = match &measured_results {
+            Some(list) => {
+                let found = list.iter().find(|r| r.doc.scenario.name == name);
+                if found.is_none() {
+                    eprintln!(
+                        "eptwin: no measured result of {name:?} among {}",
+                        measured
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+                (found.map(|r| r.doc.clone()), found.map(|r| r.path.clone()))
+            }
+            None => {
+                let (hw, _) = execute(&plan, BackendArg::Hw, false)
+                    .with_context(|| format!("running {} on the hardware", path.display()))?;
+                let p = result_path(out, &name, Some("hw"));
+                write_atomic(&p, &hw.to_json())?;
+                (Some(hw), Some(p))
+            }
+        };
+        if let Some(m) = &meas
+            && m.scenario.sha256 != plan.scenario_sha256
+        {
+            tracing::warn!(
+                "{name}: the measured result ran a different scenario text (sha256 {} vs {})",
+                m.scenario.sha256,
+                plan.scenario_sha256
+            );
+        }
+        let comparison = Comparison::new(
+            Some((sim_path.as_path(), &sim)),
+            meas.as_ref().zip(meas_path.as_deref()).map(|(r, p)| (p, r)),
+        );
+        let cmp_path = eptwin_reports::compare::comparison_path(out, &name);
+        write_atomic(&cmp_path, &comparison.to_json())?;
+        tracing::info!("wrote {}", cmp_path.display());
+        code = code.worst(ExitCode::from_verdict(sim.verdict));
+        code = code
+            .worst(ExitCode::from_verdict(meas.as_ref().map_or(Verdict::Waived, |m| m.verdict)));
+        if let (Some(tol), Some(worst)) = (tolerance, comparison.max_abs_latency_error_pct())
+            && worst > tol
+        {
+            eprintln!("eptwin: {name}: simulated latency off by {worst:.1} % (> {tol} %)");
+            code = code.worst(ExitCode::Failed);
+        }
+        if json {
+            println!("{}", serde_json::json!({ "type": "comparison", "data": comparison }));
+        }
+        comparisons.push(comparison);
+    }
+    if !json {
+        print!("{}", eptwin_reports::render_table(&comparisons));
+        println!("# results and comparisons in {}", out.display());
+    }
+    Ok(code)
 }

@@ -25,10 +25,12 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Topo { scenario, disable_nvlink, hw } => {
             topo::topo(scenario.as_deref(), disable_nvlink, hw)
         }
-        Command::Compare { scenarios, out, json } => compare::compare(&scenarios, &out, json),
-        Command::Report { results, out } => report::report(&results, &out),
+        Command::Compare { scenarios, out, measured, tolerance, json } => {
+            compare::compare(&scenarios, &out, &measured, tolerance, json)
+        }
+        Command::Report { results, out, json } => report::report(&results, &out, json),
         Command::Sweep { scenario, sets, shard, out, backend, threads, json } => {
-            sweep::sweep(&scenario, &sets, shard.as_deref(), &out, backend, threads, json)
+            sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
     }
 }

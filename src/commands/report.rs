@@ -1,11 +1,48 @@
-//! `eptwin report` (placeholder until reports land).
+//! `eptwin report`: charts and index.html from result files, sweep indexes and traces.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
+use eptwin_reports::Inputs;
 
 use crate::ExitCode;
 
-pub fn report(_results: &[PathBuf], _out: &Path) -> Result<ExitCode> {
-    bail!("eptwin report is not implemented yet")
+pub fn report(inputs: &[PathBuf], out: &Path, json: bool) -> Result<ExitCode> {
+    let loaded = match Inputs::load(inputs) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("eptwin: {e}");
+            return Ok(ExitCode::BadInput);
+        }
+    };
+    if loaded.results.is_empty() && loaded.sweeps.is_empty() && loaded.traces.is_empty() {
+        eprintln!("eptwin: no result, sweep index or trace among the inputs");
+        return Ok(ExitCode::BadInput);
+    }
+    for (path, why) in &loaded.ignored {
+        tracing::info!("ignored {}: {why}", path.display());
+    }
+    let output = eptwin_reports::build(&loaded, out)?;
+    if json {
+        println!("{}", serde_json::json!({ "type": "report", "data": output }));
+        return Ok(ExitCode::Ok);
+    }
+    println!(
+        "# eptwin report: {} result(s), {} sweep index(es) ({} point results), {} trace(s)",
+        loaded.results.len(),
+        loaded.sweeps.len(),
+        loaded.sweep_points.len(),
+        loaded.traces.len()
+    );
+    for c in &output.charts {
+        println!("  {:<28} {} (+ .svg, {}x{})", c.id, c.png.display(), c.width, c.height);
+    }
+    for s in &output.skipped {
+        println!("  {:<28} skipped: {}", s.chart, s.reason);
+    }
+    if !output.ignored.is_empty() {
+        println!("# ignored {} file(s) that are not results (-v lists them)", output.ignored.len());
+    }
+    println!("# index: {}", output.index_html.display());
+    Ok(ExitCode::Ok)
 }

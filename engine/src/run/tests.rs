@@ -62,6 +62,7 @@ impl Transport for Fake {
             concurrent_jobs: true,
             max_ranks: None,
             rdma: true,
+            rdma_reason: None,
         }
     }
     fn prepare(&mut self, _plan: &Plan) -> Result<(), TransportError> {

@@ -5,6 +5,7 @@
 pub mod internode;
 pub mod intranode;
 pub mod ll;
+pub mod one_gpu;
 pub mod ring;
 
 use eptwin_engine::Plan;
@@ -30,6 +31,14 @@ pub fn program(
 ) -> Box<dyn Program> {
     let d = plan.job(job).deepep().expect("a DeepEP job");
     let meta = Meta { job, op, iteration, warmup };
+    // Ranks sharing one GPU run the hardware backend's one-GPU kernels (DeepEP has none).
+    if one_gpu::applies(plan, core, &meta) {
+        match d.mode {
+            EpMode::LowLatency => return Box::new(one_gpu::LlProgram::new(plan, core, meta)),
+            EpMode::Intranode => return Box::new(one_gpu::NormalProgram::new(plan, core, meta)),
+            EpMode::Internode => {}
+        }
+    }
     match d.mode {
         EpMode::LowLatency => Box::new(ll::LlProgram::new(plan, core, meta)),
         EpMode::Intranode => Box::new(intranode::IntranodeProgram::new(plan, core, meta)),

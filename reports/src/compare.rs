@@ -1,0 +1,306 @@
+//! Simulated against measured (and published): the comparison `eptwin compare` writes and
+//! prints, and the summary table of `index.html`.
+
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+use eptwin_engine::result::{OpResult, RunResult};
+use serde::{Deserialize, Serialize};
+
+use crate::describe;
+use crate::inputs::Loaded;
+
+pub const COMPARISON_KIND: &str = "eptwin-comparison";
+pub const COMPARISON_SCHEMA: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub schema: u32,
+    /// Always [`COMPARISON_KIND`].
+    pub kind: String,
+    pub scenario: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<Side>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Side>,
+    /// False when the two results ran different scenario texts (their sha256 differ): the
+    /// numbers are then not strictly comparable.
+    pub same_scenario_text: bool,
+    pub rows: Vec<ComparisonRow>,
+}
+
+/// One of the two results compared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Side {
+    pub file: String,
+    /// "sim" | "hw".
+    pub backend: String,
+    pub hardware: String,
+    pub verdict: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComparisonRow {
+    pub job: String,
+    pub op: String,
+    pub ranks: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<OpNumbers>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<OpNumbers>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<Published>,
+    /// (simulated − measured) / measured × 100 on mean latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_error_pct: Option<f64>,
+    /// The same on logical bandwidth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bw_error_pct: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpNumbers {
+    pub latency_us_mean: f64,
+    pub latency_us_min: f64,
+    pub latency_us_p50: f64,
+    pub latency_us_p99: f64,
+    pub logical_bw_gbps: f64,
+    #[serde(default)]
+    pub logical_bw_label: String,
+}
+
+/// A published number the scenario carries, and the simulator's error against it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Published {
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_bw_gbps: Option<f64>,
+    pub tolerance_pct: f64,
+    /// The simulator's (else the measurement's) error against it, percent.
+    pub error_pct: f64,
+    pub within_tolerance: bool,
+}
+
+fn numbers(op: &OpResult) -> OpNumbers {
+    let s = &op.summary;
+    OpNumbers {
+        latency_us_mean: s.latency_us.mean,
+        latency_us_min: s.latency_us.min,
+        latency_us_p50: s.latency_us.p50,
+        latency_us_p99: s.latency_us.p99,
+        logical_bw_gbps: s.logical_bw_gbps,
+        logical_bw_label: s.logical_bw_label.clone(),
+    }
+}
+
+fn side(path: &Path, r: &RunResult) -> Side {
+    Side {
+        file: path.display().to_string(),
+        backend: r.backend_kind().to_string(),
+        hardware: describe::hardware(r),
+        verdict: r.verdict.as_str().to_string(),
+        reason: r.waived_reason.clone().or_else(|| r.failures.first().cloned()),
+    }
+}
+
+fn error_pct(value: f64, reference: f64) -> Option<f64> {
+    (reference > 0.0 && value.is_finite()).then(|| (value - reference) / reference * 100.0)
+}
+
+impl Comparison {
+    /// Compare a simulator result with a measured one (either may be missing: the table
+    /// then shows one side).
+    pub fn new(
+        simulated: Option<(&Path, &RunResult)>,
+        measured: Option<(&Path, &RunResult)>,
+    ) -> Self {
+        let scenario =
+            simulated.or(measured).map(|(_, r)| r.scenario.name.clone()).unwrap_or_default();
+        let same_scenario_text = match (simulated, measured) {
+            (Some((_, s)), Some((_, m))) => s.scenario.sha256 == m.scenario.sha256,
+            _ => true,
+        };
+        let mut rows: Vec<ComparisonRow> = Vec::new();
+        for (is_sim, result) in [(true, simulated), (false, measured)] {
+            let Some((_, result)) = result else { continue };
+            for job in &result.jobs {
+                for op in &job.ops {
+                    let idx = match rows.iter().position(|r| r.job == job.name && r.op == op.op) {
+                        Some(i) => i,
+                        None => {
+                            rows.push(ComparisonRow {
+                                job: job.name.clone(),
+                                op: op.op.clone(),
+                                ranks: job.ranks,
+                                simulated: None,
+                                measured: None,
+                                published: None,
+                                latency_error_pct: None,
+                                bw_error_pct: None,
+                            });
+                            rows.len() - 1
+                        }
+                    };
+                    let row = &mut rows[idx];
+                    if is_sim {
+                        row.simulated = Some(numbers(op));
+                    } else {
+                        row.measured = Some(numbers(op));
+                    }
+                    // The simulator's error against the published number comes first; a
+                    // measured-only row shows the measurement's.
+                    if let (Some(r), None) = (&op.reference, &row.published) {
+                        row.published = Some(Published {
+                            source: r.source.clone(),
+                            latency_us: r.latency_us,
+                            logical_bw_gbps: r.logical_bw_gbps,
+                            tolerance_pct: r.tolerance_pct,
+                            error_pct: r.error_pct,
+                            within_tolerance: r.within_tolerance,
+                        });
+                    }
+                }
+            }
+        }
+        for row in &mut rows {
+            if let (Some(s), Some(m)) = (&row.simulated, &row.measured) {
+                row.latency_error_pct = error_pct(s.latency_us_mean, m.latency_us_mean);
+                row.bw_error_pct = error_pct(s.logical_bw_gbps, m.logical_bw_gbps);
+            }
+        }
+        Comparison {
+            schema: COMPARISON_SCHEMA,
+            kind: COMPARISON_KIND.into(),
+            scenario,
+            simulated: simulated.map(|(p, r)| side(p, r)),
+            measured: measured.map(|(p, r)| side(p, r)),
+            same_scenario_text,
+            rows,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).expect("comparison serialises");
+        text.push('\n');
+        text
+    }
+
+    /// Largest |latency error| of the rows, percent.
+    pub fn max_abs_latency_error_pct(&self) -> Option<f64> {
+        self.rows.iter().filter_map(|r| r.latency_error_pct).map(f64::abs).max_by(f64::total_cmp)
+    }
+}
+
+/// Pair results by scenario name: the first simulator result with the first measured one
+/// (hardware results that were waived or have no ops do not count as measured).
+pub fn pair_all(results: &[Loaded<RunResult>]) -> Vec<Comparison> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in results {
+        if !names.contains(&r.doc.scenario.name.as_str()) {
+            names.push(&r.doc.scenario.name);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let pick = |kind: &str| {
+                results
+                    .iter()
+                    .filter(|r| r.doc.scenario.name == name && r.doc.backend_kind() == kind)
+                    .find(|r| !r.doc.jobs.is_empty())
+                    .or_else(|| {
+                        results
+                            .iter()
+                            .find(|r| r.doc.scenario.name == name && r.doc.backend_kind() == kind)
+                    })
+                    .map(|r| (r.path.as_path(), &r.doc))
+            };
+            Comparison::new(pick("sim"), pick("hw"))
+        })
+        .collect()
+}
+
+fn opt(v: Option<f64>, width: usize, prec: usize) -> String {
+    match v {
+        Some(v) => format!("{v:>width$.prec$}"),
+        None => format!("{:>width$}", "-"),
+    }
+}
+
+fn opt_pct(v: Option<f64>) -> String {
+    match v {
+        Some(v) => format!("{v:>+8.1}"),
+        None => format!("{:>8}", "-"),
+    }
+}
+
+/// The table `eptwin compare` prints (stdout), one block per scenario.
+pub fn render_table(comparisons: &[Comparison]) -> String {
+    let mut out = String::new();
+    for c in comparisons {
+        let who = |s: &Option<Side>| match s {
+            Some(s) if s.verdict == "ok" => s.hardware.clone(),
+            Some(s) => format!(
+                "{} ({}{})",
+                s.hardware,
+                s.verdict,
+                s.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+            ),
+            None => "none".into(),
+        };
+        let _ = writeln!(out, "# {}", c.scenario);
+        let _ = writeln!(out, "#   simulated: {}", who(&c.simulated));
+        let _ = writeln!(out, "#   measured:  {}", who(&c.measured));
+        if !c.same_scenario_text {
+            let _ = writeln!(
+                out,
+                "#   NOTE: the measured result ran a different scenario text (sha256 differs)"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# {:<10} {:<9} {:>5} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8}",
+            "job",
+            "op",
+            "ranks",
+            "sim(us)",
+            "meas(us)",
+            "err%",
+            "sim(GB/s)",
+            "meas(GB/s)",
+            "err%",
+            "publ(us)",
+            "err%"
+        );
+        for r in &c.rows {
+            let s = r.simulated.as_ref();
+            let m = r.measured.as_ref();
+            let p = r.published.as_ref();
+            let _ = writeln!(
+                out,
+                "  {:<10} {:<9} {:>5} {} {} {} {} {} {} {} {}",
+                r.job,
+                r.op,
+                r.ranks,
+                opt(s.map(|n| n.latency_us_mean), 10, 2),
+                opt(m.map(|n| n.latency_us_mean), 10, 2),
+                opt_pct(r.latency_error_pct),
+                opt(s.map(|n| n.logical_bw_gbps), 9, 2),
+                opt(m.map(|n| n.logical_bw_gbps), 10, 2),
+                opt_pct(r.bw_error_pct),
+                opt(p.and_then(|p| p.latency_us), 10, 1),
+                opt_pct(p.map(|p| p.error_pct)),
+            );
+        }
+    }
+    out
+}
+
+/// Where `compare` writes a scenario's comparison: `DIR/<scenario>.compare.json`.
+pub fn comparison_path(dir: &Path, scenario: &str) -> PathBuf {
+    dir.join(format!("{scenario}.compare.json"))
+}

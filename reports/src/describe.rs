@@ -1,0 +1,148 @@
+//! Words for results: which backend, which hardware. Legends and tables name both.
+
+use eptwin_engine::result::RunResult;
+use serde_json::Value;
+
+/// "simulator" or "measured" (or the kind string for anything else).
+pub fn backend_word(result: &RunResult) -> &str {
+    match result.backend_kind() {
+        "sim" => "simulator",
+        "hw" => "measured",
+        other => other,
+    }
+}
+
+fn fact<'a>(result: &'a RunResult, key: &str) -> Option<&'a str> {
+    result.scenario.facts.get(key).and_then(Value::as_str)
+}
+
+/// The GPUs a hardware result recorded, counted: "1× NVIDIA H200". Reads `backend.gpu_names`
+/// (a list; eptwin-hw writes it), or `backend.gpus` as a list of names or of objects with a
+/// `name`, or as the hardware backend's own summary string ("1 x NVIDIA H200"), or
+/// `gpu` / `gpu_name` / `device`.
+fn measured_gpus(result: &RunResult) -> Option<String> {
+    let b = &result.backend;
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|g| match g {
+                        Value::String(s) => Some(s.clone()),
+                        Value::Object(o) => {
+                            o.get("name").and_then(Value::as_str).map(str::to_string)
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let names: Vec<String> = match (b.get("gpu_names"), b.get("gpus")) {
+        (Some(v @ Value::Array(_)), _) | (None, Some(v @ Value::Array(_))) => list(v),
+        (_, Some(Value::String(summary))) => return Some(summary.replace(" x ", "× ")),
+        _ => ["gpu", "gpu_name", "device"]
+            .iter()
+            .find_map(|k| b.get(*k).and_then(Value::as_str))
+            .map(|s| vec![s.to_string()])
+            .unwrap_or_default(),
+    };
+    let first = names.first()?;
+    if names.iter().all(|n| n == first) {
+        Some(format!("{}× {first}", names.len()))
+    } else {
+        Some(names.join(", "))
+    }
+}
+
+/// The hardware behind a result: what was measured (GPU names) or what the simulator
+/// modelled (the profile and its GPU).
+pub fn hardware(result: &RunResult) -> String {
+    let profile = fact(result, "profile");
+    let gpu = fact(result, "gpu");
+    match result.backend_kind() {
+        "hw" => measured_gpus(result).or(gpu.map(str::to_string)).unwrap_or_else(|| "GPU".into()),
+        _ => match (gpu, profile) {
+            (Some(g), Some(p)) => format!("{g} model, profile {p}"),
+            (None, Some(p)) => format!("profile {p}"),
+            (Some(g), None) => format!("{g} model"),
+            (None, None) => "model".into(),
+        },
+    }
+}
+
+/// "simulator (NVIDIA H800 model, profile h800-cx7)" / "measured (1× NVIDIA H200)".
+pub fn source_label(result: &RunResult) -> String {
+    format!("{} ({})", backend_word(result), hardware(result))
+}
+
+/// The simulator's version and seed or the hardware's driver, for captions.
+pub fn backend_detail(result: &RunResult) -> String {
+    let b = &result.backend;
+    let get = |k: &str| {
+        b.get(k).map(|v| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    };
+    let mut parts = Vec::new();
+    // Simulator: version and seed; hardware (eptwin-hw's identity keys): driver, CUDA, NCCL.
+    for (key, word) in [
+        ("version", "version"),
+        ("seed", "seed"),
+        ("driver_version", "driver"),
+        ("cuda_version", "CUDA"),
+        ("nccl_version", "NCCL"),
+    ] {
+        if let Some(v) = get(key) {
+            parts.push(format!("{word} {v}"));
+        }
+    }
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn result(kind: &str, backend: Value) -> RunResult {
+        let mut r: RunResult = serde_json::from_value(serde_json::json!({
+            "schema": 1,
+            "scenario": {"name": "s", "sha256": "x",
+                         "facts": {"profile": "h200-single", "gpu": "NVIDIA H200"}},
+            "backend": {"kind": kind},
+            "eptwin": {"version": "0.1.0", "git_commit": "abc"},
+            "verdict": "ok",
+            "jobs": []
+        }))
+        .unwrap();
+        if let Value::Object(map) = backend {
+            r.backend.extend(map.into_iter().collect::<BTreeMap<_, _>>());
+        }
+        r
+    }
+
+    #[test]
+    fn names_backend_and_hardware() {
+        let sim = result("sim", serde_json::json!({"version": "0.1.0", "seed": 1}));
+        assert_eq!(source_label(&sim), "simulator (NVIDIA H200 model, profile h200-single)");
+        assert_eq!(backend_detail(&sim), "version 0.1.0, seed 1");
+        let hw = result("hw", serde_json::json!({"gpus": [{"name": "NVIDIA H200", "uuid": "u"}]}));
+        assert_eq!(source_label(&hw), "measured (1× NVIDIA H200)");
+        let hw = result("hw", serde_json::json!({"gpus": ["A", "B"]}));
+        assert_eq!(hardware(&hw), "A, B");
+        let hw = result("hw", serde_json::json!({}));
+        assert_eq!(hardware(&hw), "NVIDIA H200");
+        // eptwin-hw's identity: a summary string and the list of names.
+        let hw = result(
+            "hw",
+            serde_json::json!({"gpus": "1 x NVIDIA H200", "gpu_names": ["NVIDIA H200"],
+                               "driver_version": "580.159.04", "cuda_version": "13.0"}),
+        );
+        assert_eq!(hardware(&hw), "1× NVIDIA H200");
+        assert_eq!(backend_detail(&hw), "driver 580.159.04, CUDA 13.0");
+        let hw = result("hw", serde_json::json!({"gpus": "1 x NVIDIA H200"}));
+        assert_eq!(hardware(&hw), "1× NVIDIA H200");
+    }
+}
