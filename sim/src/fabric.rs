@@ -122,21 +122,33 @@ pub struct Switch {
     pub spine: bool,
 }
 
+/// A destination NIC as the switches see it: its leaf, its position at the leaf (the down
+/// port toward it, and the d-mod-k key), and its static up port (`pos % spines`).
+#[derive(Debug, Clone, Copy)]
+struct NicRoute {
+    leaf: u32,
+    pos: u32,
+    up: u32,
+}
+
 /// How long a lane may be passed over by the high-priority table before it counts as starved.
 pub const STARVATION_PS: Time = 1_000_000_000; // 1 ms
 
 pub struct Net {
     pub ports: Vec<Port>,
-    /// Per (port, lane), at `port * MAX_LANES + lane`.
+    /// Per (port, lane), at [`Net::li`]: lane-major, so the one lane most runs use is a dense
+    /// array over the ports instead of one record per 16 (one cache line per port touched).
     pub lanes: Vec<Lane>,
+    /// Ports, the stride of the lane-major per-(port, lane) arrays.
+    pub nports: usize,
     /// Where each port is (its transmitter side) and its name, for messages and the trace.
     pub port_from: Vec<Endpoint>,
     pub port_names: Vec<String>,
     pub drr: Vec<DrrState>,
-    /// Per (port, lane): since when the lane has been eligible but passed over by the high
+    /// Per (port, lane) at [`Net::li`]: since when the lane has been eligible but passed over by the high
     /// table (starvation), Time::MAX when not.
     pub bypassed_since: Vec<Time>,
-    /// Pending credit returns per (port, lane): (due time, blocks), time-ordered.
+    /// Pending credit returns per (port, lane) at [`Net::li`]: (due time, blocks), time-ordered.
     pub returns: Vec<VecDeque<(Time, u32)>>,
     pub switches: Vec<Switch>,
     pub sw_ports: Vec<u32>,
@@ -144,6 +156,10 @@ pub struct Net {
     pub pkts: Slab<Pkt>,
     pub msgs: Slab<Msg>,
     pub qps: Vec<Qp>,
+    /// Who each QP belongs to (for messages only; apart from the hot [`Qp`]).
+    pub qp_labels: Vec<crate::nic::QpLabel>,
+    /// Each message's post time, recorded only when tracing (the trace's flows and spans).
+    pub msg_posted_at: Vec<Time>,
     /// The send side of each QP (what a packet touches), apart from the rest of the QP.
     pub qp_tx: Vec<QpTx>,
     pub arb: ArbConfig,
@@ -160,6 +176,9 @@ pub struct Net {
     nodes_per_leaf: u32,
     leaves_per_rail: u32,
     single: bool,
+    /// Per destination NIC, what every switch's forwarding decision needs (its leaf, its
+    /// position there and the static up port), computed once: a hop does no division.
+    nic_route: Vec<NicRoute>,
     /// Starvation reports (port, lane, since) already made.
     pub starved: Vec<(u32, u8)>,
 }
@@ -190,6 +209,7 @@ impl Net {
         let mut net = Net {
             ports: Vec::new(),
             lanes: Vec::new(),
+            nports: 0,
             port_from: Vec::new(),
             port_names: Vec::new(),
             drr: Vec::new(),
@@ -201,6 +221,8 @@ impl Net {
             pkts: Slab::default(),
             msgs: Slab::default(),
             qps: Vec::new(),
+            qp_labels: Vec::new(),
+            msg_posted_at: Vec::new(),
             qp_tx: Vec::new(),
             unschedulable: !arb.schedulable(),
             arb,
@@ -211,6 +233,7 @@ impl Net {
             nodes_per_leaf,
             leaves_per_rail,
             single,
+            nic_route: Vec::new(),
             starved: Vec::new(),
         };
         let credits = params.credits_per_lane;
@@ -275,6 +298,7 @@ impl Net {
                 n_up: 0,
                 spine: false,
             });
+            net.finish(spines);
             return net;
         }
         for l in 0..leaves {
@@ -335,7 +359,42 @@ impl Net {
                 spine: true,
             });
         }
+        net.finish(spines);
         net
+    }
+
+    /// Index of (port, lane) in the per-(port, lane) arrays.
+    #[inline(always)]
+    pub fn li(&self, p: usize, lane: usize) -> usize {
+        lane * self.nports + p
+    }
+
+    /// The port-major per-(port, lane) arrays built port by port become lane-major, and the
+    /// route table is filled.
+    fn finish(&mut self, spines: u32) {
+        let n = self.ports.len();
+        self.nports = n;
+        fn transpose<T>(v: &mut Vec<T>, n: usize) {
+            let mut cells: Vec<Option<T>> = std::mem::take(v).into_iter().map(Some).collect();
+            for lane in 0..MAX_LANES {
+                for p in 0..n {
+                    v.push(cells[p * MAX_LANES + lane].take().expect("each cell once"));
+                }
+            }
+        }
+        transpose(&mut self.lanes, n);
+        transpose(&mut self.returns, n);
+        transpose(&mut self.bypassed_since, n);
+        self.fill_routes(spines);
+    }
+
+    fn fill_routes(&mut self, spines: u32) {
+        self.nic_route = (0..self.nics.len() as u32)
+            .map(|dst| {
+                let pos = (dst / self.rails) % self.nodes_per_leaf;
+                NicRoute { leaf: self.leaf_of(dst), pos, up: pos % spines.max(1) }
+            })
+            .collect();
     }
 
     /// The leaf switch a NIC hangs off (rail = its index in the node).
@@ -373,19 +432,20 @@ impl Core {
         if net.single {
             return net.sw_ports[(s.down + dst) as usize];
         }
+        let r = net.nic_route[dst as usize];
         if s.spine {
-            return net.sw_ports[(s.down + net.leaf_of(dst)) as usize];
+            return net.sw_ports[(s.down + r.leaf) as usize];
         }
-        if net.leaf_of(dst) == sw {
-            let node = dst / net.rails;
-            return net.sw_ports[(s.down + node % net.nodes_per_leaf) as usize];
+        if r.leaf == sw {
+            return net.sw_ports[(s.down + r.pos) as usize];
         }
         let n_up = s.n_up;
-        let dst_pos = (dst / net.rails) % net.nodes_per_leaf;
+        let dst_pos = r.pos;
         if !self.params.adaptive {
             // d-mod-k on the destination's position at its leaf (OpenSM fat-tree routing): the
             // spine-to-leaf link toward each NIC carries that NIC's traffic only.
-            return net.sw_ports[(s.up + dst_pos % n_up) as usize];
+            debug_assert_eq!(r.up, dst_pos % n_up);
+            return net.sw_ports[(s.up + r.up) as usize];
         }
         // Adaptive: the least-loaded up port (queued bytes + remaining busy time), scanning from
         // a destination-dependent start so ties spread deterministically.
@@ -409,7 +469,8 @@ impl Core {
     /// Append an item to a port lane and try to send.
     #[inline]
     pub fn enqueue(&mut self, p: u32, lane: u8, e: QEntry) {
-        let l = &mut self.net.lanes[p as usize * MAX_LANES + lane as usize];
+        let li = self.net.li(p as usize, lane as usize);
+        let l = &mut self.net.lanes[li];
         if l.q.is_empty() {
             l.head_wire = e.wire;
         }
@@ -446,7 +507,8 @@ impl Core {
         if self.net.lossless & (1 << lane) == 0 {
             return;
         }
-        let q = &mut self.net.returns[p as usize * MAX_LANES + lane as usize];
+        let li = self.net.li(p as usize, lane as usize);
+        let q = &mut self.net.returns[li];
         let t = q.back().map_or(t, |&(last, _)| t.max(last));
         q.push_back((t, blocks as u32));
         // A port idle for lack of credits must learn about them.
@@ -477,11 +539,13 @@ impl Core {
 
     /// If the port is idle, pick a lane by arbitration among those whose head fits in the
     /// downstream credits, and start sending its head packet.
+    ///
+    /// The checks that usually end it (nothing queued, busy) are inlined into the callers; the
+    /// start itself is out of line.
+    #[inline(always)]
     pub(crate) fn try_start(&mut self, p: u32) {
-        let pi = p as usize;
-        let base = pi * MAX_LANES;
         let now = self.now;
-        let port = &mut self.net.ports[pi];
+        let port = &mut self.net.ports[p as usize];
         if port.nonempty == 0 {
             return;
         }
@@ -494,23 +558,33 @@ impl Core {
             }
             return;
         }
+        self.start_next(p);
+    }
+
+    /// [`Core::try_start`] on an idle port with something queued.
+    #[inline(never)]
+    fn start_next(&mut self, p: u32) {
+        let pi = p as usize;
+        let np = self.net.nports;
+        let now = self.now;
+        let port = &self.net.ports[pi];
         let mut eligible: LaneMask = 0;
         let mut next_return = Time::MAX;
         let mut lanes = port.nonempty;
         while lanes != 0 {
             let lane = lanes.trailing_zeros() as usize;
             lanes &= lanes - 1;
-            let l = &self.net.lanes[base + lane];
+            let l = &self.net.lanes[lane * np + pi];
             let need = l.head_wire.div_ceil(64) as i32;
             // Returned credits are absorbed only when the ones in hand do not suffice: they
             // only ever add, and most of the time the buffer is far from full.
             let mut credits = l.credits;
             if credits < need {
-                credits = self.absorb_credits(base + lane);
+                credits = self.absorb_credits(lane * np + pi);
             }
             if credits >= need {
                 eligible |= 1 << lane;
-            } else if let Some(&(t, _)) = self.net.returns[base + lane].front() {
+            } else if let Some(&(t, _)) = self.net.returns[lane * np + pi].front() {
                 next_return = next_return.min(t);
             }
         }
@@ -530,7 +604,7 @@ impl Core {
                 let net = &mut self.net;
                 let lanes = &net.lanes;
                 net.ports[pi].arb.pick(&net.arb, &mut net.drr[pi], eligible, |l| {
-                    lanes[base + l as usize].head_wire
+                    lanes[l as usize * np + pi].head_wire
                 })
             };
             let Some(pick) = pick else {
@@ -543,11 +617,11 @@ impl Core {
             let port = &mut self.net.ports[pi];
             if port.bypassed & (1 << lane) != 0 {
                 port.bypassed &= !(1 << lane);
-                self.net.bypassed_since[base + lane] = Time::MAX;
+                self.net.bypassed_since[lane * np + pi] = Time::MAX;
             }
             lane
         };
-        let li = base + lane;
+        let li = lane * np + pi;
         let head = *self.net.lanes[li].q.front().expect("an eligible lane has a head");
         let (pkt_id, wire, dst, from) = if head.item & QP_ITEM != 0 {
             let (pkt, wire, dst) = self.take_qp_packet(p, lane as u8, head.item & !QP_ITEM);
@@ -659,7 +733,7 @@ impl Core {
             Endpoint::Switch(s) => (PID_SWITCH + s, p, self.net.switches[s as usize].name.clone()),
         };
         let tname = self.net.port_names[p as usize].clone();
-        let credits = self.net.lanes[p as usize * MAX_LANES + pkt.lane as usize].credits;
+        let credits = self.net.lanes[self.net.li(p as usize, pkt.lane as usize)].credits;
         let queued = self.net.ports[p as usize].queued_bytes;
         let kind = match pkt.kind {
             PktKind::Data | PktKind::DataLast => "data",
@@ -691,7 +765,8 @@ impl Core {
             let lane = lanes.trailing_zeros() as usize;
             lanes &= lanes - 1;
             self.net.ports[p as usize].bypassed |= 1 << lane;
-            let since = &mut self.net.bypassed_since[p as usize * MAX_LANES + lane];
+            let li = self.net.li(p as usize, lane);
+            let since = &mut self.net.bypassed_since[li];
             if *since == Time::MAX {
                 *since = now;
             } else if now - *since > STARVATION_PS && !self.net.starved.contains(&(p, lane as u8)) {
@@ -713,5 +788,59 @@ impl Core {
         let sw = self.net.ports[from as usize].to;
         let out = self.route(sw, dst);
         self.enqueue(out, lane, QEntry { item: pkt, wire, from, dst });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(nodes: u32, radix: u32) -> Net {
+        let text = format!(
+            "schema = 1\nname = \"n\"\n[cluster]\nprofile = \"h800-cx7\"\nnodes = {nodes}\n[cluster.overrides.fabric]\nswitch_radix = {radix}\n[[job]]\nname = \"t\"\n[job.traffic]\npattern = \"ring\"\nbytes_per_rank = 1024\n"
+        );
+        let loaded = eptwin_engine::parse("n", &text).expect("parse");
+        let plan = Plan::build(&loaded).expect("plan");
+        Net::new(&plan, &crate::params::Params::new(&plan))
+    }
+
+    /// The route table gives every leaf the port the d-mod-k formula names, for fat trees with
+    /// one and with several leaves per rail.
+    #[test]
+    fn route_table_matches_the_formula() {
+        for (nodes, radix) in [(4, 64), (12, 8), (5, 4)] {
+            let net = net(nodes, radix);
+            assert!(!net.single && net.switches.iter().any(|s| s.spine), "{nodes} nodes");
+            for dst in 0..net.nics.len() as u32 {
+                let r = net.nic_route[dst as usize];
+                let node = dst / net.rails;
+                assert_eq!(
+                    r.leaf,
+                    (dst % net.rails) * net.leaves_per_rail + node / net.nodes_per_leaf
+                );
+                assert_eq!(r.pos, node % net.nodes_per_leaf);
+                for s in net.switches.iter().filter(|s| !s.spine) {
+                    assert_eq!(r.up, r.pos % s.n_up);
+                }
+            }
+        }
+    }
+
+    /// The lane-major arrays hold one cell per (port, lane), each port's lanes with the
+    /// credits its lane's flow control gives them.
+    #[test]
+    fn lane_arrays_are_lane_major() {
+        let net = net(4, 64);
+        assert_eq!(net.nports, net.ports.len());
+        for a in [net.lanes.len(), net.returns.len(), net.bypassed_since.len()] {
+            assert_eq!(a, net.nports * MAX_LANES);
+        }
+        for p in 0..net.nports {
+            for lane in 0..MAX_LANES {
+                let l = &net.lanes[net.li(p, lane)];
+                assert_eq!(l.credits == i32::MAX / 2, net.lossless & (1 << lane) == 0);
+            }
+        }
+        assert_eq!(net.li(3, 2), 2 * net.nports + 3);
     }
 }

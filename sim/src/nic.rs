@@ -8,7 +8,6 @@
 //! reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
-use crate::arb::MAX_LANES;
 use crate::core::{Action, Core, Ev, ProgId};
 use crate::fabric::{Pkt, PktKind, QEntry, QP_ITEM};
 use crate::slab::NONE;
@@ -38,16 +37,15 @@ pub struct QpLabel {
     pub index: u16,
 }
 
+/// A queue pair's hot state (one cache line: every message touches it at post, doorbell,
+/// execution and completion, at random among tens of thousands of QPs). Who it belongs to
+/// lives apart, in [`Net::qp_labels`](crate::fabric::Net::qp_labels): only messages read it.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub struct Qp {
     pub nic: u32,
     pub peer_nic: u32,
-    pub lane: u8,
     pub depth: u32,
-    /// DeepEP QPs report a post beyond the depth as a failure of `prog`.
-    pub check_depth: bool,
-    pub prog: ProgId,
-    pub label: QpLabel,
     // Requester: messages in post order, linked through `Msg::next`.
     pub head: u32,
     pub tail: u32,
@@ -56,7 +54,6 @@ pub struct Qp {
     pub posted: u32,
     pub rung: u32,
     pub in_flight: u32,
-    pub max_in_flight: u32,
     pub completed: u32,
     // Responder: next message to execute, in order.
     pub exec: u32,
@@ -65,6 +62,10 @@ pub struct Qp {
     /// port (the packet is an ACK of this QP marked `at_nic`), a later message's execution
     /// bumps it instead of queueing another (ACKs are cumulative).
     pub ack_pkt: u32,
+    pub prog: ProgId,
+    pub lane: u8,
+    /// DeepEP QPs report a post beyond the depth as a failure of `prog`.
+    pub check_depth: bool,
 }
 
 /// The send side of a QP: the `send` message as the NIC's send engine holds it, so a packet
@@ -87,21 +88,24 @@ pub struct QpTx {
     pub ready_pending: bool,
 }
 
+/// A message (work request): one cache line, since a message is touched at random among the
+/// hundreds of thousands in flight (post, doorbell, send, execution, completion). Its post
+/// time is kept apart, and only when tracing ([`Net::msg_posted_at`](crate::fabric::Net::msg_posted_at)).
 #[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
 pub struct Msg {
+    pub ready_at: Time,
     pub qp: u32,
     pub seq: u32,
     pub bytes: u32,
-    pub atomic: bool,
-    pub npkts: u32,
+    pub next: u32,
+    /// Packets arrived (adaptive routing only: they may arrive out of order).
     pub arrived: u32,
-    pub arrived_all: bool,
-    pub ready_at: Time,
-    pub posted_at: Time,
     pub remote: Action,
     pub local: Action,
-    pub next: u32,
     pub prog: ProgId,
+    pub atomic: bool,
+    pub arrived_all: bool,
 }
 
 impl Core {
@@ -124,23 +128,22 @@ impl Core {
         self.net.qps.push(Qp {
             nic,
             peer_nic,
-            lane,
             depth,
-            check_depth,
-            prog,
-            label,
             head: NONE,
             tail: NONE,
             db: NONE,
             posted: 0,
             rung: 0,
             in_flight: 0,
-            max_in_flight: 0,
             completed: 0,
             exec: NONE,
             exec_seq: 0,
             ack_pkt: NONE,
+            prog,
+            lane,
+            check_depth,
         });
+        self.net.qp_labels.push(label);
         self.net.qp_tx.push(QpTx {
             send_ready: Time::MAX,
             send: NONE,
@@ -168,22 +171,26 @@ impl Core {
         prog: ProgId,
     ) {
         let seq = self.net.qps[qp as usize].posted;
-        let npkts = if atomic { 1 } else { self.params.packets(bytes) };
         let m = self.net.msgs.insert(crate::nic::Msg {
+            ready_at: Time::MAX,
             qp,
             seq,
             bytes: if atomic { 0 } else { bytes },
-            atomic,
-            npkts,
+            next: NONE,
             arrived: 0,
-            arrived_all: false,
-            ready_at: Time::MAX,
-            posted_at: self.now,
             remote,
             local,
-            next: NONE,
             prog,
+            atomic,
+            arrived_all: false,
         });
+        if self.trace.is_some() {
+            let at = &mut self.net.msg_posted_at;
+            if at.len() <= m as usize {
+                at.resize(m as usize + 1, 0);
+            }
+            at[m as usize] = self.now;
+        }
         let q = &mut self.net.qps[qp as usize];
         if q.tail != NONE {
             let tail = q.tail;
@@ -206,9 +213,9 @@ impl Core {
         }
         q.posted += 1;
         q.in_flight += 1;
-        q.max_in_flight = q.max_in_flight.max(q.in_flight);
         if q.in_flight > q.depth {
-            let (label, depth, in_flight, check) = (q.label, q.depth, q.in_flight, q.check_depth);
+            let (depth, in_flight, check) = (q.depth, q.in_flight, q.check_depth);
+            let label = self.net.qp_labels[qp as usize];
             let what = format!(
                 "QP overrun: job {} rank {} -> rank {} QP {}: {in_flight} work requests in flight > NVSHMEM_QP_DEPTH {depth} (IBGDA does not check for free WQE slots; the ring overwrites unconsumed WQEs)",
                 label.job, label.src_rank, label.dst_rank, label.index
@@ -352,7 +359,8 @@ impl Core {
                 self.push(ready, Ev::QpReady(qp));
             }
         }
-        let l = &mut self.net.lanes[port as usize * MAX_LANES + lane as usize];
+        let li = self.net.li(port as usize, lane as usize);
+        let l = &mut self.net.lanes[li];
         l.q.pop_front();
         if more {
             // No try_start: the caller is arbitrating this port.
@@ -388,7 +396,7 @@ impl Core {
                 let complete = if self.params.adaptive {
                     let m = &mut self.net.msgs[k.msg];
                     m.arrived += 1;
-                    m.arrived == m.npkts
+                    m.arrived == self.params.packets(m.bytes)
                 } else {
                     k.kind == PktKind::DataLast
                 };
@@ -428,9 +436,10 @@ impl Core {
             let msg = self.net.msgs[m];
             let q = &mut self.net.qps[qp as usize];
             if msg.seq != q.exec_seq {
+                let label = self.net.qp_labels[qp as usize];
                 let what = format!(
                     "per-QP order: QP {qp} (rank {} -> {}) executes message {} while {} is next",
-                    q.label.src_rank, q.label.dst_rank, msg.seq, q.exec_seq
+                    label.src_rank, label.dst_rank, msg.seq, q.exec_seq
                 );
                 self.violation(what);
             }
@@ -452,7 +461,7 @@ impl Core {
                     "rdma",
                     PID_NIC + src,
                     TID_QP + qp,
-                    msg.posted_at,
+                    self.net.msg_posted_at[m as usize],
                     PID_NIC + dst,
                     TID_NIC_PORT,
                     visible,
@@ -516,19 +525,21 @@ impl Core {
             self.net.msgs.remove(head);
             self.act(msg.local);
             if self.trace.is_some() {
-                self.trace_message(qp, &msg);
+                self.trace_message(qp, head, &msg);
             }
         }
     }
 
     /// Trace a completed work request on its QP's track (post to completion).
-    fn trace_message(&mut self, qp: u32, msg: &Msg) {
+    fn trace_message(&mut self, qp: u32, m: u32, msg: &Msg) {
         use crate::trace::{PID_NIC, TID_QP};
         let q = &self.net.qps[qp as usize];
+        let label = self.net.qp_labels[qp as usize];
+        let posted_at = self.net.msg_posted_at[m as usize];
         let (pid, tid) = (PID_NIC + q.nic, TID_QP + qp);
         let name = format!(
             "QP {} rank {}->{} #{} (VL{})",
-            qp, q.label.src_rank, q.label.dst_rank, q.label.index, q.lane
+            qp, label.src_rank, label.dst_rank, label.index, q.lane
         );
         let what = if msg.atomic { "atomic".to_string() } else { format!("write {} B", msg.bytes) };
         let nic = q.nic;
@@ -536,6 +547,6 @@ impl Core {
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &format!("NIC {nic}"));
         tr.name_thread(pid, tid, &name);
-        tr.span(pid, tid, &what, msg.posted_at, now, &format!("\"seq\":{}", msg.seq));
+        tr.span(pid, tid, &what, posted_at, now, &format!("\"seq\":{}", msg.seq));
     }
 }

@@ -307,7 +307,7 @@ impl World {
                         } else {
                             "waiting for credits"
                         };
-                        let credits = net.lanes[i * crate::arb::MAX_LANES + l].credits;
+                        let credits = net.lanes[net.li(i, l)].credits;
                         format!("VL{l} ({why}, {credits} credits)")
                     })
                     .collect();
