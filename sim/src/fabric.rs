@@ -46,6 +46,9 @@ pub enum PktKind {
 pub struct Pkt {
     /// The message (data, atomic request) or the QP (ACK, atomic response).
     pub msg: u32,
+    /// The QP the packet belongs to (so the event loop can fetch its record ahead of a
+    /// delivery without reading the message first).
+    pub qp: u32,
     pub wire: u32,
     pub payload: u32,
     pub dst_nic: u32,
@@ -427,26 +430,14 @@ impl Core {
     /// Output port at switch `sw` toward NIC `dst`.
     #[inline]
     fn route(&mut self, sw: u32, dst: u32) -> u32 {
+        let out = self.static_route(sw, dst);
+        if out != NONE {
+            return out;
+        }
         let net = &self.net;
         let s = &net.switches[sw as usize];
-        if net.single {
-            return net.sw_ports[(s.down + dst) as usize];
-        }
-        let r = net.nic_route[dst as usize];
-        if s.spine {
-            return net.sw_ports[(s.down + r.leaf) as usize];
-        }
-        if r.leaf == sw {
-            return net.sw_ports[(s.down + r.pos) as usize];
-        }
         let n_up = s.n_up;
-        let dst_pos = r.pos;
-        if !self.params.adaptive {
-            // d-mod-k on the destination's position at its leaf (OpenSM fat-tree routing): the
-            // spine-to-leaf link toward each NIC carries that NIC's traffic only.
-            debug_assert_eq!(r.up, dst_pos % n_up);
-            return net.sw_ports[(s.up + r.up) as usize];
-        }
+        let dst_pos = net.nic_route[dst as usize].pos;
         // Adaptive: the least-loaded up port (queued bytes + remaining busy time), scanning from
         // a destination-dependent start so ties spread deterministically.
         let now = self.now;
@@ -464,6 +455,31 @@ impl Core {
             }
         }
         best
+    }
+
+    /// The output port at switch `sw` toward NIC `dst` where it does not depend on the
+    /// fabric's state (NONE: an adaptive choice among up ports).
+    #[inline(always)]
+    fn static_route(&self, sw: u32, dst: u32) -> u32 {
+        let net = &self.net;
+        let s = &net.switches[sw as usize];
+        if net.single {
+            return net.sw_ports[(s.down + dst) as usize];
+        }
+        let r = net.nic_route[dst as usize];
+        if s.spine {
+            return net.sw_ports[(s.down + r.leaf) as usize];
+        }
+        if r.leaf == sw {
+            return net.sw_ports[(s.down + r.pos) as usize];
+        }
+        if self.params.adaptive {
+            return NONE;
+        }
+        // d-mod-k on the destination's position at its leaf (OpenSM fat-tree routing): the
+        // spine-to-leaf link toward each NIC carries that NIC's traffic only.
+        debug_assert_eq!(r.up, r.pos % s.n_up);
+        net.sw_ports[(s.up + r.up) as usize]
     }
 
     /// Append an item to a port lane and try to send.

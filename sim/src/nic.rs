@@ -8,7 +8,7 @@
 //! reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
-use crate::core::{Action, Core, Ev, ProgId};
+use crate::core::{Action, Core, Ev, ProgId, prefetch};
 use crate::fabric::{Pkt, PktKind, QEntry, QP_ITEM};
 use crate::slab::NONE;
 use crate::time::Time;
@@ -327,6 +327,7 @@ impl Core {
         };
         let pkt = self.net.pkts.insert(Pkt {
             msg: m,
+            qp,
             wire,
             payload,
             dst_nic: dst,
@@ -414,6 +415,17 @@ impl Core {
         }
     }
 
+    /// Bring in what delivering `pkt` will read (its QP and, for data, its message): records
+    /// picked at random among tens of thousands, fetched while the event before it runs.
+    #[inline(always)]
+    pub(crate) fn prefetch_delivery(&self, pkt: u32) {
+        let k = &self.net.pkts[pkt];
+        prefetch(&self.net.qps[k.qp as usize]);
+        if matches!(k.kind, PktKind::Data | PktKind::DataLast | PktKind::AtomicReq) {
+            prefetch(&self.net.msgs[k.msg]);
+        }
+    }
+
     pub(crate) fn nic_deliver(&mut self, pkt: u32) {
         let k = self.net.pkts[pkt];
         self.net.pkts.remove(pkt);
@@ -487,6 +499,7 @@ impl Core {
             // later cumulative ACK may already have retired the message.
             let ack = self.net.pkts.insert(Pkt {
                 msg: qp,
+                qp,
                 wire,
                 payload: msg.seq,
                 dst_nic: src,

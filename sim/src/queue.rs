@@ -281,6 +281,15 @@ fn sort_bucket<T: Copy>(v: &mut Vec<(Time, T)>, start: Time, scratch: &mut Vec<(
     }
 }
 
+impl<T: Copy> CalendarQueue<T> {
+    /// The next event, when it is already in the current bucket (cheap to look at: the loop
+    /// fetches its records while handling the one before).
+    #[inline(always)]
+    pub fn peek_current(&self) -> Option<&T> {
+        self.cur.get(self.head).map(|e| &e.1)
+    }
+}
+
 impl<T: Copy> EventQueue<T> for CalendarQueue<T> {
     #[inline(always)]
     fn push(&mut self, time: Time, item: T) {
@@ -355,6 +364,14 @@ impl<T: Copy> Queue<T> {
             Queue::Radix(q) => q.pop(),
             Queue::Heap(q) => q.pop(),
         }
+    }
+}
+
+impl<T: Copy> Queue<T> {
+    /// The next event when the calendar has it at hand (see [`CalendarQueue::peek_current`]).
+    #[inline(always)]
+    pub fn peek_current(&self) -> Option<&T> {
+        if let Queue::Calendar(q) = self { q.peek_current() } else { None }
     }
 }
 

@@ -5,7 +5,7 @@ use eptwin_engine::ids::JobId;
 use eptwin_engine::scenario::schema::OpKind;
 use eptwin_engine::transport::OpSample;
 
-use crate::core::{Core, ProgId};
+use crate::core::{Core, Ev, ProgId};
 use crate::queue::EventQueue;
 use crate::time::{Time, fmt_us};
 
@@ -186,6 +186,10 @@ impl World {
                     fmt_us(MAX_SIM_TIME),
                     self.stuck_report()
                 )));
+            }
+            if let Some(&Ev::NicDeliver(pkt)) = self.core.queue.peek_current() {
+                // No effect on any result: a delivery's records are cold, fetch them now.
+                self.core.prefetch_delivery(pkt);
             }
             self.core.handle(ev);
             if !self.core.pending_wakes.is_empty() {
