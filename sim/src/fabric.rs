@@ -49,6 +49,9 @@ pub struct Pkt {
     /// The QP the packet belongs to (so the event loop can fetch its record ahead of a
     /// delivery without reading the message first).
     pub qp: u32,
+    /// An ACK's (atomic response's) first acknowledged message, most likely the requester's
+    /// oldest outstanding one: a prefetch hint only (the record may be retired by then).
+    pub hint: u32,
     pub wire: u32,
     pub payload: u32,
     pub dst_nic: u32,
@@ -112,6 +115,9 @@ pub struct Lane {
     /// Wire bytes of the head item (arbitration reads only this record).
     pub head_wire: u32,
     pub credits: i32,
+    /// Due time of the latest credit return queued for this lane (returns are kept in time
+    /// order; this record is hot where the returns' ring is not).
+    pub returns_last: Time,
 }
 
 #[derive(Debug, Clone)]
@@ -243,7 +249,7 @@ impl Net {
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
             for lane in 0..MAX_LANES {
                 let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
-                net.lanes.push(Lane { q: VecDeque::new(), head_wire: 0, credits });
+                net.lanes.push(Lane { q: VecDeque::new(), head_wire: 0, credits, returns_last: 0 });
                 net.bypassed_since.push(Time::MAX);
             }
             let to = match to {
@@ -524,9 +530,12 @@ impl Core {
             return;
         }
         let li = self.net.li(p as usize, lane as usize);
-        let q = &mut self.net.returns[li];
-        let t = q.back().map_or(t, |&(last, _)| t.max(last));
-        q.push_back((t, blocks as u32));
+        // Every return is due after now, and a drained ring's returns were all due by now:
+        // the latest return ever queued bounds the ring's last entry exactly when there is one.
+        let l = &mut self.net.lanes[li];
+        let t = t.max(l.returns_last);
+        l.returns_last = t;
+        self.net.returns[li].push_back((t, blocks as u32));
         // A port idle for lack of credits must learn about them.
         let port = &mut self.net.ports[p as usize];
         if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {

@@ -328,6 +328,7 @@ impl Core {
         let pkt = self.net.pkts.insert(Pkt {
             msg: m,
             qp,
+            hint: NONE,
             wire,
             payload,
             dst_nic: dst,
@@ -421,8 +422,12 @@ impl Core {
     pub(crate) fn prefetch_delivery(&self, pkt: u32) {
         let k = &self.net.pkts[pkt];
         prefetch(&self.net.qps[k.qp as usize]);
-        if matches!(k.kind, PktKind::Data | PktKind::DataLast | PktKind::AtomicReq) {
-            prefetch(&self.net.msgs[k.msg]);
+        match k.kind {
+            PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
+                prefetch(&self.net.msgs[k.msg])
+            }
+            // Slab ids stay in range (it never shrinks), so the hint is always an address.
+            PktKind::Ack | PktKind::AtomicResp => prefetch(&self.net.msgs[k.hint]),
         }
     }
 
@@ -500,6 +505,7 @@ impl Core {
             let ack = self.net.pkts.insert(Pkt {
                 msg: qp,
                 qp,
+                hint: m,
                 wire,
                 payload: msg.seq,
                 dst_nic: src,
