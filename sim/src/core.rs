@@ -50,7 +50,13 @@ pub enum Ev {
         lane: u8,
     },
     /// A packet that completes something at a NIC (last packet of a message, ACK) is in.
-    NicDeliver(u32),
+    NicDeliver {
+        pkt: u32,
+        /// The packet's QP and message (an ACK's first acknowledged one): the loop fetches
+        /// their records ahead without reading the packet first.
+        qp: u32,
+        msg: u32,
+    },
     /// A doorbell reached the NIC: the QP's WQEs up to `upto` may be fetched.
     Doorbell {
         qp: u32,
@@ -306,7 +312,7 @@ impl Core {
                 self.switch_arrive(from, pkt, dst, wire as u32, lane);
                 2
             }
-            Ev::NicDeliver(pkt) => {
+            Ev::NicDeliver { pkt, .. } => {
                 self.nic_deliver(pkt);
                 3
             }

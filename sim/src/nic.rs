@@ -403,32 +403,28 @@ impl Core {
                     k.kind == PktKind::DataLast
                 };
                 if complete {
-                    self.push(done, Ev::NicDeliver(pkt));
+                    self.push(done, Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg });
                 } else {
                     self.net.pkts.remove(pkt);
                 }
             }
-            PktKind::AtomicReq => self.push(done, Ev::NicDeliver(pkt)),
+            PktKind::AtomicReq => self.push(done, Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg }),
             // The requester sees a completion once the CQE is written.
             PktKind::Ack | PktKind::AtomicResp => {
-                self.push(done + self.params.rx_latency, Ev::NicDeliver(pkt))
+                let ev = Ev::NicDeliver { pkt, qp: k.qp, msg: k.hint };
+                self.push(done + self.params.rx_latency, ev)
             }
         }
     }
 
-    /// Bring in what delivering `pkt` will read (its QP and, for data, its message): records
-    /// picked at random among tens of thousands, fetched while the event before it runs.
+    /// Bring in what delivering `pkt` will read (the packet, its QP, its message or an ACK's
+    /// hint): records picked at random among tens of thousands, fetched while the event
+    /// before it runs. Slab ids stay in range (slabs never shrink): always an address.
     #[inline(always)]
-    pub(crate) fn prefetch_delivery(&self, pkt: u32) {
-        let k = &self.net.pkts[pkt];
-        prefetch(&self.net.qps[k.qp as usize]);
-        match k.kind {
-            PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
-                prefetch(&self.net.msgs[k.msg])
-            }
-            // Slab ids stay in range (it never shrinks), so the hint is always an address.
-            PktKind::Ack | PktKind::AtomicResp => prefetch(&self.net.msgs[k.hint]),
-        }
+    pub(crate) fn prefetch_delivery(&self, pkt: u32, qp: u32, msg: u32) {
+        prefetch(&self.net.pkts[pkt]);
+        prefetch(&self.net.qps[qp as usize]);
+        prefetch(&self.net.msgs[msg]);
     }
 
     pub(crate) fn nic_deliver(&mut self, pkt: u32) {

@@ -187,9 +187,9 @@ impl World {
                     self.stuck_report()
                 )));
             }
-            if let Some(&Ev::NicDeliver(pkt)) = self.core.queue.peek_current() {
+            if let Some(&Ev::NicDeliver { pkt, qp, msg }) = self.core.queue.peek_current() {
                 // No effect on any result: a delivery's records are cold, fetch them now.
-                self.core.prefetch_delivery(pkt);
+                self.core.prefetch_delivery(pkt, qp, msg);
             }
             self.core.handle(ev);
             if !self.core.pending_wakes.is_empty() {
