@@ -3,8 +3,8 @@
 //! store-and-forward switches, static (d-mod-k) or adaptive routing over a single switch or a
 //! rail-optimized leaf/spine fat tree.
 //!
-//! Port queues hold packet ids linked through the packet records (no allocation per packet),
-//! and at a NIC also queue pairs: a QP in the queue stands for "its next packet", produced when
+//! Port queues are rings of 16-byte entries (a packet id with what forwarding needs, so a
+//! switch hop never reads the packet record), and at a NIC also queue pairs: a QP in the queue stands for "its next packet", produced when
 //! the arbiter serves it, so a 1 MiB message never exists as 256 queued packets. Credit
 //! returns are lazy: each port keeps a time-ordered list of returns and absorbs those that are
 //! due when it arbitrates; only a port actually blocked on credits schedules a wake-up.

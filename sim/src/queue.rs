@@ -1,10 +1,10 @@
-//! The event queue: a monotone radix heap ordered by (time, sequence).
+//! The event queues, all popping in (time, push sequence) order: the calendar queue the
+//! simulator uses, a monotone radix heap, and the `BinaryHeap` baseline ([`HeapQueue`]).
 //!
-//! Discrete-event simulation pops events in non-decreasing time, which is exactly what a radix
-//! heap needs; it stays fast with a large pending set where a binary heap collapses into cache
-//! misses (fabric.md §10: 42 vs 580 ns per event at 10^6 pending). Equal times pop in push
-//! order, so the order is (time, push sequence), independent of the queue implementation ([`HeapQueue`]
-//! gives the identical sequence).
+//! Discrete-event simulation pops events in non-decreasing time, which monotone queues exploit;
+//! they stay fast with a large pending set where a binary heap collapses into cache misses
+//! (fabric.md §10: 42 vs 580 ns per event at 10^6 pending). Equal times pop in push order, so
+//! the order is independent of the queue implementation.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
