@@ -47,6 +47,7 @@ pub enum Ev {
         pkt: u32,
         dst: u32,
         wire: u16,
+        /// The lane, with [`crate::fabric::LAST_HOP`] set when the switch delivers to the NIC.
         lane: u8,
     },
     /// A packet that completes something at a NIC (last packet of a message, ACK) is in.
@@ -309,7 +310,7 @@ impl Core {
                 1
             }
             Ev::SwitchArrive { from, pkt, dst, wire, lane } => {
-                self.switch_arrive(from, pkt, dst, wire as u32, lane);
+                self.switch_arrive(from, pkt, dst, wire as u32, lane & !crate::fabric::LAST_HOP);
                 2
             }
             Ev::NicDeliver { pkt, .. } => {

@@ -104,6 +104,9 @@ pub struct Port {
     pub arb: ArbState,
 }
 
+/// Set in `Ev::SwitchArrive::lane` when the switch reached delivers to the destination NIC.
+pub const LAST_HOP: u8 = 0x80;
+
 /// `Port::to` names a NIC (else a switch).
 pub const TO_NIC: u32 = 1 << 31;
 
@@ -732,8 +735,11 @@ impl Core {
             if self.params.adaptive {
                 t += self.params.adaptive_latency;
             }
-            let ev =
-                Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane: lane as u8 };
+            // The switch it reaches delivers to the destination NIC: mark it, so the loop can
+            // fetch the packet record (which the NIC reads) ahead of the arrival.
+            let last = self.net.single || self.net.nic_route[dst as usize].leaf == to;
+            let lane = lane as u8 | if last { LAST_HOP } else { 0 };
+            let ev = Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane };
             self.push(t, ev);
         } else {
             self.nic_receive(to & !TO_NIC, p, pkt_id, now + latency, now + ser + latency);

@@ -187,9 +187,16 @@ impl World {
                     self.stuck_report()
                 )));
             }
-            if let Some(&Ev::NicDeliver { pkt, qp, msg }) = self.core.queue.peek_current() {
-                // No effect on any result: a delivery's records are cold, fetch them now.
-                self.core.prefetch_delivery(pkt, qp, msg);
+            // No effect on any result: the next event's cold records (a delivery's packet, QP
+            // and message; the packet a last switch hop hands to its NIC) are fetched now.
+            match self.core.queue.peek_current() {
+                Some(&Ev::NicDeliver { pkt, qp, msg }) => self.core.prefetch_delivery(pkt, qp, msg),
+                Some(&Ev::SwitchArrive { pkt, lane, .. })
+                    if lane & crate::fabric::LAST_HOP != 0 =>
+                {
+                    crate::core::prefetch(&self.core.net.pkts[pkt])
+                }
+                _ => {}
             }
             self.core.handle(ev);
             if !self.core.pending_wakes.is_empty() {
