@@ -1,6 +1,7 @@
 //! Benchmarks (criterion). Performance claims are ratios against a baseline measured in the
-//! same run: the radix-heap queue against `std::collections::BinaryHeap`, for the bare core
-//! (hold model) and for full packet-level fabric runs; plus the speed targets of issue 4
+//! same run: the simulator's calendar queue (and the radix heap it replaced) against
+//! `std::collections::BinaryHeap`, for the bare core (hold model) and for full packet-level
+//! fabric runs; plus the speed targets of issue 4
 //! (EP256 low-latency and EP64 normal dispatch+combine). Throughput is reported in events/s.
 //!
 //! `cargo bench -p eptwin-sim` (all), or e.g. `cargo bench -p eptwin-sim -- speed`.
@@ -15,7 +16,7 @@ use eptwin_engine::rng::Rng;
 use eptwin_engine::scenario::schema::OpKind;
 use eptwin_engine::transport::{OpSpec, Transport};
 use eptwin_sim::core::{Action, Ev};
-use eptwin_sim::queue::{EventQueue, HeapQueue, RadixQueue};
+use eptwin_sim::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::{QueueChoice, SimOptions, Simulator};
 
 fn plan(rel: &str, edit: impl Fn(String) -> String) -> Plan {
@@ -54,13 +55,18 @@ fn core_queue(c: &mut Criterion) {
     for pending in [1_000u32, 100_000, 1_000_000] {
         let ev = Ev::Act(Action::Wake { prog: 0, actor: 0 });
         let mut rng = Rng::new(1, 0);
+        let mut calendar = CalendarQueue::new();
         let mut radix = RadixQueue::new();
         let mut heap = HeapQueue::default();
         for _ in 0..pending {
             let t = rng.below(2_000_000) as u64;
+            calendar.push(t, ev);
             radix.push(t, ev);
             heap.push(t, ev);
         }
+        g.bench_with_input(BenchmarkId::new("calendar", pending), &pending, |b, _| {
+            b.iter(|| hold(&mut calendar, &mut rng, STEPS))
+        });
         g.bench_with_input(BenchmarkId::new("radix", pending), &pending, |b, _| {
             b.iter(|| hold(&mut radix, &mut rng, STEPS))
         });
@@ -95,11 +101,11 @@ fn fabric_runs(c: &mut Criterion) {
         ),
     ];
     for (name, p, ops) in &cases {
-        let events = simulate(p, ops, QueueChoice::Radix);
+        let events = simulate(p, ops, QueueChoice::Calendar);
         assert_eq!(events, simulate(p, ops, QueueChoice::BinaryHeap), "same events either way");
         g.throughput(Throughput::Elements(events));
-        g.bench_function(BenchmarkId::new("radix", name), |b| {
-            b.iter(|| simulate(p, ops, QueueChoice::Radix))
+        g.bench_function(BenchmarkId::new("calendar", name), |b| {
+            b.iter(|| simulate(p, ops, QueueChoice::Calendar))
         });
         g.bench_function(BenchmarkId::new("binary-heap", name), |b| {
             b.iter(|| simulate(p, ops, QueueChoice::BinaryHeap))
@@ -113,14 +119,14 @@ fn speed(c: &mut Criterion) {
     g.sample_size(10);
     let both = [OpKind::Dispatch, OpKind::Combine];
     let ep256 = plan("scenarios/ep256-ll-decode.toml", |s| s);
-    g.throughput(Throughput::Elements(simulate(&ep256, &both, QueueChoice::Radix)));
+    g.throughput(Throughput::Elements(simulate(&ep256, &both, QueueChoice::Calendar)));
     g.bench_function("ep256-ll-dispatch+combine", |b| {
-        b.iter(|| simulate(&ep256, &both, QueueChoice::Radix))
+        b.iter(|| simulate(&ep256, &both, QueueChoice::Calendar))
     });
     let ep64 = plan("scenarios/ep64-normal-internode.toml", |s| s);
-    g.throughput(Throughput::Elements(simulate(&ep64, &both, QueueChoice::Radix)));
+    g.throughput(Throughput::Elements(simulate(&ep64, &both, QueueChoice::Calendar)));
     g.bench_function("ep64-normal-4096tok-dispatch+combine", |b| {
-        b.iter(|| simulate(&ep64, &both, QueueChoice::Radix))
+        b.iter(|| simulate(&ep64, &both, QueueChoice::Calendar))
     });
     g.finish();
 }

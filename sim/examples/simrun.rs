@@ -31,22 +31,6 @@ fn main() {
             }
         };
         let mut sim = Simulator::new(SimOptions::default());
-        if std::env::var("TXP").is_ok() {
-            let mut w = eptwin_sim::build_world(&plan, false);
-            let mut f = |core: &mut eptwin_sim::core::Core, j, o, it, wu| {
-                eptwin_sim::make_program(&plan, core, j, o, it, wu)
-            };
-            w.run_one(
-                &mut f,
-                eptwin_engine::ids::JobId(0),
-                eptwin_engine::scenario::schema::OpKind::Dispatch,
-                0,
-                false,
-            )
-            .unwrap();
-            let tx: u64 = w.core.net.ports.iter().map(|p| p.tx_packets).sum();
-            println!("tx packets {tx} events {:?}", w.core.events_by_kind);
-        }
         let result = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run");
         print!("{}", eptwin_engine::table::render(&result));
         for f in &result.failures {

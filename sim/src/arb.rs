@@ -22,6 +22,9 @@ pub struct ArbConfig {
     pub kind: FabricKind,
     pub high: Vec<VlArbEntry>,
     pub low: Vec<VlArbEntry>,
+    /// The tables as position masks, so a pick is a few bit operations instead of a scan.
+    high_t: TableIndex,
+    low_t: TableIndex,
     /// `high_limit × 4096` bytes; `None` = unbounded (255).
     pub high_limit_bytes: Option<u64>,
     /// RoCE: strict classes (bit set) and DRR quanta (bytes per round) per class.
@@ -43,12 +46,31 @@ impl ArbConfig {
         for (q, &share) in quantum.iter_mut().zip(&qos.ets_tc_bw) {
             *q = share as u32 * ETS_QUANTUM_PER_PERCENT;
         }
+        ArbConfig::build(
+            qos.kind,
+            qos.vlarb_high.clone(),
+            qos.vlarb_low.clone(),
+            (qos.high_limit != HIGH_LIMIT_UNBOUNDED).then_some(qos.high_limit as u64 * 4096),
+            strict,
+            quantum,
+        )
+    }
+
+    pub fn build(
+        kind: FabricKind,
+        high: Vec<VlArbEntry>,
+        low: Vec<VlArbEntry>,
+        high_limit_bytes: Option<u64>,
+        strict: LaneMask,
+        quantum: [u32; 8],
+    ) -> ArbConfig {
         ArbConfig {
-            kind: qos.kind,
-            high: qos.vlarb_high.clone(),
-            low: qos.vlarb_low.clone(),
-            high_limit_bytes: (qos.high_limit != HIGH_LIMIT_UNBOUNDED)
-                .then_some(qos.high_limit as u64 * 4096),
+            kind,
+            high_t: TableIndex::new(&high),
+            low_t: TableIndex::new(&low),
+            high,
+            low,
+            high_limit_bytes,
             strict,
             quantum,
         }
@@ -72,21 +94,69 @@ impl ArbConfig {
     }
 }
 
-/// Per-port arbiter state.
+/// An arbitration table as bit masks: per lane, the positions of its entries with weight > 0.
 #[derive(Debug, Clone, Default)]
+struct TableIndex {
+    /// Entries (≤ 64 for the masks to apply; longer tables are scanned).
+    n: usize,
+    fast: bool,
+    pos: [u64; MAX_LANES],
+    weight: Vec<i32>,
+    /// Lanes with an entry of weight > 0.
+    lanes: LaneMask,
+}
+
+impl TableIndex {
+    fn new(table: &[VlArbEntry]) -> TableIndex {
+        let mut t = TableIndex {
+            n: table.len(),
+            fast: table.len() <= 64,
+            weight: table.iter().map(|e| e.weight as i32).collect(),
+            ..Default::default()
+        };
+        for (i, e) in table.iter().enumerate() {
+            if e.weight == 0 {
+                continue;
+            }
+            if (e.vl.0 as usize) < MAX_LANES {
+                t.lanes |= 1 << e.vl.0;
+                if t.fast {
+                    t.pos[e.vl.0 as usize] |= 1 << i;
+                }
+            } else {
+                t.fast = false;
+            }
+        }
+        t
+    }
+}
+
+/// Per-port arbiter state (InfiniBand tables; 16 bytes, it lives in the port's hot record).
+#[derive(Debug, Clone, Copy, Default)]
 pub struct ArbState {
     high_idx: u8,
-    high_rem: i32,
     low_idx: u8,
-    low_rem: i32,
-    /// High-priority bytes since the last low-priority opportunity.
-    high_bytes: u64,
     /// Which table the last pick came from (for `sent`).
     last_high: bool,
-    // RoCE deficit round robin.
+    high_rem: i32,
+    low_rem: i32,
+    /// High-priority bytes since the last low-priority opportunity (saturating: it is only
+    /// compared with `high_limit` × 4 KiB ≤ 1 MiB).
+    high_bytes: u32,
+}
+
+/// Per-port RoCE deficit round robin state (kept apart: InfiniBand ports never touch it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DrrState {
     deficit: [i64; 8],
     rr: u8,
     fresh: bool,
+}
+
+impl DrrState {
+    pub fn new() -> DrrState {
+        DrrState { fresh: true, ..Default::default() }
+    }
 }
 
 /// What the arbiter picked: the lane, and whether a low lane was passed over because the
@@ -102,7 +172,6 @@ impl ArbState {
         ArbState {
             high_rem: cfg.high.first().map_or(0, |e| e.weight as i32),
             low_rem: cfg.low.first().map_or(0, |e| e.weight as i32),
-            fresh: true,
             ..Default::default()
         }
     }
@@ -112,6 +181,7 @@ impl ArbState {
     pub fn pick(
         &mut self,
         cfg: &ArbConfig,
+        drr: &mut DrrState,
         eligible: LaneMask,
         size_of: impl Fn(u8) -> u32,
     ) -> Option<Pick> {
@@ -120,59 +190,62 @@ impl ArbState {
         }
         match cfg.kind {
             FabricKind::Infiniband => self.pick_ib(cfg, eligible),
-            FabricKind::Roce => self.pick_roce(cfg, eligible, size_of),
+            FabricKind::Roce => drr.pick(cfg, eligible, size_of),
         }
     }
 
     fn pick_ib(&mut self, cfg: &ArbConfig, eligible: LaneMask) -> Option<Pick> {
-        let high = find(&cfg.high, eligible, &mut self.high_idx, &mut self.high_rem, false);
-        let low_available = has(&cfg.low, eligible);
-        let Some(_) = high else {
+        let low_available = eligible & cfg.low_t.lanes != 0;
+        if eligible & cfg.high_t.lanes == 0 {
             // Nothing high is eligible: the high counter restarts (fabric.md §1.1 step 4).
             self.high_bytes = 0;
-            let lane = find(&cfg.low, eligible, &mut self.low_idx, &mut self.low_rem, true)?;
+            let lane =
+                commit(&cfg.low, &cfg.low_t, eligible, &mut self.low_idx, &mut self.low_rem)?;
             self.last_high = false;
             return Some(Pick { lane, bypassed: 0 });
-        };
+        }
         let limit_reached = match cfg.high_limit_bytes {
             None => false,
             // One high packet is always allowed (limit 0 = one packet).
-            Some(limit) => self.high_bytes > 0 && self.high_bytes >= limit,
+            Some(limit) => self.high_bytes > 0 && self.high_bytes as u64 >= limit,
         };
         if limit_reached && low_available {
-            let lane = find(&cfg.low, eligible, &mut self.low_idx, &mut self.low_rem, true)?;
+            let lane =
+                commit(&cfg.low, &cfg.low_t, eligible, &mut self.low_idx, &mut self.low_rem)?;
             self.high_bytes = 0;
             self.last_high = false;
             return Some(Pick { lane, bypassed: 0 });
         }
-        let lane = find(&cfg.high, eligible, &mut self.high_idx, &mut self.high_rem, true)?;
+        let lane =
+            commit(&cfg.high, &cfg.high_t, eligible, &mut self.high_idx, &mut self.high_rem)?;
         self.last_high = true;
-        let low_lanes = cfg.low.iter().filter(|e| e.weight > 0).fold(0u16, |m, e| m | 1 << e.vl.0);
-        let bypassed = if low_available { eligible & low_lanes & !(1 << lane) } else { 0 };
+        let bypassed = if low_available { eligible & cfg.low_t.lanes & !(1 << lane) } else { 0 };
         Some(Pick { lane, bypassed })
     }
 
     /// Account a packet of `bytes` (whole wire size) sent on the last picked lane.
-    pub fn sent(&mut self, cfg: &ArbConfig, lane: u8, bytes: u32) {
+    pub fn sent(&mut self, cfg: &ArbConfig, drr: &mut DrrState, lane: u8, bytes: u32) {
         match cfg.kind {
             FabricKind::Infiniband => {
                 let blocks = bytes.div_ceil(64) as i32;
                 if self.last_high {
-                    self.high_bytes += bytes as u64;
-                    consume(&cfg.high, &mut self.high_idx, &mut self.high_rem, blocks);
+                    self.high_bytes = self.high_bytes.saturating_add(bytes);
+                    consume(&cfg.high_t, &mut self.high_idx, &mut self.high_rem, blocks);
                 } else {
-                    consume(&cfg.low, &mut self.low_idx, &mut self.low_rem, blocks);
+                    consume(&cfg.low_t, &mut self.low_idx, &mut self.low_rem, blocks);
                 }
             }
             FabricKind::Roce => {
                 if cfg.strict & (1 << lane) == 0 {
-                    self.deficit[lane as usize] -= bytes as i64;
+                    drr.deficit[lane as usize] -= bytes as i64;
                 }
             }
         }
     }
+}
 
-    fn pick_roce(
+impl DrrState {
+    fn pick(
         &mut self,
         cfg: &ArbConfig,
         eligible: LaneMask,
@@ -221,8 +294,41 @@ impl ArbState {
     }
 }
 
-fn has(table: &[VlArbEntry], eligible: LaneMask) -> bool {
-    table.iter().any(|e| e.weight > 0 && eligible & (1 << e.vl.0) != 0)
+/// Serve the first entry from the current one on whose lane is eligible (skipped entries
+/// reload their weight; an exhausted current entry starts over with its full weight): what
+/// [`find`] with `commit` does, with the table's position masks instead of a scan.
+#[inline]
+fn commit(
+    table: &[VlArbEntry],
+    t: &TableIndex,
+    eligible: LaneMask,
+    idx: &mut u8,
+    rem: &mut i32,
+) -> Option<u8> {
+    if !t.fast {
+        return find(table, eligible, idx, rem, true);
+    }
+    let mut m = 0u64;
+    let mut lanes = eligible & t.lanes;
+    while lanes != 0 {
+        m |= t.pos[lanes.trailing_zeros() as usize];
+        lanes &= lanes - 1;
+    }
+    if m == 0 {
+        return None;
+    }
+    let start = *idx as usize;
+    let above = m >> start;
+    let i = if above != 0 {
+        start + above.trailing_zeros() as usize
+    } else {
+        m.trailing_zeros() as usize
+    };
+    if i != start || *rem <= 0 {
+        *rem = t.weight[i];
+    }
+    *idx = i as u8;
+    Some(table[i].vl.0)
 }
 
 /// Find the entry to serve from the current one on. With `commit` the table position moves to
@@ -259,15 +365,15 @@ fn find(
     None
 }
 
-fn consume(table: &[VlArbEntry], idx: &mut u8, rem: &mut i32, blocks: i32) {
-    let n = table.len();
-    if n == 0 {
+fn consume(t: &TableIndex, idx: &mut u8, rem: &mut i32, blocks: i32) {
+    if t.n == 0 {
         return;
     }
     *rem -= blocks;
     if *rem <= 0 {
-        *idx = ((*idx as usize + 1) % n) as u8;
-        *rem = table[*idx as usize].weight as i32;
+        let next = *idx as usize + 1;
+        *idx = if next == t.n { 0 } else { next as u8 };
+        *rem = t.weight[*idx as usize];
     }
 }
 
@@ -275,25 +381,58 @@ fn consume(table: &[VlArbEntry], idx: &mut u8, rem: &mut i32, blocks: i32) {
 mod tests {
     use super::*;
     use eptwin_engine::fabric::parse_vlarb;
+    use eptwin_engine::ids::Vl;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// The position-mask pick serves the same entry, with the same remaining weight, as
+        /// the scan of the table, from any position and for any eligible set.
+        #[test]
+        fn masked_pick_matches_the_scan(
+            entries in proptest::collection::vec((0u8..10, 0u8..=255), 1..70),
+            steps in proptest::collection::vec((0u16..1024, 1i32..80), 1..50),
+            start in 0usize..70,
+            start_rem in -5i32..300,
+        ) {
+            let table: Vec<VlArbEntry> =
+                entries.iter().map(|&(vl, weight)| VlArbEntry { vl: Vl(vl), weight }).collect();
+            let t = TableIndex::new(&table);
+            let (mut idx_a, mut rem_a) = ((start % table.len()) as u8, start_rem);
+            let (mut idx_b, mut rem_b) = (idx_a, rem_a);
+            for (eligible, blocks) in steps {
+                let a = commit(&table, &t, eligible, &mut idx_a, &mut rem_a);
+                let b = find(&table, eligible, &mut idx_b, &mut rem_b, true);
+                prop_assert_eq!(a, b);
+                prop_assert_eq!((idx_a, rem_a), (idx_b, rem_b));
+                if a.is_some() {
+                    consume(&t, &mut idx_a, &mut rem_a, blocks);
+                    consume(&t, &mut idx_b, &mut rem_b, blocks);
+                }
+            }
+        }
+    }
 
     fn cfg(high: &str, low: &str, limit: u8) -> ArbConfig {
-        ArbConfig {
-            kind: FabricKind::Infiniband,
-            high: parse_vlarb(high).unwrap(),
-            low: parse_vlarb(low).unwrap(),
-            high_limit_bytes: (limit != 255).then_some(limit as u64 * 4096),
-            strict: 0,
-            quantum: [0; 8],
-        }
+        ArbConfig::build(
+            FabricKind::Infiniband,
+            parse_vlarb(high).unwrap(),
+            parse_vlarb(low).unwrap(),
+            (limit != 255).then_some(limit as u64 * 4096),
+            0,
+            [0; 8],
+        )
     }
 
     /// Send `packets` MTU packets with every lane in `backlogged` always eligible; bytes per lane.
     fn run(cfg: &ArbConfig, backlogged: LaneMask, packets: usize, bytes: u32) -> [u64; 15] {
         let mut st = ArbState::new(cfg);
+        let mut drr = DrrState::new();
         let mut out = [0u64; 15];
         for _ in 0..packets {
-            let Some(p) = st.pick(cfg, backlogged, |_| bytes) else { break };
-            st.sent(cfg, p.lane, bytes);
+            let Some(p) = st.pick(cfg, &mut drr, backlogged, |_| bytes) else { break };
+            st.sent(cfg, &mut drr, p.lane, bytes);
             out[p.lane as usize] += bytes as u64;
         }
         out

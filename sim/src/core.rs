@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use crate::fabric::Net;
 use crate::gpu::Gpus;
 use crate::params::Params;
-use crate::queue::{EventQueue, HeapQueue, Queue, RadixQueue};
+use crate::queue::{CalendarQueue, EventQueue, HeapQueue, Queue, RadixQueue};
 use crate::time::{Time, fmt_us};
 use crate::trace::Trace;
 
@@ -35,17 +35,29 @@ pub enum Action {
 
 #[derive(Debug, Clone, Copy)]
 pub enum Ev {
+    // 16 bytes (checked by a test): a calendar entry is 24 bytes with its time.
     /// An output port finished serializing its packet.
     PortDone(u32),
     /// A port blocked on credits re-checks them (the earliest pending credit return is due).
     PortWake(u32),
-    /// A packet reached a switch (head, plus the switching latency).
+    /// A packet sent by port `from` reached the switch at its far end (head, plus the
+    /// switching latency); it carries what forwarding needs, so a hop never reads the packet.
     SwitchArrive {
-        sw: u32,
+        from: u32,
         pkt: u32,
+        dst: u32,
+        wire: u16,
+        /// The lane, with [`crate::fabric::LAST_HOP`] set when the switch delivers to the NIC.
+        lane: u8,
     },
     /// A packet that completes something at a NIC (last packet of a message, ACK) is in.
-    NicDeliver(u32),
+    NicDeliver {
+        pkt: u32,
+        /// The packet's QP and message (an ACK's first acknowledged one): the loop fetches
+        /// their records ahead without reading the packet first.
+        qp: u32,
+        msg: u32,
+    },
     /// A doorbell reached the NIC: the QP's WQEs up to `upto` may be fetched.
     Doorbell {
         qp: u32,
@@ -58,12 +70,16 @@ pub enum Ev {
     Act(Action),
 }
 
-/// A counter other work waits on (a ring-buffer tail, a credit head, a flag).
+/// The counters other work waits on (ring-buffer tails, credit heads, flags): values apart
+/// from the waiter lists, which few counters have at a time, so bumping a counter touches 8
+/// bytes and a bit.
 #[derive(Debug, Clone, Default)]
-pub struct Counter {
-    pub value: u64,
-    /// (program, actor, threshold): woken when `value >= threshold`.
-    pub waiters: Vec<(ProgId, u32, u64)>,
+pub struct Counters {
+    pub values: Vec<u64>,
+    /// Per counter: (program, actor, threshold), woken when the value reaches the threshold.
+    waiters: Vec<Vec<(ProgId, u32, u64)>>,
+    /// Bit per counter: its waiter list is non-empty.
+    waited: Vec<u64>,
 }
 
 /// Per-op (program) byte accounting.
@@ -83,7 +99,7 @@ pub struct Core {
     pub params: Params,
     pub net: Net,
     pub gpus: Gpus,
-    pub counters: Vec<Counter>,
+    pub counters: Counters,
     pub op_bytes: Vec<OpBytes>,
     /// Model bugs found by the invariant checks (coordinates + time). Any entry fails the run.
     pub violations: Vec<String>,
@@ -103,15 +119,30 @@ pub struct Core {
 
 const MAX_VIOLATIONS: usize = 64;
 
+/// Hint the CPU to bring the cache line holding `x` closer (no effect on any result).
+#[inline(always)]
+pub fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and has no architectural effect; the
+    // address comes from a live reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (x as *const T).cast(),
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
 impl Core {
     pub fn new(params: Params, net: Net, gpus: Gpus, trace: bool) -> Core {
         Core {
             now: 0,
-            queue: Queue::Radix(RadixQueue::new()),
+            queue: Queue::Calendar(CalendarQueue::new()),
             params,
             net,
             gpus,
-            counters: Vec::new(),
+            counters: Counters::default(),
             op_bytes: Vec::new(),
             violations: Vec::new(),
             failures: Vec::new(),
@@ -130,16 +161,28 @@ impl Core {
         self.queue = Queue::Heap(HeapQueue::default());
     }
 
-    #[inline]
+    /// Use the radix heap instead of the calendar queue (benchmarks).
+    pub fn use_radix_heap(&mut self) {
+        assert!(self.queue.is_empty(), "switch queues before the run");
+        self.queue = Queue::Radix(RadixQueue::new());
+    }
+
+    #[inline(always)]
     pub fn push(&mut self, t: Time, ev: Ev) {
         if t < self.now {
-            self.violation(format!(
-                "monotone time: event {ev:?} scheduled at {} before now {}",
-                fmt_us(t),
-                fmt_us(self.now)
-            ));
+            self.past_event(t, ev);
         }
         self.queue.push(t.max(self.now), ev);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn past_event(&mut self, t: Time, ev: Ev) {
+        self.violation(format!(
+            "monotone time: event {ev:?} scheduled at {} before now {}",
+            fmt_us(t),
+            fmt_us(self.now)
+        ));
     }
 
     /// Record a broken invariant (a model bug) with its coordinates.
@@ -175,30 +218,41 @@ impl Core {
 
     /// Allocate `n` counters (zero); returns the first id.
     pub fn counters(&mut self, n: usize) -> u32 {
-        let first = self.counters.len() as u32;
-        self.counters.resize_with(self.counters.len() + n, Counter::default);
+        let ctrs = &mut self.counters;
+        let first = ctrs.values.len() as u32;
+        ctrs.values.resize(ctrs.values.len() + n, 0);
+        ctrs.waiters.resize_with(ctrs.values.len(), Vec::new);
+        ctrs.waited.resize(ctrs.values.len().div_ceil(64), 0);
         first
     }
 
+    #[inline]
     pub fn value(&self, c: u32) -> u64 {
-        self.counters[c as usize].value
+        self.counters.values[c as usize]
     }
 
     /// Add to a counter now and wake the waiters it satisfies.
+    #[inline]
     pub fn add(&mut self, c: u32, delta: u32) {
-        let ctr = &mut self.counters[c as usize];
-        ctr.value += delta as u64;
-        if !ctr.waiters.is_empty() {
-            let v = ctr.value;
+        let ctrs = &mut self.counters;
+        let v = &mut ctrs.values[c as usize];
+        *v += delta as u64;
+        let v = *v;
+        let (w, bit) = (c as usize / 64, 1u64 << (c % 64));
+        if ctrs.waited[w] & bit != 0 {
+            let list = &mut ctrs.waiters[c as usize];
             let mut i = 0;
-            while i < ctr.waiters.len() {
-                let (p, a, th) = ctr.waiters[i];
+            while i < list.len() {
+                let (p, a, th) = list[i];
                 if v >= th {
-                    ctr.waiters.swap_remove(i);
+                    list.swap_remove(i);
                     self.pending_wakes.push((p, a));
                 } else {
                     i += 1;
                 }
+            }
+            if list.is_empty() {
+                ctrs.waited[w] &= !bit;
             }
         }
     }
@@ -206,11 +260,12 @@ impl Core {
     /// Wait until counter `c` reaches `threshold`: `true` if it already has (no wake will come),
     /// otherwise the actor is woken when it does.
     pub fn wait(&mut self, c: u32, threshold: u64, prog: ProgId, actor: u32) -> bool {
-        let ctr = &mut self.counters[c as usize];
-        if ctr.value >= threshold {
+        let ctrs = &mut self.counters;
+        if ctrs.values[c as usize] >= threshold {
             return true;
         }
-        ctr.waiters.push((prog, actor, threshold));
+        ctrs.waiters[c as usize].push((prog, actor, threshold));
+        ctrs.waited[c as usize / 64] |= 1 << (c % 64);
         false
     }
 
@@ -242,6 +297,7 @@ impl Core {
     }
 
     /// Handle one event (the world loop pops it); wakes land in `pending_wakes`.
+    #[inline(always)]
     pub fn handle(&mut self, ev: Ev) {
         self.events += 1;
         let kind = match ev {
@@ -253,11 +309,11 @@ impl Core {
                 self.port_wake(p);
                 1
             }
-            Ev::SwitchArrive { sw, pkt } => {
-                self.switch_arrive(sw, pkt);
+            Ev::SwitchArrive { from, pkt, dst, wire, lane } => {
+                self.switch_arrive(from, pkt, dst, wire as u32, lane & !crate::fabric::LAST_HOP);
                 2
             }
-            Ev::NicDeliver(pkt) => {
+            Ev::NicDeliver { pkt, .. } => {
                 self.nic_deliver(pkt);
                 3
             }
@@ -284,11 +340,29 @@ impl Core {
     /// Waiters still registered (for the deadlock report).
     pub fn stuck_waiters(&self) -> Vec<(ProgId, u32, u32, u64, u64)> {
         let mut out = Vec::new();
-        for (i, c) in self.counters.iter().enumerate() {
-            for &(p, a, th) in &c.waiters {
-                out.push((p, a, i as u32, c.value, th));
+        let ctrs = &self.counters;
+        for (i, list) in ctrs.waiters.iter().enumerate() {
+            for &(p, a, th) in list {
+                out.push((p, a, i as u32, ctrs.values[i], th));
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hot records keep the sizes the layout relies on.
+    #[test]
+    fn hot_record_sizes() {
+        assert_eq!(std::mem::size_of::<Ev>(), 16);
+        assert_eq!(std::mem::size_of::<crate::fabric::Port>(), 64);
+        assert_eq!(std::mem::size_of::<crate::fabric::QEntry>(), 16);
+        assert_eq!(std::mem::size_of::<crate::nic::QpTx>(), 32);
+        assert_eq!(std::mem::size_of::<crate::nic::Qp>(), 64);
+        assert_eq!(std::mem::size_of::<crate::fabric::Pkt>(), 32);
+        assert_eq!(std::mem::size_of::<crate::nic::Msg>(), 64);
     }
 }

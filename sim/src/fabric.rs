@@ -3,8 +3,8 @@
 //! store-and-forward switches, static (d-mod-k) or adaptive routing over a single switch or a
 //! rail-optimized leaf/spine fat tree.
 //!
-//! Port queues hold packet ids linked through the packet records (no allocation per packet),
-//! and at a NIC also queue pairs: a QP in the queue stands for "its next packet", produced when
+//! Port queues are rings of 16-byte entries (a packet id with what forwarding needs, so a
+//! switch hop never reads the packet record), and at a NIC also queue pairs: a QP in the queue stands for "its next packet", produced when
 //! the arbiter serves it, so a 1 MiB message never exists as 256 queued packets. Credit
 //! returns are lazy: each port keeps a time-ordered list of returns and absorbs those that are
 //! due when it arbitrates; only a port actually blocked on credits schedules a wake-up.
@@ -14,9 +14,9 @@ use std::collections::VecDeque;
 use eptwin_engine::Plan;
 use eptwin_engine::scenario::schema::FabricTopology;
 
-use crate::arb::{ArbConfig, ArbState, LaneMask, MAX_LANES};
-use crate::core::{Core, Ev};
-use crate::nic::{Msg, Nic, Qp};
+use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
+use crate::core::{Core, Ev, prefetch};
+use crate::nic::{Msg, Nic, Qp, QpTx};
 use crate::slab::{NONE, Slab};
 use crate::time::{Rate, Time, fmt_us};
 
@@ -39,22 +39,40 @@ pub enum PktKind {
     AtomicResp,
 }
 
+/// A packet: what its destination NIC needs. Switch hops never touch it: the events and port
+/// queues carry what forwarding needs ([`QEntry`]). Its source NIC is not stored: the trace
+/// derives it from the message's QP.
 #[derive(Debug, Clone, Copy)]
 pub struct Pkt {
+    /// The message (data, atomic request) or the QP (ACK, atomic response).
     pub msg: u32,
+    /// The QP the packet belongs to (so the event loop can fetch its record ahead of a
+    /// delivery without reading the message first).
+    pub qp: u32,
+    /// An ACK's (atomic response's) first acknowledged message, most likely the requester's
+    /// oldest outstanding one: a prefetch hint only (the record may be retired by then).
+    pub hint: u32,
     pub wire: u32,
     pub payload: u32,
-    pub src_nic: u32,
     pub dst_nic: u32,
-    /// The port whose credits this packet occupies (the link it arrived on), NONE at a NIC.
-    pub from_port: u32,
-    pub next: u32,
-    /// Wire bytes of the item queued after this one (so a dequeue needs no further lookup).
-    pub next_wire: u32,
     pub lane: u8,
     pub kind: PktKind,
     /// The op (program) the packet is charged to.
     pub prog: u16,
+    /// Still waiting in its NIC's port queue (an ACK there can absorb later completions).
+    pub at_nic: bool,
+}
+
+/// An item in a port lane's queue: a packet with what forwarding it needs (its wire bytes,
+/// the port whose input buffer it occupies, its destination), or `QP_ITEM | qp` (the QP's
+/// next packet, produced when served).
+#[derive(Debug, Clone, Copy)]
+pub struct QEntry {
+    pub item: u32,
+    pub wire: u32,
+    /// The port whose credits the packet holds (the link it came in on); NONE at a NIC.
+    pub from: u32,
+    pub dst: u32,
 }
 
 impl Pkt {
@@ -64,40 +82,45 @@ impl Pkt {
     }
 }
 
+/// An output port's hot state: exactly one cache line. Its lanes live in [`Net::lanes`], the
+/// rarely used parts (name, RoCE DRR state, starvation watch) in side arrays.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub struct Port {
-    pub rate: Rate,
-    pub latency: Time,
-    pub to: Endpoint,
-    /// Where the port is (its transmitter side).
-    pub from: Endpoint,
-    /// Where the port sits, for messages ("nic 3", "leaf 2 up 1").
+    pub busy_until: Time,
     /// When the scheduled `PortDone` fires (Time::MAX: none). Only a busy port with more queued
     /// has one: an idle path costs no event per packet.
     pub done_at: Time,
-    pub busy_until: Time,
-    /// Per lane: queue head and tail, the head's wire bytes (so arbitration touches no
-    /// packet) and the credits in hand — one 16-byte record per lane for locality.
-    pub lanes: [Lane; MAX_LANES],
-    pub nonempty: LaneMask,
-    pub arb: ArbState,
     /// Pending `PortWake` (Time::MAX: none).
     pub wake_at: Time,
+    pub rate: Rate,
     /// Bytes queued (adaptive routing looks at it).
     pub queued_bytes: u64,
-    pub tx_bytes: u64,
-    pub tx_packets: u64,
-    pub busy_ps: Time,
-    /// Since when a lane has been eligible but passed over by the high table (starvation).
-    pub bypassed_since: [Time; MAX_LANES],
+    /// Where the port leads: a switch, or a NIC when [`TO_NIC`] is set.
+    pub to: u32,
+    pub nonempty: LaneMask,
+    /// Lanes whose `bypassed_since` is set (so a send clears it without touching the array).
+    pub bypassed: LaneMask,
+    pub arb: ArbState,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// Set in `Ev::SwitchArrive::lane` when the switch reached delivers to the destination NIC.
+pub const LAST_HOP: u8 = 0x80;
+
+/// `Port::to` names a NIC (else a switch).
+pub const TO_NIC: u32 = 1 << 31;
+
+/// Per (port, lane): the queue (a ring of [`QEntry`]), the head's wire bytes and the credits
+/// in hand.
+#[derive(Debug, Clone, Default)]
 pub struct Lane {
-    pub head: u32,
-    pub tail: u32,
+    pub q: VecDeque<QEntry>,
+    /// Wire bytes of the head item (arbitration reads only this record).
     pub head_wire: u32,
     pub credits: i32,
+    /// Due time of the latest credit return queued for this lane (returns are kept in time
+    /// order; this record is hot where the returns' ring is not).
+    pub returns_last: Time,
 }
 
 #[derive(Debug, Clone)]
@@ -111,13 +134,33 @@ pub struct Switch {
     pub spine: bool,
 }
 
+/// A destination NIC as the switches see it: its leaf, its position at the leaf (the down
+/// port toward it, and the d-mod-k key), and its static up port (`pos % spines`).
+#[derive(Debug, Clone, Copy)]
+struct NicRoute {
+    leaf: u32,
+    pos: u32,
+    up: u32,
+}
+
 /// How long a lane may be passed over by the high-priority table before it counts as starved.
 pub const STARVATION_PS: Time = 1_000_000_000; // 1 ms
 
 pub struct Net {
     pub ports: Vec<Port>,
+    /// Per (port, lane), at [`Net::li`]: lane-major, so the one lane most runs use is a dense
+    /// array over the ports instead of one record per 16 (one cache line per port touched).
+    pub lanes: Vec<Lane>,
+    /// Ports, the stride of the lane-major per-(port, lane) arrays.
+    pub nports: usize,
+    /// Where each port is (its transmitter side) and its name, for messages and the trace.
+    pub port_from: Vec<Endpoint>,
     pub port_names: Vec<String>,
-    /// Pending credit returns per (port, lane): (due time, blocks), time-ordered.
+    pub drr: Vec<DrrState>,
+    /// Per (port, lane) at [`Net::li`]: since when the lane has been eligible but passed over by the high
+    /// table (starvation), Time::MAX when not.
+    pub bypassed_since: Vec<Time>,
+    /// Pending credit returns per (port, lane) at [`Net::li`]: (due time, blocks), time-ordered.
     pub returns: Vec<VecDeque<(Time, u32)>>,
     pub switches: Vec<Switch>,
     pub sw_ports: Vec<u32>,
@@ -125,15 +168,29 @@ pub struct Net {
     pub pkts: Slab<Pkt>,
     pub msgs: Slab<Msg>,
     pub qps: Vec<Qp>,
+    /// Who each QP belongs to (for messages only; apart from the hot [`Qp`]).
+    pub qp_labels: Vec<crate::nic::QpLabel>,
+    /// Each message's post time, recorded only when tracing (the trace's flows and spans).
+    pub msg_posted_at: Vec<Time>,
+    /// The send side of each QP (what a packet touches), apart from the rest of the QP.
+    pub qp_tx: Vec<QpTx>,
     pub arb: ArbConfig,
     /// Lanes whose traffic the arbiter never schedules (not in any table).
     pub unschedulable: LaneMask,
     pub lossless: LaneMask,
+    /// The lane every QP of the run uses when there is only one (and it is schedulable): ports
+    /// then never arbitrate between lanes, so the arbiter's state is never consulted.
+    pub single_lane: Option<u8>,
+    /// Lanes the run's jobs use.
+    pub job_lanes: LaneMask,
     // Geometry of the rail-optimized fat tree.
     rails: u32,
     nodes_per_leaf: u32,
     leaves_per_rail: u32,
     single: bool,
+    /// Per destination NIC, what every switch's forwarding decision needs (its leaf, its
+    /// position there and the static up port), computed once: a hop does no division.
+    nic_route: Vec<NicRoute>,
     /// Starvation reports (port, lane, since) already made.
     pub starved: Vec<(u32, u8)>,
 }
@@ -163,7 +220,12 @@ impl Net {
         };
         let mut net = Net {
             ports: Vec::new(),
+            lanes: Vec::new(),
+            nports: 0,
+            port_from: Vec::new(),
             port_names: Vec::new(),
+            drr: Vec::new(),
+            bypassed_since: Vec::new(),
             returns: Vec::new(),
             switches: Vec::new(),
             sw_ports: Vec::new(),
@@ -171,38 +233,45 @@ impl Net {
             pkts: Slab::default(),
             msgs: Slab::default(),
             qps: Vec::new(),
+            qp_labels: Vec::new(),
+            msg_posted_at: Vec::new(),
+            qp_tx: Vec::new(),
             unschedulable: !arb.schedulable(),
             arb,
             lossless,
+            single_lane: None,
+            job_lanes: 0,
             rails,
             nodes_per_leaf,
             leaves_per_rail,
             single,
+            nic_route: Vec::new(),
             starved: Vec::new(),
         };
         let credits = params.credits_per_lane;
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
-            let mut lanes = [Lane { head: NONE, tail: NONE, head_wire: 0, credits: 0 }; MAX_LANES];
-            for (lane, v) in lanes.iter_mut().enumerate() {
-                v.credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
+            for lane in 0..MAX_LANES {
+                let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
+                net.lanes.push(Lane { q: VecDeque::new(), head_wire: 0, credits, returns_last: 0 });
+                net.bypassed_since.push(Time::MAX);
             }
+            let to = match to {
+                Endpoint::Switch(sw) => sw,
+                Endpoint::Nic(n) => TO_NIC | n,
+            };
             net.ports.push(Port {
-                rate,
-                latency: params.link_latency,
-                to,
-                from,
-                done_at: Time::MAX,
                 busy_until: 0,
-                lanes,
-                nonempty: 0,
-                arb: ArbState::new(&net.arb),
+                done_at: Time::MAX,
                 wake_at: Time::MAX,
+                rate,
                 queued_bytes: 0,
-                tx_bytes: 0,
-                tx_packets: 0,
-                busy_ps: 0,
-                bypassed_since: [Time::MAX; MAX_LANES],
+                to,
+                nonempty: 0,
+                bypassed: 0,
+                arb: ArbState::new(&net.arb),
             });
+            net.port_from.push(from);
+            net.drr.push(DrrState::new());
             net.port_names.push(name);
             for _ in 0..MAX_LANES {
                 net.returns.push(VecDeque::new());
@@ -241,6 +310,7 @@ impl Net {
                 n_up: 0,
                 spine: false,
             });
+            net.finish(spines);
             return net;
         }
         for l in 0..leaves {
@@ -301,7 +371,42 @@ impl Net {
                 spine: true,
             });
         }
+        net.finish(spines);
         net
+    }
+
+    /// Index of (port, lane) in the per-(port, lane) arrays.
+    #[inline(always)]
+    pub fn li(&self, p: usize, lane: usize) -> usize {
+        lane * self.nports + p
+    }
+
+    /// The port-major per-(port, lane) arrays built port by port become lane-major, and the
+    /// route table is filled.
+    fn finish(&mut self, spines: u32) {
+        let n = self.ports.len();
+        self.nports = n;
+        fn transpose<T>(v: &mut Vec<T>, n: usize) {
+            let mut cells: Vec<Option<T>> = std::mem::take(v).into_iter().map(Some).collect();
+            for lane in 0..MAX_LANES {
+                for p in 0..n {
+                    v.push(cells[p * MAX_LANES + lane].take().expect("each cell once"));
+                }
+            }
+        }
+        transpose(&mut self.lanes, n);
+        transpose(&mut self.returns, n);
+        transpose(&mut self.bypassed_since, n);
+        self.fill_routes(spines);
+    }
+
+    fn fill_routes(&mut self, spines: u32) {
+        self.nic_route = (0..self.nics.len() as u32)
+            .map(|dst| {
+                let pos = (dst / self.rails) % self.nodes_per_leaf;
+                NicRoute { leaf: self.leaf_of(dst), pos, up: pos % spines.max(1) }
+            })
+            .collect();
     }
 
     /// The leaf switch a NIC hangs off (rail = its index in the node).
@@ -317,6 +422,14 @@ impl Net {
         if self.single || self.leaf_of(a) == self.leaf_of(b) { 1 } else { 3 }
     }
 
+    /// The lanes the run's jobs use (every QP is on its job's lane).
+    pub fn set_job_lanes(&mut self, lanes: LaneMask) {
+        self.job_lanes = lanes;
+        let schedulable = !self.unschedulable;
+        self.single_lane = (lanes.count_ones() == 1 && lanes & schedulable != 0)
+            .then(|| lanes.trailing_zeros() as u8);
+    }
+
     pub fn lanes_in_use(&self) -> LaneMask {
         self.ports.iter().fold(0, |m, p| m | p.nonempty)
     }
@@ -324,26 +437,16 @@ impl Net {
 
 impl Core {
     /// Output port at switch `sw` toward NIC `dst`.
+    #[inline]
     fn route(&mut self, sw: u32, dst: u32) -> u32 {
+        let out = self.static_route(sw, dst);
+        if out != NONE {
+            return out;
+        }
         let net = &self.net;
         let s = &net.switches[sw as usize];
-        if net.single {
-            return net.sw_ports[(s.down + dst) as usize];
-        }
-        if s.spine {
-            return net.sw_ports[(s.down + net.leaf_of(dst)) as usize];
-        }
-        if net.leaf_of(dst) == sw {
-            let node = dst / net.rails;
-            return net.sw_ports[(s.down + node % net.nodes_per_leaf) as usize];
-        }
         let n_up = s.n_up;
-        let dst_pos = (dst / net.rails) % net.nodes_per_leaf;
-        if !self.params.adaptive {
-            // d-mod-k on the destination's position at its leaf (OpenSM fat-tree routing): the
-            // spine-to-leaf link toward each NIC carries that NIC's traffic only.
-            return net.sw_ports[(s.up + dst_pos % n_up) as usize];
-        }
+        let dst_pos = net.nic_route[dst as usize].pos;
         // Adaptive: the least-loaded up port (queued bytes + remaining busy time), scanning from
         // a destination-dependent start so ties spread deterministically.
         let now = self.now;
@@ -363,47 +466,53 @@ impl Core {
         best
     }
 
-    /// Append an item (packet, or `QP_ITEM | qp`) to a port lane and try to send.
-    pub fn enqueue(&mut self, p: u32, lane: u8, item: u32, bytes: u32) {
-        let l = lane as usize;
-        {
-            let port = &mut self.net.ports[p as usize];
-            let tail = port.lanes[l].tail;
-            if tail == NONE {
-                port.lanes[l].head = item;
-                port.lanes[l].head_wire = bytes;
-            } else {
-                self.set_next(tail, item, bytes);
-            }
-            let port = &mut self.net.ports[p as usize];
-            port.lanes[l].tail = item;
-            port.nonempty |= 1 << lane;
-            port.queued_bytes += bytes as u64;
+    /// The output port at switch `sw` toward NIC `dst` where it does not depend on the
+    /// fabric's state (NONE: an adaptive choice among up ports).
+    #[inline(always)]
+    fn static_route(&self, sw: u32, dst: u32) -> u32 {
+        let net = &self.net;
+        let s = &net.switches[sw as usize];
+        if net.single {
+            return net.sw_ports[(s.down + dst) as usize];
         }
-        self.set_next(item, NONE, 0);
+        let r = net.nic_route[dst as usize];
+        if s.spine {
+            return net.sw_ports[(s.down + r.leaf) as usize];
+        }
+        if r.leaf == sw {
+            return net.sw_ports[(s.down + r.pos) as usize];
+        }
+        if self.params.adaptive {
+            return NONE;
+        }
+        // d-mod-k on the destination's position at its leaf (OpenSM fat-tree routing): the
+        // spine-to-leaf link toward each NIC carries that NIC's traffic only.
+        debug_assert_eq!(r.up, r.pos % s.n_up);
+        net.sw_ports[(s.up + r.up) as usize]
+    }
+
+    /// Append an item to a port lane and try to send.
+    #[inline]
+    pub fn enqueue(&mut self, p: u32, lane: u8, e: QEntry) {
+        let li = self.net.li(p as usize, lane as usize);
+        let l = &mut self.net.lanes[li];
+        if l.q.is_empty() {
+            l.head_wire = e.wire;
+        }
+        l.q.push_back(e);
+        let port = &mut self.net.ports[p as usize];
+        port.nonempty |= 1 << lane;
+        port.queued_bytes += e.wire as u64;
         // A lane no arbitration table lists never leaves (fabric.md §1.1 step 6): the deadlock
         // report names it if the run cannot finish.
         self.try_start(p);
     }
 
-    #[inline]
-    pub(crate) fn set_next(&mut self, item: u32, next: u32, next_wire: u32) {
-        if item & QP_ITEM != 0 {
-            let q = &mut self.net.qps[(item & !QP_ITEM) as usize];
-            q.port_next = next;
-            q.port_next_wire = next_wire;
-        } else {
-            let k = &mut self.net.pkts[item];
-            k.next = next;
-            k.next_wire = next_wire;
-        }
-    }
-
     /// Absorb the credit returns of (port, lane) that are due.
     #[inline]
-    fn absorb_credits(&mut self, p: u32, lane: usize) -> i32 {
+    fn absorb_credits(&mut self, li: usize) -> i32 {
         let now = self.now;
-        let q = &mut self.net.returns[p as usize * MAX_LANES + lane];
+        let q = &mut self.net.returns[li];
         let mut got = 0i32;
         while let Some(&(t, b)) = q.front() {
             if t > now {
@@ -412,9 +521,9 @@ impl Core {
             got += b as i32;
             q.pop_front();
         }
-        let port = &mut self.net.ports[p as usize];
-        port.lanes[lane].credits += got;
-        port.lanes[lane].credits
+        let lane = &mut self.net.lanes[li];
+        lane.credits += got;
+        lane.credits
     }
 
     /// Return `blocks` credits of `lane` to port `p` at time `t` (kept time-ordered).
@@ -423,17 +532,22 @@ impl Core {
         if self.net.lossless & (1 << lane) == 0 {
             return;
         }
-        let q = &mut self.net.returns[p as usize * MAX_LANES + lane as usize];
-        let t = q.back().map_or(t, |&(last, _)| t.max(last));
-        q.push_back((t, blocks as u32));
+        let li = self.net.li(p as usize, lane as usize);
+        // Every return is due after now, and a drained ring's returns were all due by now:
+        // the latest return ever queued bounds the ring's last entry exactly when there is one.
+        let l = &mut self.net.lanes[li];
+        let t = t.max(l.returns_last);
+        l.returns_last = t;
+        self.net.returns[li].push_back((t, blocks as u32));
         // A port idle for lack of credits must learn about them.
-        let port = &self.net.ports[p as usize];
+        let port = &mut self.net.ports[p as usize];
         if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
-            self.net.ports[p as usize].wake_at = t;
+            port.wake_at = t;
             self.push(t, Ev::PortWake(p));
         }
     }
 
+    #[inline]
     pub(crate) fn port_done(&mut self, p: u32) {
         let port = &mut self.net.ports[p as usize];
         if port.done_at != self.now {
@@ -453,15 +567,18 @@ impl Core {
 
     /// If the port is idle, pick a lane by arbitration among those whose head fits in the
     /// downstream credits, and start sending its head packet.
+    ///
+    /// The checks that usually end it (nothing queued, busy) are inlined into the callers; the
+    /// start itself is out of line.
+    #[inline(always)]
     pub(crate) fn try_start(&mut self, p: u32) {
-        let pi = p as usize;
         let now = self.now;
-        if self.net.ports[pi].nonempty == 0 {
+        let port = &mut self.net.ports[p as usize];
+        if port.nonempty == 0 {
             return;
         }
-        if now < self.net.ports[pi].busy_until {
+        if now < port.busy_until {
             // Busy: make sure it looks at its queue again when the packet is out.
-            let port = &mut self.net.ports[pi];
             if port.done_at != port.busy_until {
                 let t = port.busy_until;
                 port.done_at = t;
@@ -469,149 +586,186 @@ impl Core {
             }
             return;
         }
+        self.start_next(p);
+    }
+
+    /// [`Core::try_start`] on an idle port with something queued.
+    #[inline(never)]
+    fn start_next(&mut self, p: u32) {
+        let pi = p as usize;
+        let np = self.net.nports;
+        let now = self.now;
+        let port = &self.net.ports[pi];
         let mut eligible: LaneMask = 0;
-        let mut sizes = [0u32; MAX_LANES];
         let mut next_return = Time::MAX;
-        let mut lanes = self.net.ports[pi].nonempty;
+        let mut lanes = port.nonempty;
         while lanes != 0 {
             let lane = lanes.trailing_zeros() as usize;
             lanes &= lanes - 1;
-            let wire = self.net.ports[pi].lanes[lane].head_wire;
-            sizes[lane] = wire;
-            let need = wire.div_ceil(64) as i32;
+            let l = &self.net.lanes[lane * np + pi];
+            let need = l.head_wire.div_ceil(64) as i32;
             // Returned credits are absorbed only when the ones in hand do not suffice: they
             // only ever add, and most of the time the buffer is far from full.
-            let mut credits = self.net.ports[pi].lanes[lane].credits;
+            let mut credits = l.credits;
             if credits < need {
-                credits = self.absorb_credits(p, lane);
+                credits = self.absorb_credits(lane * np + pi);
             }
             if credits >= need {
                 eligible |= 1 << lane;
-            } else if let Some(&(t, _)) = self.net.returns[pi * MAX_LANES + lane].front() {
+            } else if let Some(&(t, _)) = self.net.returns[lane * np + pi].front() {
                 next_return = next_return.min(t);
             }
         }
         if eligible == 0 {
-            if next_return != Time::MAX && self.net.ports[pi].wake_at > next_return {
-                self.net.ports[pi].wake_at = next_return;
+            let port = &mut self.net.ports[pi];
+            if next_return != Time::MAX && port.wake_at > next_return {
+                port.wake_at = next_return;
                 self.push(next_return, Ev::PortWake(p));
             }
             return;
         }
-        let arb_cfg = &self.net.arb;
-        let Some(pick) = self.net.ports[pi].arb.pick(arb_cfg, eligible, |l| sizes[l as usize])
-        else {
-            return; // only unschedulable lanes are eligible: they stall
-        };
-        if pick.bypassed != 0 {
-            self.watch_starvation(p, pick.bypassed);
-        }
-        let lane = pick.lane as usize;
-        self.net.ports[pi].bypassed_since[lane] = Time::MAX;
-        let head = self.net.ports[pi].lanes[lane].head;
-        let pkt_id = if head & QP_ITEM != 0 {
-            self.take_qp_packet(p, lane as u8, head & !QP_ITEM)
+        let lane = if let Some(only) = self.net.single_lane {
+            // Every queue holds this lane only, and it is schedulable: nothing to arbitrate.
+            only as usize
         } else {
-            let (next, next_wire) = {
-                let k = &self.net.pkts[head];
-                (k.next, k.next_wire)
+            let pick = {
+                let net = &mut self.net;
+                let lanes = &net.lanes;
+                net.ports[pi].arb.pick(&net.arb, &mut net.drr[pi], eligible, |l| {
+                    lanes[l as usize * np + pi].head_wire
+                })
             };
-            let port = &mut self.net.ports[pi];
-            port.lanes[lane].head = next;
-            port.lanes[lane].head_wire = next_wire;
-            if next == NONE {
-                port.lanes[lane].tail = NONE;
-                port.nonempty &= !(1 << lane);
+            let Some(pick) = pick else {
+                return; // only unschedulable lanes are eligible: they stall
+            };
+            if pick.bypassed != 0 {
+                self.watch_starvation(p, pick.bypassed);
             }
-            head
+            let lane = pick.lane as usize;
+            let port = &mut self.net.ports[pi];
+            if port.bypassed & (1 << lane) != 0 {
+                port.bypassed &= !(1 << lane);
+                self.net.bypassed_since[lane * np + pi] = Time::MAX;
+            }
+            lane
         };
-        let pkt = self.net.pkts[pkt_id];
-        if pkt.kind == PktKind::Ack {
-            // Once on the wire an ACK can no longer absorb later completions.
-            let q = &mut self.net.qps[pkt.msg as usize];
-            if q.ack_pkt == pkt_id {
-                q.ack_pkt = NONE;
+        let li = lane * np + pi;
+        let head = *self.net.lanes[li].q.front().expect("an eligible lane has a head");
+        let (pkt_id, wire, dst, from) = if head.item & QP_ITEM != 0 {
+            let (pkt, wire, dst) = self.take_qp_packet(p, lane as u8, head.item & !QP_ITEM);
+            (pkt, wire, dst, NONE)
+        } else {
+            let l = &mut self.net.lanes[li];
+            l.q.pop_front();
+            match l.q.front() {
+                Some(next) => l.head_wire = next.wire,
+                None => self.net.ports[pi].nonempty &= !(1 << lane),
+            }
+            if head.from == NONE {
+                // Leaving its NIC: an ACK can no longer absorb later completions.
+                self.net.pkts[head.item].at_nic = false;
+            }
+            (head.item, head.wire, head.dst, head.from)
+        };
+        // The lane's next item is served a packet time from now: fetch what it will touch (a
+        // QP's send state; a packet's record where the port delivers to a NIC).
+        if let Some(next) = self.net.lanes[li].q.front() {
+            if next.item & QP_ITEM != 0 {
+                prefetch(&self.net.qp_tx[(next.item & !QP_ITEM) as usize]);
+            } else if self.net.ports[pi].to & TO_NIC != 0 {
+                prefetch(&self.net.pkts[next.item]);
             }
         }
-        let blocks = pkt.blocks();
+        let blocks = wire.div_ceil(64) as i32;
         let ser = {
-            let arb_cfg = &self.net.arb;
-            let port = &mut self.net.ports[pi];
-            port.arb.sent(arb_cfg, lane as u8, pkt.wire);
-            if port.lanes[lane].credits < blocks && self.net.lossless & (1 << lane) != 0 {
+            let net = &mut self.net;
+            let port = &mut net.ports[pi];
+            if net.single_lane.is_none() {
+                port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, wire);
+            }
+            let l = &mut net.lanes[li];
+            if l.credits < blocks && net.lossless & (1 << lane) != 0 {
                 let msg = format!(
                     "credit overdraft on {} lane {lane}: {} credits, packet needs {blocks}",
-                    self.net.port_names[pi], port.lanes[lane].credits
+                    net.port_names[pi], l.credits
                 );
                 self.violations.push(msg);
             }
-            let port = &mut self.net.ports[pi];
-            port.lanes[lane].credits -= blocks;
+            l.credits -= blocks;
             if now < port.busy_until {
                 let msg = format!(
                     "link above capacity: {} starts a packet at {} while busy until {}",
-                    self.net.port_names[pi],
+                    net.port_names[pi],
                     fmt_us(now),
                     fmt_us(port.busy_until)
                 );
                 self.violations.push(msg);
             }
-            let port = &mut self.net.ports[pi];
-            let ser = port.rate.time(pkt.wire as u64);
+            let ser = port.rate.time(wire as u64);
             port.busy_until = now + ser;
-            port.busy_ps += ser;
-            port.tx_bytes += pkt.wire as u64;
-            port.tx_packets += 1;
-            port.queued_bytes = port.queued_bytes.saturating_sub(pkt.wire as u64);
+            port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
+            if port.nonempty != 0 {
+                port.done_at = now + ser;
+                self.push(now + ser, Ev::PortDone(p));
+            } else {
+                port.done_at = Time::MAX;
+            }
             ser
         };
-        if self.net.ports[pi].nonempty != 0 {
-            self.net.ports[pi].done_at = now + ser;
-            self.push(now + ser, Ev::PortDone(p));
-        } else {
-            self.net.ports[pi].done_at = Time::MAX;
-        }
+        let latency = self.params.link_latency;
         // The packet leaves the input buffer it sat in: credits flow back upstream.
-        if pkt.from_port != NONE {
-            let up = &self.net.ports[pkt.from_port as usize];
-            let t = now + up.latency + self.params.credit_delay;
-            self.return_credits(pkt.from_port, lane as u8, blocks, t);
+        if from != NONE {
+            let t = now + latency + self.params.credit_delay;
+            self.return_credits(from, lane as u8, blocks, t);
         }
         if self.trace.is_some() {
+            let pkt = self.net.pkts[pkt_id];
             self.trace_packet(p, now, ser, &pkt);
         }
-        let latency = self.net.ports[pi].latency;
-        match self.net.ports[pi].to {
-            Endpoint::Switch(sw) => {
-                let ser_next = self.params.link_rate.time(pkt.wire as u64);
-                let mut t = now + latency + self.params.switch_latency;
-                if self.params.cut_through {
-                    // The next hop cannot finish before the tail is in.
-                    t += ser.saturating_sub(ser_next);
-                } else {
-                    t += ser;
-                }
-                if self.params.adaptive {
-                    t += self.params.adaptive_latency;
-                }
-                self.net.pkts[pkt_id].from_port = p;
-                self.push(t, Ev::SwitchArrive { sw, pkt: pkt_id });
+        let to = self.net.ports[pi].to;
+        if to & TO_NIC == 0 {
+            let ser_next = self.params.link_rate.time(wire as u64);
+            let mut t = now + latency + self.params.switch_latency;
+            if self.params.cut_through {
+                // The next hop cannot finish before the tail is in.
+                t += ser.saturating_sub(ser_next);
+            } else {
+                t += ser;
             }
-            Endpoint::Nic(n) => self.nic_receive(n, p, pkt_id, now + latency, now + ser + latency),
+            if self.params.adaptive {
+                t += self.params.adaptive_latency;
+            }
+            // The switch it reaches delivers to the destination NIC: mark it, so the loop can
+            // fetch the packet record (which the NIC reads) ahead of the arrival.
+            let last = self.net.single || self.net.nic_route[dst as usize].leaf == to;
+            let lane = lane as u8 | if last { LAST_HOP } else { 0 };
+            let ev = Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane };
+            self.push(t, ev);
+        } else {
+            self.nic_receive(to & !TO_NIC, p, pkt_id, now + latency, now + ser + latency);
+        }
+    }
+
+    /// The NIC a packet came from (the trace shows it; packets do not carry it).
+    fn src_nic(&self, pkt: &Pkt) -> u32 {
+        match pkt.kind {
+            PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
+                self.net.qps[self.net.msgs[pkt.msg].qp as usize].nic
+            }
+            PktKind::Ack | PktKind::AtomicResp => self.net.qps[pkt.msg as usize].peer_nic,
         }
     }
 
     /// Trace one packet on its port's track, with credit and queue counters.
     fn trace_packet(&mut self, p: u32, now: Time, ser: Time, pkt: &Pkt) {
         use crate::trace::{PID_NIC, PID_SWITCH, TID_NIC_PORT};
-        let port = &self.net.ports[p as usize];
-        let (pid, tid, pname) = match port.from {
+        let (pid, tid, pname) = match self.net.port_from[p as usize] {
             Endpoint::Nic(n) => (PID_NIC + n, TID_NIC_PORT, format!("NIC {n}")),
             Endpoint::Switch(s) => (PID_SWITCH + s, p, self.net.switches[s as usize].name.clone()),
         };
         let tname = self.net.port_names[p as usize].clone();
-        let credits = port.lanes[pkt.lane as usize].credits;
-        let queued = port.queued_bytes;
+        let credits = self.net.lanes[self.net.li(p as usize, pkt.lane as usize)].credits;
+        let queued = self.net.ports[p as usize].queued_bytes;
         let kind = match pkt.kind {
             PktKind::Data | PktKind::DataLast => "data",
             PktKind::Ack => "ack",
@@ -619,12 +773,13 @@ impl Core {
             PktKind::AtomicResp => "atomic-resp",
         };
         let lossless = self.net.lossless & (1 << pkt.lane) != 0;
+        let src_nic = self.src_nic(pkt);
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &pname);
         tr.name_thread(pid, tid, &tname);
         let args = format!(
             "\"bytes\":{},\"payload\":{},\"src_nic\":{},\"dst_nic\":{}",
-            pkt.wire, pkt.payload, pkt.src_nic, pkt.dst_nic
+            pkt.wire, pkt.payload, src_nic, pkt.dst_nic
         );
         tr.span(pid, tid, &format!("VL{} {kind}", pkt.lane), now, now + ser, &args);
         if lossless {
@@ -640,7 +795,9 @@ impl Core {
         while lanes != 0 {
             let lane = lanes.trailing_zeros() as usize;
             lanes &= lanes - 1;
-            let since = &mut self.net.ports[p as usize].bypassed_since[lane];
+            self.net.ports[p as usize].bypassed |= 1 << lane;
+            let li = self.net.li(p as usize, lane);
+            let since = &mut self.net.bypassed_since[li];
             if *since == Time::MAX {
                 *since = now;
             } else if now - *since > STARVATION_PS && !self.net.starved.contains(&(p, lane as u8)) {
@@ -656,12 +813,65 @@ impl Core {
         }
     }
 
-    pub(crate) fn switch_arrive(&mut self, sw: u32, pkt: u32) {
-        let (dst, lane, wire) = {
-            let k = &self.net.pkts[pkt];
-            (k.dst_nic, k.lane, k.wire)
-        };
+    /// A packet sent by port `from` reaches the switch at its far end.
+    #[inline]
+    pub(crate) fn switch_arrive(&mut self, from: u32, pkt: u32, dst: u32, wire: u32, lane: u8) {
+        let sw = self.net.ports[from as usize].to;
         let out = self.route(sw, dst);
-        self.enqueue(out, lane, pkt, wire);
+        self.enqueue(out, lane, QEntry { item: pkt, wire, from, dst });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(nodes: u32, radix: u32) -> Net {
+        let text = format!(
+            "schema = 1\nname = \"n\"\n[cluster]\nprofile = \"h800-cx7\"\nnodes = {nodes}\n[cluster.overrides.fabric]\nswitch_radix = {radix}\n[[job]]\nname = \"t\"\n[job.traffic]\npattern = \"ring\"\nbytes_per_rank = 1024\n"
+        );
+        let loaded = eptwin_engine::parse("n", &text).expect("parse");
+        let plan = Plan::build(&loaded).expect("plan");
+        Net::new(&plan, &crate::params::Params::new(&plan))
+    }
+
+    /// The route table gives every leaf the port the d-mod-k formula names, for fat trees with
+    /// one and with several leaves per rail.
+    #[test]
+    fn route_table_matches_the_formula() {
+        for (nodes, radix) in [(4, 64), (12, 8), (5, 4)] {
+            let net = net(nodes, radix);
+            assert!(!net.single && net.switches.iter().any(|s| s.spine), "{nodes} nodes");
+            for dst in 0..net.nics.len() as u32 {
+                let r = net.nic_route[dst as usize];
+                let node = dst / net.rails;
+                assert_eq!(
+                    r.leaf,
+                    (dst % net.rails) * net.leaves_per_rail + node / net.nodes_per_leaf
+                );
+                assert_eq!(r.pos, node % net.nodes_per_leaf);
+                for s in net.switches.iter().filter(|s| !s.spine) {
+                    assert_eq!(r.up, r.pos % s.n_up);
+                }
+            }
+        }
+    }
+
+    /// The lane-major arrays hold one cell per (port, lane), each port's lanes with the
+    /// credits its lane's flow control gives them.
+    #[test]
+    fn lane_arrays_are_lane_major() {
+        let net = net(4, 64);
+        assert_eq!(net.nports, net.ports.len());
+        for a in [net.lanes.len(), net.returns.len(), net.bypassed_since.len()] {
+            assert_eq!(a, net.nports * MAX_LANES);
+        }
+        for p in 0..net.nports {
+            for lane in 0..MAX_LANES {
+                let l = &net.lanes[net.li(p, lane)];
+                assert_eq!(l.credits == i32::MAX / 2, net.lossless & (1 << lane) == 0);
+            }
+        }
+        assert_eq!(net.li(3, 2), 2 * net.nports + 3);
     }
 }

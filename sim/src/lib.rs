@@ -53,6 +53,7 @@ pub struct SimOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QueueChoice {
     #[default]
+    Calendar,
     Radix,
     BinaryHeap,
 }
@@ -83,7 +84,7 @@ impl Simulator {
             use_cache: true,
             trace: None,
             trace_end: 0,
-            queue: QueueChoice::Radix,
+            queue: QueueChoice::Calendar,
             events: 0,
             events_by_kind: [0; 8],
         }
@@ -110,8 +111,10 @@ impl Simulator {
     /// each traced op is laid out after the previous one in the trace.
     fn world(&self, plan: &Plan, trace: bool) -> World {
         let mut world = build_world(plan, trace);
-        if self.queue == QueueChoice::BinaryHeap {
-            world.core.use_binary_heap();
+        match self.queue {
+            QueueChoice::Calendar => {}
+            QueueChoice::Radix => world.core.use_radix_heap(),
+            QueueChoice::BinaryHeap => world.core.use_binary_heap(),
         }
         if let Some(tr) = world.core.trace.as_mut() {
             tr.offset = self.trace_end;
@@ -156,6 +159,8 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
     );
     let mut core = Core::new(params, net, gpus, trace);
     core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
+    let lanes = core.jobs.iter().fold(0, |m, j| m | 1 << j.lane);
+    core.net.set_job_lanes(lanes);
     World::new(core)
 }
 

@@ -8,8 +8,8 @@
 //! reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
-use crate::core::{Action, Core, Ev, ProgId};
-use crate::fabric::{Pkt, PktKind, QP_ITEM};
+use crate::core::{Action, Core, Ev, ProgId, prefetch};
+use crate::fabric::{Pkt, PktKind, QEntry, QP_ITEM};
 use crate::slab::NONE;
 use crate::time::Time;
 
@@ -37,64 +37,75 @@ pub struct QpLabel {
     pub index: u16,
 }
 
+/// A queue pair's hot state (one cache line: every message touches it at post, doorbell,
+/// execution and completion, at random among tens of thousands of QPs). Who it belongs to
+/// lives apart, in [`Net::qp_labels`](crate::fabric::Net::qp_labels): only messages read it.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub struct Qp {
     pub nic: u32,
     pub peer_nic: u32,
-    pub lane: u8,
     pub depth: u32,
-    /// DeepEP QPs report a post beyond the depth as a failure of `prog`.
-    pub check_depth: bool,
-    pub prog: ProgId,
-    pub label: QpLabel,
     // Requester: messages in post order, linked through `Msg::next`.
     pub head: u32,
     pub tail: u32,
-    /// Next message to packetize and the bytes of it already sent.
-    pub send: u32,
-    pub send_off: u32,
-    /// The `send` message as the NIC's send engine holds it (so a packet touches only the
-    /// QP): wire bytes of the next packet, payload bytes left, kind, op, ready time.
-    pub next_wire: u32,
-    pub send_left: u32,
-    pub send_atomic: bool,
-    pub send_prog: ProgId,
-    pub send_ready: Time,
-    /// Wire bytes of the item queued after this QP in its port lane.
-    pub port_next_wire: u32,
     /// First message not yet covered by a doorbell.
     pub db: u32,
     pub posted: u32,
     pub rung: u32,
     pub in_flight: u32,
-    pub max_in_flight: u32,
     pub completed: u32,
-    pub active: bool,
-    pub ready_pending: bool,
-    pub port_next: u32,
     // Responder: next message to execute, in order.
     pub exec: u32,
     pub exec_seq: u32,
-    /// The responder's ACK for this QP still waiting in its NIC port (NONE: none): a later
-    /// message's execution bumps it instead of queueing another (ACKs are cumulative).
+    /// The responder's last ACK for this QP (NONE: none). While it still waits in its NIC
+    /// port (the packet is an ACK of this QP marked `at_nic`), a later message's execution
+    /// bumps it instead of queueing another (ACKs are cumulative).
     pub ack_pkt: u32,
+    pub prog: ProgId,
+    pub lane: u8,
+    /// DeepEP QPs report a post beyond the depth as a failure of `prog`.
+    pub check_depth: bool,
 }
 
+/// The send side of a QP: the `send` message as the NIC's send engine holds it, so a packet
+/// touches only these 32 bytes (wire bytes of the next packet, payload left, kind, op, ready
+/// time, destination).
 #[derive(Debug, Clone, Copy)]
+pub struct QpTx {
+    /// When `send` may start (doorbell, WQE processing, tx latency); Time::MAX: not rung.
+    pub send_ready: Time,
+    /// Next message to packetize (NONE: none).
+    pub send: u32,
+    pub send_left: u32,
+    pub next_wire: u32,
+    pub peer_nic: u32,
+    pub send_prog: ProgId,
+    pub send_atomic: bool,
+    /// In its NIC port's round robin.
+    pub active: bool,
+    /// A `QpReady` event is scheduled.
+    pub ready_pending: bool,
+}
+
+/// A message (work request): one cache line, since a message is touched at random among the
+/// hundreds of thousands in flight (post, doorbell, send, execution, completion). Its post
+/// time is kept apart, and only when tracing ([`Net::msg_posted_at`](crate::fabric::Net::msg_posted_at)).
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
 pub struct Msg {
+    pub ready_at: Time,
     pub qp: u32,
     pub seq: u32,
     pub bytes: u32,
-    pub atomic: bool,
-    pub npkts: u32,
+    pub next: u32,
+    /// Packets arrived (adaptive routing only: they may arrive out of order).
     pub arrived: u32,
-    pub arrived_all: bool,
-    pub ready_at: Time,
-    pub posted_at: Time,
     pub remote: Action,
     pub local: Action,
-    pub next: u32,
     pub prog: ProgId,
+    pub atomic: bool,
+    pub arrived_all: bool,
 }
 
 impl Core {
@@ -110,36 +121,39 @@ impl Core {
         prog: ProgId,
         label: QpLabel,
     ) -> u32 {
+        if self.net.job_lanes & (1 << lane) == 0 {
+            // Ports skip arbitration when the jobs use a single lane: a QP elsewhere breaks it.
+            self.violation(format!("QP {nic} -> {peer_nic} on lane {lane}, not a job's lane"));
+        }
         self.net.qps.push(Qp {
             nic,
             peer_nic,
-            lane,
             depth,
-            check_depth,
-            prog,
-            label,
             head: NONE,
             tail: NONE,
-            send: NONE,
-            send_off: 0,
-            next_wire: 0,
-            send_left: 0,
-            send_atomic: false,
-            send_prog: 0,
-            send_ready: Time::MAX,
-            port_next_wire: 0,
             db: NONE,
             posted: 0,
             rung: 0,
             in_flight: 0,
-            max_in_flight: 0,
             completed: 0,
-            active: false,
-            ready_pending: false,
-            port_next: NONE,
             exec: NONE,
             exec_seq: 0,
             ack_pkt: NONE,
+            prog,
+            lane,
+            check_depth,
+        });
+        self.net.qp_labels.push(label);
+        self.net.qp_tx.push(QpTx {
+            send_ready: Time::MAX,
+            send: NONE,
+            send_left: 0,
+            next_wire: 0,
+            peer_nic,
+            send_prog: 0,
+            send_atomic: false,
+            active: false,
+            ready_pending: false,
         });
         (self.net.qps.len() - 1) as u32
     }
@@ -157,22 +171,26 @@ impl Core {
         prog: ProgId,
     ) {
         let seq = self.net.qps[qp as usize].posted;
-        let npkts = if atomic { 1 } else { self.params.packets(bytes) };
         let m = self.net.msgs.insert(crate::nic::Msg {
+            ready_at: Time::MAX,
             qp,
             seq,
             bytes: if atomic { 0 } else { bytes },
-            atomic,
-            npkts,
+            next: NONE,
             arrived: 0,
-            arrived_all: false,
-            ready_at: Time::MAX,
-            posted_at: self.now,
             remote,
             local,
-            next: NONE,
             prog,
+            atomic,
+            arrived_all: false,
         });
+        if self.trace.is_some() {
+            let at = &mut self.net.msg_posted_at;
+            if at.len() <= m as usize {
+                at.resize(m as usize + 1, 0);
+            }
+            at[m as usize] = self.now;
+        }
         let q = &mut self.net.qps[qp as usize];
         if q.tail != NONE {
             let tail = q.tail;
@@ -183,7 +201,7 @@ impl Core {
         if q.head == NONE {
             q.head = m;
         }
-        if q.send == NONE {
+        if self.net.qp_tx[qp as usize].send == NONE {
             self.load_send(qp, m);
         }
         let q = &mut self.net.qps[qp as usize];
@@ -195,9 +213,9 @@ impl Core {
         }
         q.posted += 1;
         q.in_flight += 1;
-        q.max_in_flight = q.max_in_flight.max(q.in_flight);
         if q.in_flight > q.depth {
-            let (label, depth, in_flight, check) = (q.label, q.depth, q.in_flight, q.check_depth);
+            let (depth, in_flight, check) = (q.depth, q.in_flight, q.check_depth);
+            let label = self.net.qp_labels[qp as usize];
             let what = format!(
                 "QP overrun: job {} rank {} -> rank {} QP {}: {in_flight} work requests in flight > NVSHMEM_QP_DEPTH {depth} (IBGDA does not check for free WQE slots; the ring overwrites unconsumed WQEs)",
                 label.job, label.src_rank, label.dst_rank, label.index
@@ -232,10 +250,11 @@ impl Core {
             let ready = start + self.params.wqe_process;
             self.net.nics[nic].engine_free = ready;
             self.net.msgs[m].ready_at = ready + self.params.tx_latency;
-            let q = &mut self.net.qps[qp as usize];
-            if q.send == m {
-                q.send_ready = ready + self.params.tx_latency;
+            let tx = &mut self.net.qp_tx[qp as usize];
+            if tx.send == m {
+                tx.send_ready = ready + self.params.tx_latency;
             }
+            let q = &mut self.net.qps[qp as usize];
             q.rung += 1;
             q.db = self.net.msgs[m].next;
         }
@@ -243,35 +262,30 @@ impl Core {
     }
 
     pub(crate) fn qp_ready(&mut self, qp: u32) {
-        self.net.qps[qp as usize].ready_pending = false;
+        self.net.qp_tx[qp as usize].ready_pending = false;
         self.kick_qp(qp);
     }
 
     /// Put the QP in its NIC port's round robin if its next message may send.
     fn kick_qp(&mut self, qp: u32) {
-        let q = &self.net.qps[qp as usize];
-        if q.active || q.send == NONE {
+        let tx = &mut self.net.qp_tx[qp as usize];
+        if tx.active || tx.send == NONE {
             return;
         }
-        let ready = q.send_ready;
+        let ready = tx.send_ready;
         if ready == Time::MAX {
             return; // not doorbelled yet
         }
         if ready <= self.now {
-            let (port, lane) = (self.net.nics[q.nic as usize].tx_port, q.lane);
-            let wire = self.qp_next_wire(qp);
-            self.net.qps[qp as usize].active = true;
-            self.enqueue(port, lane, QP_ITEM | qp, wire);
-        } else if !q.ready_pending {
-            self.net.qps[qp as usize].ready_pending = true;
+            tx.active = true;
+            let wire = tx.next_wire;
+            let q = &self.net.qps[qp as usize];
+            let (port, lane, dst) = (self.net.nics[q.nic as usize].tx_port, q.lane, q.peer_nic);
+            self.enqueue(port, lane, QEntry { item: QP_ITEM | qp, wire, from: NONE, dst });
+        } else if !tx.ready_pending {
+            tx.ready_pending = true;
             self.push(ready, Ev::QpReady(qp));
         }
-    }
-
-    /// Wire bytes of the next packet the QP would send.
-    #[inline]
-    pub(crate) fn qp_next_wire(&self, qp: u32) -> u32 {
-        self.net.qps[qp as usize].next_wire
     }
 
     /// Make message `m` (or none) the QP's send cursor, caching what packetizing needs.
@@ -287,9 +301,8 @@ impl Core {
         } else {
             self.params.data_wire(bytes.min(self.params.mtu), true)
         };
-        let q = &mut self.net.qps[qp as usize];
+        let q = &mut self.net.qp_tx[qp as usize];
         q.send = m;
-        q.send_off = 0;
         q.send_left = bytes;
         q.send_atomic = atomic;
         q.send_prog = prog;
@@ -297,31 +310,32 @@ impl Core {
         q.next_wire = next_wire;
     }
 
-    /// The QP at the head of `port`'s `lane` queue sends one packet; it goes to the back of
-    /// the queue if it has more ready to send (packet-level round robin between QPs).
-    pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> u32 {
+    /// The QP at the head of `port`'s `lane` queue sends one packet (returned with its wire
+    /// bytes and destination); it goes to the back of the queue if it has more ready to send
+    /// (packet-level round robin between QPs).
+    pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> (u32, u32, u32) {
         let now = self.now;
-        let q = &self.net.qps[qp as usize];
-        let (wire, m, prog) = (q.next_wire, q.send, q.send_prog);
+        let mtu = self.params.mtu;
+        let q = &self.net.qp_tx[qp as usize];
+        let (wire, m, prog, dst) = (q.next_wire, q.send, q.send_prog, q.peer_nic);
         let (payload, kind, last) = if q.send_atomic {
             (0, PktKind::AtomicReq, true)
         } else {
-            let payload = q.send_left.min(self.params.mtu);
+            let payload = q.send_left.min(mtu);
             let last = payload >= q.send_left;
             (payload, if last { PktKind::DataLast } else { PktKind::Data }, last)
         };
         let pkt = self.net.pkts.insert(Pkt {
             msg: m,
+            qp,
+            hint: NONE,
             wire,
             payload,
-            src_nic: q.nic,
-            dst_nic: q.peer_nic,
-            from_port: NONE,
-            next: NONE,
-            next_wire: 0,
+            dst_nic: dst,
             lane,
             kind,
             prog,
+            at_nic: false,
         });
         let ob = &mut self.op_bytes[prog as usize];
         ob.wire += wire as u64;
@@ -331,47 +345,34 @@ impl Core {
             let next = self.net.msgs[m].next;
             self.load_send(qp, next);
         } else {
-            let q = &mut self.net.qps[qp as usize];
-            q.send_off += payload;
+            let q = &mut self.net.qp_tx[qp as usize];
             q.send_left -= payload;
-            q.next_wire = self.params.data_wire(q.send_left.min(self.params.mtu), false);
+            q.next_wire = q.send_left.min(mtu) + self.params.hdr.data;
         }
-        // Pop the QP from the lane queue.
-        let l = lane as usize;
-        let q = &self.net.qps[qp as usize];
-        let (next, next_wire) = (q.port_next, q.port_next_wire);
+        // Pop the QP from the lane queue; back of the round robin if it has more ready.
+        let q = &mut self.net.qp_tx[qp as usize];
         let more = q.send != NONE && q.send_ready <= now;
         let qp_wire = q.next_wire;
-        let p = &mut self.net.ports[port as usize];
-        p.lanes[l].head = next;
-        p.lanes[l].head_wire = next_wire;
-        if next == NONE {
-            p.lanes[l].tail = NONE;
-            p.nonempty &= !(1 << lane);
-        }
-        if more {
-            // Back of the round robin (no try_start: the caller is arbitrating this port).
-            let tail = p.lanes[l].tail;
-            p.lanes[l].tail = QP_ITEM | qp;
-            if tail == NONE {
-                p.lanes[l].head = QP_ITEM | qp;
-                p.lanes[l].head_wire = qp_wire;
-                p.nonempty |= 1 << lane;
-            } else {
-                self.set_next(tail, QP_ITEM | qp, qp_wire);
-            }
-            self.set_next(QP_ITEM | qp, NONE, 0);
-        } else {
-            let q = &mut self.net.qps[qp as usize];
+        if !more {
             q.active = false;
-            q.port_next = NONE;
             if q.send != NONE && q.send_ready != Time::MAX && !q.ready_pending {
                 q.ready_pending = true;
                 let ready = q.send_ready;
                 self.push(ready, Ev::QpReady(qp));
             }
         }
-        pkt
+        let li = self.net.li(port as usize, lane as usize);
+        let l = &mut self.net.lanes[li];
+        l.q.pop_front();
+        if more {
+            // No try_start: the caller is arbitrating this port.
+            l.q.push_back(QEntry { item: QP_ITEM | qp, wire: qp_wire, from: NONE, dst });
+        }
+        match l.q.front() {
+            Some(next) => l.head_wire = next.wire,
+            None => self.net.ports[port as usize].nonempty &= !(1 << lane),
+        }
+        (pkt, wire, dst)
     }
 
     /// A packet's head reaches NIC `n` through port `p` at `head_t`, its tail at `tail_t`.
@@ -387,7 +388,7 @@ impl Core {
         let start = head_t.max(nic.rx_free);
         let done = (start + self.params.pcie_rate.time(k.wire as u64)).max(tail_t);
         nic.rx_free = done;
-        let lat = self.net.ports[p as usize].latency;
+        let lat = self.params.link_latency;
         self.return_credits(p, k.lane, k.blocks(), done + lat + self.params.credit_delay);
         match k.kind {
             PktKind::Data | PktKind::DataLast => {
@@ -397,22 +398,33 @@ impl Core {
                 let complete = if self.params.adaptive {
                     let m = &mut self.net.msgs[k.msg];
                     m.arrived += 1;
-                    m.arrived == m.npkts
+                    m.arrived == self.params.packets(m.bytes)
                 } else {
                     k.kind == PktKind::DataLast
                 };
                 if complete {
-                    self.push(done, Ev::NicDeliver(pkt));
+                    self.push(done, Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg });
                 } else {
                     self.net.pkts.remove(pkt);
                 }
             }
-            PktKind::AtomicReq => self.push(done, Ev::NicDeliver(pkt)),
+            PktKind::AtomicReq => self.push(done, Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg }),
             // The requester sees a completion once the CQE is written.
             PktKind::Ack | PktKind::AtomicResp => {
-                self.push(done + self.params.rx_latency, Ev::NicDeliver(pkt))
+                let ev = Ev::NicDeliver { pkt, qp: k.qp, msg: k.hint };
+                self.push(done + self.params.rx_latency, ev)
             }
         }
+    }
+
+    /// Bring in what delivering `pkt` will read (the packet, its QP, its message or an ACK's
+    /// hint): records picked at random among tens of thousands, fetched while the event
+    /// before it runs. Slab ids stay in range (slabs never shrink): always an address.
+    #[inline(always)]
+    pub(crate) fn prefetch_delivery(&self, pkt: u32, qp: u32, msg: u32) {
+        prefetch(&self.net.pkts[pkt]);
+        prefetch(&self.net.qps[qp as usize]);
+        prefetch(&self.net.msgs[msg]);
     }
 
     pub(crate) fn nic_deliver(&mut self, pkt: u32) {
@@ -437,9 +449,10 @@ impl Core {
             let msg = self.net.msgs[m];
             let q = &mut self.net.qps[qp as usize];
             if msg.seq != q.exec_seq {
+                let label = self.net.qp_labels[qp as usize];
                 let what = format!(
                     "per-QP order: QP {qp} (rank {} -> {}) executes message {} while {} is next",
-                    q.label.src_rank, q.label.dst_rank, msg.seq, q.exec_seq
+                    label.src_rank, label.dst_rank, msg.seq, q.exec_seq
                 );
                 self.violation(what);
             }
@@ -461,7 +474,7 @@ impl Core {
                     "rdma",
                     PID_NIC + src,
                     TID_QP + qp,
-                    msg.posted_at,
+                    self.net.msg_posted_at[m as usize],
                     PID_NIC + dst,
                     TID_NIC_PORT,
                     visible,
@@ -473,7 +486,12 @@ impl Core {
                 (PktKind::Ack, self.params.hdr.ack)
             };
             let pending = self.net.qps[qp as usize].ack_pkt;
-            if kind == PktKind::Ack && pending != NONE {
+            if kind == PktKind::Ack && pending != NONE && {
+                // Still queued at this NIC (a recycled record is another QP's or another
+                // kind, or has left).
+                let k = &self.net.pkts[pending];
+                k.kind == PktKind::Ack && k.msg == qp && k.at_nic
+            } {
                 // Coalesce into the ACK still queued at the NIC.
                 self.net.pkts[pending].payload = msg.seq;
                 continue;
@@ -482,16 +500,15 @@ impl Core {
             // later cumulative ACK may already have retired the message.
             let ack = self.net.pkts.insert(Pkt {
                 msg: qp,
+                qp,
+                hint: m,
                 wire,
                 payload: msg.seq,
-                src_nic: dst,
                 dst_nic: src,
-                from_port: NONE,
-                next: NONE,
-                next_wire: 0,
                 lane,
                 kind,
                 prog: msg.prog,
+                at_nic: true,
             });
             self.ensure_op(msg.prog);
             self.op_bytes[msg.prog as usize].wire += wire as u64;
@@ -499,7 +516,7 @@ impl Core {
                 self.net.qps[qp as usize].ack_pkt = ack;
             }
             let port = self.net.nics[dst as usize].tx_port;
-            self.enqueue(port, lane, ack, wire);
+            self.enqueue(port, lane, QEntry { item: ack, wire, from: NONE, dst: src });
         }
     }
 
@@ -523,19 +540,21 @@ impl Core {
             self.net.msgs.remove(head);
             self.act(msg.local);
             if self.trace.is_some() {
-                self.trace_message(qp, &msg);
+                self.trace_message(qp, head, &msg);
             }
         }
     }
 
     /// Trace a completed work request on its QP's track (post to completion).
-    fn trace_message(&mut self, qp: u32, msg: &Msg) {
+    fn trace_message(&mut self, qp: u32, m: u32, msg: &Msg) {
         use crate::trace::{PID_NIC, TID_QP};
         let q = &self.net.qps[qp as usize];
+        let label = self.net.qp_labels[qp as usize];
+        let posted_at = self.net.msg_posted_at[m as usize];
         let (pid, tid) = (PID_NIC + q.nic, TID_QP + qp);
         let name = format!(
             "QP {} rank {}->{} #{} (VL{})",
-            qp, q.label.src_rank, q.label.dst_rank, q.label.index, q.lane
+            qp, label.src_rank, label.dst_rank, label.index, q.lane
         );
         let what = if msg.atomic { "atomic".to_string() } else { format!("write {} B", msg.bytes) };
         let nic = q.nic;
@@ -543,6 +562,6 @@ impl Core {
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &format!("NIC {nic}"));
         tr.name_thread(pid, tid, &name);
-        tr.span(pid, tid, &what, msg.posted_at, now, &format!("\"seq\":{}", msg.seq));
+        tr.span(pid, tid, &what, posted_at, now, &format!("\"seq\":{}", msg.seq));
     }
 }

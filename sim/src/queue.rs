@@ -1,10 +1,10 @@
-//! The event queue: a monotone radix heap ordered by (time, sequence).
+//! The event queues, all popping in (time, push sequence) order: the calendar queue the
+//! simulator uses, a monotone radix heap, and the `BinaryHeap` baseline ([`HeapQueue`]).
 //!
-//! Discrete-event simulation pops events in non-decreasing time, which is exactly what a radix
-//! heap needs; it stays fast with a large pending set where a binary heap collapses into cache
-//! misses (fabric.md §10: 42 vs 580 ns per event at 10^6 pending). The key packs the time in the
-//! high 64 bits and a push counter in the low 64, so equal times pop in push order: a total
-//! order independent of the queue implementation ([`HeapQueue`] gives the identical sequence).
+//! Discrete-event simulation pops events in non-decreasing time, which monotone queues exploit;
+//! they stay fast with a large pending set where a binary heap collapses into cache misses
+//! (fabric.md §10: 42 vs 580 ns per event at 10^6 pending). Equal times pop in push order, so
+//! the order is independent of the queue implementation.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -23,16 +23,27 @@ pub trait EventQueue<T> {
     }
 }
 
-const BUCKETS: usize = 129;
+/// Buckets 1..=64 (bucket b holds times whose highest bit differing from `last` is b - 1);
+/// bucket 0, the events at exactly `last`, is kept apart as a FIFO.
+const BUCKETS: usize = 64;
 
-/// Monotone radix heap over u128 keys `(time << 64) | seq`.
+/// Monotone radix heap over times, FIFO among equal times.
+///
+/// Ties need no sequence number in the key: every bucket is always in push order (pushes
+/// append, and a bucket is only ever redistributed into buckets that are empty, keeping the
+/// order), so the events at the minimum time come out of the redistribution in push order and
+/// bucket 0 pops from its front. The result is the (time, push sequence) order of [`HeapQueue`]
+/// with 24-byte entries (16-byte event + time) and one move per level instead of also
+/// sorting ties by sequence bits.
 pub struct RadixQueue<T> {
-    last: u128,
-    seq: u64,
+    last: Time,
     len: usize,
-    buckets: Vec<Vec<(u128, T)>>,
-    /// Bit b - 1 set when bucket b (1..=128) is non-empty: the next bucket is one instruction.
-    nonempty: u128,
+    /// Bucket 0: the events at `last`, in push order, popped from `head`.
+    now: Vec<T>,
+    head: usize,
+    buckets: Vec<Vec<(Time, T)>>,
+    /// Bit b - 1 set when bucket b (1..=64) is non-empty: the next bucket is one instruction.
+    nonempty: u64,
 }
 
 impl<T: Copy> Default for RadixQueue<T> {
@@ -45,66 +56,72 @@ impl<T: Copy> RadixQueue<T> {
     pub fn new() -> Self {
         RadixQueue {
             last: 0,
-            seq: 0,
             len: 0,
+            now: Vec::new(),
+            head: 0,
             buckets: (0..BUCKETS).map(|_| Vec::new()).collect(),
             nonempty: 0,
         }
     }
 
-    #[inline]
-    fn bucket_of(&self, key: u128) -> usize {
-        (128 - (key ^ self.last).leading_zeros()) as usize
+    /// Refill bucket 0 from the lowest non-empty bucket (bucket 0 is empty).
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self) {
+        let i = self.nonempty.trailing_zeros() as usize;
+        self.nonempty &= self.nonempty - 1;
+        let mut moved = std::mem::take(&mut self.buckets[i]);
+        let min = moved.iter().map(|e| e.0).min().expect("non-empty bucket");
+        self.last = min;
+        self.now.clear();
+        self.head = 0;
+        for &(t, item) in &moved {
+            // Every entry lands in a lower bucket (they share the bits above `i`); the buckets
+            // below `i` are empty, so each stays in push order.
+            let x = t ^ min;
+            if x == 0 {
+                self.now.push(item);
+            } else {
+                let b = 63 - x.leading_zeros() as usize;
+                self.buckets[b].push((t, item));
+                self.nonempty |= 1 << b;
+            }
+        }
+        // Keep the allocation for reuse.
+        moved.clear();
+        self.buckets[i] = moved;
     }
 }
 
 impl<T: Copy> EventQueue<T> for RadixQueue<T> {
     #[inline]
     fn push(&mut self, time: Time, item: T) {
-        let key = ((time as u128) << 64) | self.seq as u128;
-        self.seq += 1;
-        debug_assert!(key >= self.last, "event in the past: {time} ps");
+        debug_assert!(time >= self.last, "event in the past: {time} ps");
         // Release builds clamp instead of corrupting the heap; the simulator checks monotone
         // time itself and reports the violation with its coordinates.
-        let key = key.max(self.last);
-        let b = self.bucket_of(key);
-        self.buckets[b].push((key, item));
-        if b > 0 {
-            self.nonempty |= 1 << (b - 1);
+        let x = time.max(self.last) ^ self.last;
+        if x == 0 {
+            self.now.push(item);
+        } else {
+            let b = 63 - x.leading_zeros() as usize;
+            self.buckets[b].push((time, item));
+            self.nonempty |= 1 << b;
         }
         self.len += 1;
     }
 
     #[inline]
     fn pop(&mut self) -> Option<(Time, T)> {
-        if self.len == 0 {
-            return None;
-        }
-        if self.buckets[0].is_empty() {
+        if self.head == self.now.len() {
             if self.nonempty == 0 {
                 return None;
             }
-            let i = self.nonempty.trailing_zeros() as usize + 1;
-            self.nonempty &= !(1 << (i - 1));
-            let min = self.buckets[i].iter().map(|e| e.0).min().expect("non-empty bucket");
-            self.last = min;
-            let mut moved = std::mem::take(&mut self.buckets[i]);
-            for entry in &moved {
-                // Every entry lands in a lower bucket (they share the bits above `i`).
-                let b = self.bucket_of(entry.0);
-                self.buckets[b].push(*entry);
-                if b > 0 {
-                    self.nonempty |= 1 << (b - 1);
-                }
-            }
-            // Keep the allocation for reuse.
-            moved.clear();
-            self.buckets[i] = moved;
+            self.refill();
         }
-        // Keys are unique (the sequence number), so bucket 0 holds exactly the minimum.
-        let (key, item) = self.buckets[0].pop()?;
+        let item = self.now[self.head];
+        self.head += 1;
         self.len -= 1;
-        Some(((key >> 64) as Time, item))
+        Some((self.last, item))
     }
 
     fn len(&self) -> usize {
@@ -112,32 +129,267 @@ impl<T: Copy> EventQueue<T> for RadixQueue<T> {
     }
 }
 
-/// The simulator's queue: the radix heap, or the binary-heap baseline benchmarks compare it
-/// with (identical event order either way).
+/// Width of a calendar bucket: 2^10 ps ≈ 1 ns. Packet-level runs pop a few tens of events
+/// per simulated nanosecond, so a bucket holds a few tens of events.
+const CAL_SHIFT: u32 = 10;
+/// Buckets in the calendar's ring: a 4.2 µs window, beyond which events wait in a heap (few
+/// do: serialization, switch and NIC latencies are well under a microsecond).
+const CAL_SLOTS: usize = 4096;
+const CAL_WORDS: usize = CAL_SLOTS / 64;
+const CAL_SLOT_CAPACITY: usize = 16;
+
+/// A calendar queue: a ring of ~1 ns buckets over the next 4.2 µs, a binary heap beyond.
+///
+/// Most events are scheduled a few hundred nanoseconds ahead; each is appended to its bucket
+/// once and sorted once, in a small bucket, when the bucket becomes current (a radix heap
+/// moves an event through up to ~20 levels of picosecond bits). The order is exactly (time,
+/// push sequence): a bucket's entries are in push order (far events of a bucket's range are
+/// moved in, in heap order, when the range enters the window, before anything can be pushed
+/// into it directly), a stable sort by time keeps that order among equal times, and a push
+/// into the current bucket goes after every entry at or before its time.
+pub struct CalendarQueue<T> {
+    /// Start of the current bucket (a multiple of the bucket width); the window is
+    /// `[cur_start, cur_start + CAL_SLOTS buckets)`.
+    cur_start: Time,
+    /// The current bucket in (time, push) order, consumed from `head`.
+    cur: Vec<(Time, T)>,
+    head: usize,
+    ring: Vec<Vec<(Time, T)>>,
+    /// Bit per ring slot: non-empty.
+    occupied: Vec<u64>,
+    /// Events at or beyond the window's end.
+    far: HeapQueue<T>,
+    len: usize,
+    /// The last popped time (pushes before it are clamped, as the radix heap does).
+    last: Time,
+    /// Sort buffer, kept for reuse.
+    scratch: Vec<(Time, T)>,
+}
+
+impl<T: Copy> Default for CalendarQueue<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Copy> CalendarQueue<T> {
+    pub fn new() -> Self {
+        CalendarQueue {
+            cur_start: 0,
+            cur: Vec::new(),
+            head: 0,
+            // Room for a typical bucket up front: no reallocation while the ring warms up.
+            ring: (0..CAL_SLOTS).map(|_| Vec::with_capacity(CAL_SLOT_CAPACITY)).collect(),
+            occupied: vec![0; CAL_WORDS],
+            far: HeapQueue::default(),
+            len: 0,
+            last: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn slot(t: Time) -> usize {
+        (t >> CAL_SHIFT) as usize & (CAL_SLOTS - 1)
+    }
+
+    #[inline]
+    fn window_end(&self) -> Time {
+        self.cur_start + ((CAL_SLOTS as Time) << CAL_SHIFT)
+    }
+
+    /// Distance (in slots, 1..CAL_SLOTS) from `from` to the next occupied slot.
+    fn next_occupied(&self, from: usize) -> Option<usize> {
+        let mut i = (from + 1) & (CAL_SLOTS - 1);
+        let mut scanned = 0;
+        while scanned < CAL_SLOTS {
+            let (w, b) = (i / 64, i % 64);
+            let bits = self.occupied[w] >> b;
+            if bits != 0 {
+                let j = i + bits.trailing_zeros() as usize;
+                return Some((j + CAL_SLOTS - from) & (CAL_SLOTS - 1));
+            }
+            scanned += 64 - b;
+            i = (i + 64 - b) & (CAL_SLOTS - 1);
+        }
+        None
+    }
+
+    /// Make the next non-empty bucket current (the current one is used up).
+    #[cold]
+    #[inline(never)]
+    fn advance(&mut self) {
+        let from = Self::slot(self.cur_start);
+        let new_start = match self.next_occupied(from) {
+            Some(d) => self.cur_start + ((d as Time) << CAL_SHIFT),
+            // Nothing in the window: jump to the first far event's bucket.
+            None => self.far.peek_time().expect("events left") & !((1 << CAL_SHIFT) - 1),
+        };
+        self.cur_start = new_start;
+        // The window's new range enters: its far events move in before any direct push.
+        let end = self.window_end();
+        while self.far.peek_time().is_some_and(|t| t < end) {
+            let (t, item) = self.far.pop().expect("peeked");
+            let s = Self::slot(t);
+            self.ring[s].push((t, item));
+            self.occupied[s / 64] |= 1 << (s % 64);
+        }
+        let s = Self::slot(new_start);
+        self.cur.clear();
+        self.head = 0;
+        std::mem::swap(&mut self.cur, &mut self.ring[s]);
+        self.occupied[s / 64] &= !(1 << (s % 64));
+        debug_assert!(self.cur.iter().all(|e| e.0 - new_start < 1 << CAL_SHIFT));
+        sort_bucket(&mut self.cur, new_start, &mut self.scratch);
+    }
+}
+
+/// Sub-buckets a large bucket is first distributed over (by the next 4 bits of time).
+const SUB_SHIFT: u32 = CAL_SHIFT - 4;
+
+/// Sort a bucket (times in `[start, start + bucket width)`) by time, equal times in their
+/// current (push) order. Large buckets are first distributed over 16 sub-ranges by a stable
+/// counting sort; then an insertion sort (cheap on small or nearly sorted input) finishes.
+fn sort_bucket<T: Copy>(v: &mut Vec<(Time, T)>, start: Time, scratch: &mut Vec<(Time, T)>) {
+    let n = v.len();
+    if n > 16 {
+        let sub = |t: Time| ((t - start) >> SUB_SHIFT) as usize & 15;
+        let mut at = [0u32; 17];
+        for e in v.iter() {
+            at[sub(e.0) + 1] += 1;
+        }
+        for k in 1..17 {
+            at[k] += at[k - 1];
+        }
+        scratch.clear();
+        scratch.resize(n, v[0]);
+        for e in v.iter() {
+            let k = sub(e.0);
+            scratch[at[k] as usize] = *e;
+            at[k] += 1;
+        }
+        std::mem::swap(v, scratch);
+    }
+    for i in 1..n {
+        let x = v[i];
+        let mut j = i;
+        while j > 0 && v[j - 1].0 > x.0 {
+            v[j] = v[j - 1];
+            j -= 1;
+        }
+        v[j] = x;
+    }
+}
+
+impl<T: Copy> CalendarQueue<T> {
+    /// The next event, when it is already in the current bucket (cheap to look at: the loop
+    /// fetches its records while handling the one before).
+    #[inline(always)]
+    pub fn peek_current(&self) -> Option<&T> {
+        self.cur.get(self.head).map(|e| &e.1)
+    }
+}
+
+impl<T: Copy> EventQueue<T> for CalendarQueue<T> {
+    #[inline(always)]
+    fn push(&mut self, time: Time, item: T) {
+        debug_assert!(time >= self.last, "event in the past: {time} ps");
+        // Release builds clamp; the simulator checks monotone time itself and reports it.
+        let t = time.max(self.last);
+        self.len += 1;
+        if t < self.cur_start + (1 << CAL_SHIFT) {
+            // The current bucket: after every event at or before `t`.
+            let pos = self.head + self.cur[self.head..].partition_point(|e| e.0 <= t);
+            if pos == self.cur.len() {
+                self.cur.push((t, item));
+            } else {
+                self.cur.insert(pos, (t, item));
+            }
+        } else if t < self.window_end() {
+            let s = Self::slot(t);
+            let slot = &mut self.ring[s];
+            if slot.is_empty() {
+                self.occupied[s / 64] |= 1 << (s % 64);
+            }
+            slot.push((t, item));
+        } else {
+            self.far.push(t, item);
+        }
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) -> Option<(Time, T)> {
+        if self.head == self.cur.len() {
+            if self.len == 0 {
+                return None;
+            }
+            self.advance();
+        }
+        let e = self.cur[self.head];
+        self.head += 1;
+        self.len -= 1;
+        self.last = e.0;
+        Some(e)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The simulator's queue: the calendar queue, the radix heap, or the binary-heap baseline
+/// benchmarks compare them with (identical event order in every case).
 pub enum Queue<T> {
+    Calendar(CalendarQueue<T>),
     Radix(RadixQueue<T>),
     Heap(HeapQueue<T>),
 }
 
-impl<T: Copy> EventQueue<T> for Queue<T> {
-    #[inline]
-    fn push(&mut self, time: Time, item: T) {
+impl<T: Copy> Queue<T> {
+    #[cold]
+    #[inline(never)]
+    fn push_other(&mut self, time: Time, item: T) {
         match self {
+            Queue::Calendar(q) => q.push(time, item),
             Queue::Radix(q) => q.push(time, item),
             Queue::Heap(q) => q.push(time, item),
         }
     }
 
-    #[inline]
-    fn pop(&mut self) -> Option<(Time, T)> {
+    #[cold]
+    #[inline(never)]
+    fn pop_other(&mut self) -> Option<(Time, T)> {
         match self {
+            Queue::Calendar(q) => q.pop(),
             Queue::Radix(q) => q.pop(),
             Queue::Heap(q) => q.pop(),
         }
     }
+}
+
+impl<T: Copy> Queue<T> {
+    /// The next event when the calendar has it at hand (see [`CalendarQueue::peek_current`]).
+    #[inline(always)]
+    pub fn peek_current(&self) -> Option<&T> {
+        if let Queue::Calendar(q) = self { q.peek_current() } else { None }
+    }
+}
+
+impl<T: Copy> EventQueue<T> for Queue<T> {
+    /// The calendar inline; the benchmarks' alternatives out of line.
+    #[inline(always)]
+    fn push(&mut self, time: Time, item: T) {
+        if let Queue::Calendar(q) = self { q.push(time, item) } else { self.push_other(time, item) }
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) -> Option<(Time, T)> {
+        if let Queue::Calendar(q) = self { q.pop() } else { self.pop_other() }
+    }
 
     fn len(&self) -> usize {
         match self {
+            Queue::Calendar(q) => q.len(),
             Queue::Radix(q) => q.len(),
             Queue::Heap(q) => q.len(),
         }
@@ -175,6 +427,13 @@ impl<T> Default for HeapQueue<T> {
     }
 }
 
+impl<T> HeapQueue<T> {
+    /// The earliest event's time.
+    pub fn peek_time(&self) -> Option<Time> {
+        self.heap.peek().map(|Reverse(Keyed(key, _))| (key >> 64) as Time)
+    }
+}
+
 impl<T> EventQueue<T> for HeapQueue<T> {
     fn push(&mut self, time: Time, item: T) {
         let key = ((time as u128) << 64) | self.seq as u128;
@@ -195,6 +454,62 @@ impl<T> EventQueue<T> for HeapQueue<T> {
 mod tests {
     use super::*;
     use eptwin_engine::rng::Rng;
+    use proptest::prelude::*;
+
+    /// A delay drawn from one of several scales: ties, inside a bucket, across the calendar's
+    /// window, beyond it (the far heap), and far enough to leave the window empty.
+    fn delay() -> impl Strategy<Value = Time> {
+        prop_oneof![
+            Just(0u64),
+            // A few distinct times many events share (ties inside one future bucket).
+            (0u64..4).prop_map(|k| 300_000 + 100 * k),
+            0u64..2_000,
+            0u64..200_000,
+            0u64..5_000_000,
+            4_000_000u64..50_000_000,
+            Just(1u64 << 40),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Every queue pops the same (time, push order) sequence as the binary heap, whatever
+        /// the mix of delays and however pushes and pops interleave.
+        #[test]
+        fn calendar_radix_and_heap_agree(
+            steps in proptest::collection::vec(
+                (proptest::collection::vec(delay(), 0..40), 0usize..30), 1..100)
+        ) {
+            let mut cal = CalendarQueue::new();
+            let mut radix = RadixQueue::new();
+            let mut heap = HeapQueue::default();
+            let mut now = 0;
+            let mut id = 0u32;
+            for (pushes, pops) in steps {
+                for d in pushes {
+                    cal.push(now + d, id);
+                    radix.push(now + d, id);
+                    heap.push(now + d, id);
+                    id += 1;
+                }
+                for _ in 0..pops {
+                    let want = heap.pop();
+                    prop_assert_eq!(cal.pop(), want);
+                    prop_assert_eq!(radix.pop(), want);
+                    if let Some((t, _)) = want {
+                        now = t;
+                    }
+                }
+                prop_assert_eq!(cal.len(), heap.len());
+            }
+            while let Some(want) = heap.pop() {
+                prop_assert_eq!(cal.pop(), Some(want));
+                prop_assert_eq!(radix.pop(), Some(want));
+            }
+            prop_assert!(cal.is_empty() && cal.pop().is_none());
+        }
+    }
 
     #[test]
     fn radix_and_binary_heap_pop_the_same_sequence() {
