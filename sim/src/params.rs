@@ -90,6 +90,8 @@ pub struct OneGpu {
     pub l2_rate: Rate,
     /// HBM throughput of SM-driven traffic (bytes read + written).
     pub dram_rate: Rate,
+    /// L2 time per byte read from or written back to HBM, on top of the SM-side access.
+    pub l2_hbm_rate: Option<Rate>,
     /// One warp's copy of a 7,168-byte row (two rounds of 7 × 16-B loads per lane).
     pub row_l2: Time,
     pub row_hbm: Time,
@@ -146,6 +148,7 @@ impl Params {
                 l2_bytes: m.l2_bytes,
                 l2_rate: Rate::from_gbps(m.l2_bw_gbps),
                 dram_rate: Rate::from_gbps(m.dram_bw_gbps),
+                l2_hbm_rate: m.l2_hbm_bw_gbps.map(Rate::from_gbps),
                 row_l2: ns_f(m.warp_row_l2_ns),
                 row_hbm: ns_f(m.warp_row_hbm_ns),
                 sm_port: Rate::from_gbps(2.0 * m.sm_copy_l2_gbps.max(m.sm_copy_hbm_gbps)),
