@@ -124,6 +124,23 @@ impl MemSnap {
     }
 }
 
+/// The backend times every op after a 256 MB memset that flushes L2 (hw/src/exec.rs
+/// `flush_l2`), which leaves the L2 full of the memset's dirty lines: the op's first `l2_bytes`
+/// of new lines each evict one, written back to HBM. `take` returns the write-back a step's new
+/// lines cause.
+#[derive(Debug, Clone, Copy)]
+struct FlushedL2 {
+    dirty: u64,
+}
+
+impl FlushedL2 {
+    fn take(&mut self, new_lines: u64) -> u64 {
+        let w = self.dirty.min(new_lines);
+        self.dirty -= w;
+        w
+    }
+}
+
 /// L2 bytes that ring slots in flight can occupy. The L2 is two partitions, each caching the
 /// lines its own SMs access (H100/H200: the SMs of the GPCs attached to it), so a slot stored by
 /// a block on one side and loaded by a block on the other is held twice. Senders and receivers
@@ -251,6 +268,7 @@ pub struct NormalProgram {
     want_hash: Vec<u64>,
     want_count: Vec<u64>,
     mem0: MemSnap,
+    flushed: FlushedL2,
 }
 
 impl NormalProgram {
@@ -319,6 +337,7 @@ impl NormalProgram {
             want_hash: vec![0; n as usize],
             want_count: vec![0; n as usize],
             mem0: MemSnap::of(core, gpu),
+            flushed: FlushedL2 { dirty: m.l2_bytes },
         };
         for _ in 0..channels * n * n {
             p.rings.push(Ring::new(core, cfg.num_max_nvl_chunked_recv_tokens));
@@ -477,7 +496,7 @@ impl NormalProgram {
                 self.gpu,
                 self.sm_of(src, 2 * c),
                 read + stored,
-                read + spilled,
+                read + spilled + self.flushed.take(read + stored),
                 body,
                 Action::None,
                 self.me,
@@ -529,6 +548,7 @@ impl NormalProgram {
         let per_warp = avail.div_ceil(warps) as u64;
         let issue = per_warp * warp_copy(self.payload_int4, self.m.row_l2);
         let bytes = avail as u64 * self.tok_bytes;
+        let out = avail as u64 * self.out_bytes;
         // The head is a release store after the batch's stores: it waits for them.
         let end = self.m.release
             + core.sm_traffic(
@@ -536,7 +556,7 @@ impl NormalProgram {
                 self.gpu,
                 self.sm_of(dst, 2 * c + 1),
                 2 * bytes,
-                spilled + avail as u64 * self.out_bytes,
+                spilled + out + self.flushed.take(spilled + out),
                 issue,
                 Action::None,
                 self.me,
@@ -585,7 +605,7 @@ impl NormalProgram {
                 self.gpu,
                 self.sm_of(h, 2 * c),
                 read + bytes,
-                read + spilled,
+                read + spilled + self.flushed.take(read + bytes),
                 issue,
                 Action::None,
                 self.me,
@@ -676,7 +696,7 @@ impl NormalProgram {
             self.gpu,
             self.sm_of(r, 2 * c + 1),
             read + out,
-            spilled + out,
+            spilled + out + self.flushed.take(spilled + out),
             issue,
             Action::None,
             self.me,
@@ -859,6 +879,7 @@ pub struct LlProgram {
     started: u32,
     end: Time,
     mem0: MemSnap,
+    flushed: FlushedL2,
 }
 
 impl LlProgram {
@@ -919,6 +940,7 @@ impl LlProgram {
             started: 0,
             end: 0,
             mem0: MemSnap::of(core, gpu),
+            flushed: FlushedL2 { dirty: m.l2_bytes },
         };
         for r in 0..n {
             for t in 0..p.tokens {
@@ -1025,7 +1047,7 @@ impl LlProgram {
                 self.gpu,
                 sm,
                 x + self.msg_bytes + valid * 2 * self.msg_bytes,
-                x + valid * self.msg_bytes,
+                x + valid * self.msg_bytes + self.flushed.take(x + (valid + 1) * self.msg_bytes),
                 cast + copy,
                 Action::None,
                 self.me,
@@ -1127,7 +1149,7 @@ impl LlProgram {
                 self.gpu,
                 b % self.sm_count,
                 bytes + count * payload,
-                bytes + count * payload,
+                bytes + count * payload + self.flushed.take(bytes + count * payload),
                 issue,
                 Action::None,
                 self.me,
@@ -1172,7 +1194,7 @@ impl LlProgram {
                 self.gpu,
                 b % self.sm_count,
                 2 * bytes,
-                2 * bytes,
+                2 * bytes + self.flushed.take(2 * bytes),
                 issue,
                 Action::None,
                 self.me,
@@ -1219,7 +1241,7 @@ impl LlProgram {
             self.gpu,
             b % self.sm_count,
             (valid + 1) * row,
-            (valid + 1) * row,
+            (valid + 1) * row + self.flushed.take((valid + 1) * row),
             issue,
             Action::None,
             self.me,
@@ -1342,6 +1364,15 @@ mod tests {
         assert_eq!(normal_threads(8, 192, 132), 512);
         assert_eq!(normal_threads(8, 96, 132), 768);
         assert_eq!(normal_threads(8, 400, 132), 256);
+    }
+
+    #[test]
+    fn flushed_lines_are_written_back_once() {
+        let mut f = FlushedL2 { dirty: 100 };
+        assert_eq!(f.take(30), 30);
+        assert_eq!(f.take(0), 0);
+        assert_eq!(f.take(100), 70);
+        assert_eq!(f.take(50), 0);
     }
 
     #[test]
