@@ -176,11 +176,13 @@ extern "C" __global__ void probe_pingpong_gpu(int* ping, int* pong, int iters, u
 // the producer waits for before reusing a slot. Every ring slot is stored by one SM and loaded
 // once by another, as in the transport kernels; the copy probes never do that (their L2-resident
 // sources are read-only and re-read). `base` makes the flags monotonic across launches (zero
-// them once): launch k passes base = k * chunks_per_warp. Flags are 128 bytes apart.
+// them once): launch k passes base = k * chunks_per_warp. Flags are 128 bytes apart. With
+// `discard` the consumer drops each slot's lines from L2 after copying it, as the kernels do
+// (chunk_int4 * 16 must then be a multiple of 128).
 extern "C" __global__ void __launch_bounds__(1024, 1)
     probe_ring_handoff(const int4* __restrict__ src, int4* __restrict__ dst, int4* ring, int* flags,
-                       int chunk_int4, int chunks_per_warp, int slots, int base, u64 src_chunks,
-                       u64 dst_chunks, ErrorRecord* err, u64 timeout_ns) {
+                       int chunk_int4, int chunks_per_warp, int slots, int base, int discard,
+                       u64 src_chunks, u64 dst_chunks, ErrorRecord* err, u64 timeout_ns) {
     const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int half = gridDim.x / 2;
     const bool producer = (int)blockIdx.x < half;
@@ -215,6 +217,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         } else {
             UNROLLED_WARP_COPY(7, lane, chunk_int4, dst + (c % dst_chunks) * chunk_int4, slot,
                                ld_cg_v4, st_na_v4);
+            if (discard) {
+                __syncwarp();
+                warp_discard(slot, chunk_int4 * 16, lane);
+            }
         }
         __syncwarp();
         if (lane == 0) st_release_gpu(producer ? tail : head, base + i + 1);
