@@ -93,6 +93,16 @@ pub struct GpuMemory {
     /// from or written back to HBM. Absent: HBM traffic costs the L2 nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_hbm_bw_gbps: Option<f64>,
+    /// SM-side L2 throughput for a ring slot handed from one SM to another through L2 (stored
+    /// by a producer warp, loaded by a consumer warp on another SM while still resident), GB/s
+    /// of those bytes stored plus loaded; they cost this instead of `l2_bw_gbps`. Absent: as
+    /// any other SM-side byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_ring_bw_gbps: Option<f64>,
+    /// What dropping consumed lines from L2 (`discard.global.L2`) costs the L2, as the rate
+    /// at which discarded bytes alone would use it up, GB/s. Absent: discards are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_discard_bw_gbps: Option<f64>,
     /// One warp copying 7,168-byte rows back to back (7 16-byte loads in flight per lane),
     /// ns per row: source in L2, source in HBM.
     pub warp_row_l2_ns: f64,

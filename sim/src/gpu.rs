@@ -168,8 +168,9 @@ impl Core {
 
     /// Memory traffic of SMs on one GPU (the one-GPU model): `l2_bytes` loaded and stored
     /// through SM `sm`'s port and L2, `dram_bytes` read from or written back to HBM, issued at
-    /// `at` (≥ now) by warps that need `issue` on their own (their latency chain). Done when the
-    /// slowest of the four is: each server is FIFO, so concurrent traffic queues for its
+    /// `at` (≥ now) by warps that need `issue` on their own (their latency chain); `l2_extra` is
+    /// L2 work beyond what the bytes cost at the L2's rates (ring handoffs, discards). Done when
+    /// the slowest of the four is: each server is FIFO, so concurrent traffic queues for its
     /// bandwidth. `done` runs then; `nvl_bytes` are charged to `prog` as transport bytes
     /// between ranks.
     #[allow(clippy::too_many_arguments)]
@@ -180,6 +181,7 @@ impl Core {
         sm: u32,
         l2_bytes: u64,
         dram_bytes: u64,
+        l2_extra: Time,
         issue: Time,
         done: Action,
         prog: ProgId,
@@ -192,7 +194,7 @@ impl Core {
         ob.nvlink += nvl_bytes;
         let g = &mut self.gpus.gpus[gpu as usize];
         let mut end = at + issue;
-        let l2_time = l2_work(g.l2.rate, g.l2_hbm, l2_bytes, dram_bytes);
+        let l2_time = l2_work(g.l2.rate, g.l2_hbm, l2_bytes, dram_bytes) + l2_extra;
         if l2_time > 0 {
             end = end.max(g.l2.reserve_for(at, l2_bytes, l2_time).1);
         }

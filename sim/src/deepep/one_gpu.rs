@@ -14,7 +14,10 @@
 //!   flushes L2 before every op); ring slots are stored evict-last and dropped from L2 once
 //!   consumed, so they stay in L2 while the slots in flight fit in it and spill (written back,
 //!   read again from HBM) beyond that; outputs and the low-latency receive buffers, far larger
-//!   than L2, are written back.
+//!   than L2, are written back. A slot stored by one SM and loaded by another while in L2
+//!   costs the L2 more than a streaming copy's bytes (`l2_ring_bw_gbps`), and every
+//!   `discard.global.L2` of a consumed slot or message costs it too (`l2_discard_bw_gbps`):
+//!   both measured by the ring-handoff probe, which no plain copy probe is like.
 //! * **Latency.** A warp copying a row with 7 loads in flight per lane is latency-bound: it
 //!   needs the measured time per round of loads (source in L2 or in HBM) however many rows it
 //!   copies. Dependent loads, atomics, releases and flags add their measured latencies where
@@ -241,6 +244,8 @@ pub struct NormalProgram {
     out_bytes: u64,
     /// int4 of the copied payload per token (the warps' copy loop).
     payload_int4: u64,
+    /// Bytes a receiver drops from L2 per consumed slot: the payload's 128-byte lines.
+    discard_bytes: u64,
     chunk: u32,
     warps_per_block: u32,
     blocks_per_rank: u32,
@@ -310,6 +315,7 @@ impl NormalProgram {
             in_bytes,
             out_bytes,
             payload_int4,
+            discard_bytes: (payload_int4 * 16).div_ceil(128) * 128,
             chunk: cfg.num_max_nvl_chunked_send_tokens.max(1),
             warps_per_block: threads / 32,
             blocks_per_rank: cfg.num_sms,
@@ -497,6 +503,8 @@ impl NormalProgram {
                 self.sm_of(src, 2 * c),
                 read + stored,
                 read + spilled + self.flushed.take(read + stored),
+                // The slots that stay in L2 are handed to a receiver on another SM.
+                self.m.l2_extra(stored - spilled, 0),
                 body,
                 Action::None,
                 self.me,
@@ -557,6 +565,9 @@ impl NormalProgram {
                 self.sm_of(dst, 2 * c + 1),
                 2 * bytes,
                 spilled + out + self.flushed.take(spilled + out),
+                // Loads of slots still in L2 are the handoff's other half; every consumed slot's
+                // payload lines are discarded.
+                self.m.l2_extra(bytes - spilled, avail as u64 * self.discard_bytes),
                 issue,
                 Action::None,
                 self.me,
@@ -606,6 +617,7 @@ impl NormalProgram {
                 self.sm_of(h, 2 * c),
                 read + bytes,
                 read + spilled + self.flushed.take(read + bytes),
+                self.m.l2_extra(bytes - spilled, 0),
                 issue,
                 Action::None,
                 self.me,
@@ -697,6 +709,7 @@ impl NormalProgram {
             self.sm_of(r, 2 * c + 1),
             read + out,
             spilled + out + self.flushed.take(spilled + out),
+            self.m.l2_extra(read - spilled, read / self.tok_bytes * self.discard_bytes),
             issue,
             Action::None,
             self.me,
@@ -1048,6 +1061,7 @@ impl LlProgram {
                 sm,
                 x + self.msg_bytes + valid * 2 * self.msg_bytes,
                 x + valid * self.msg_bytes + self.flushed.take(x + (valid + 1) * self.msg_bytes),
+                0,
                 cast + copy,
                 Action::None,
                 self.me,
@@ -1150,6 +1164,9 @@ impl LlProgram {
                 b % self.sm_count,
                 bytes + count * payload,
                 bytes + count * payload + self.flushed.take(bytes + count * payload),
+                // Each consumed message is discarded (the same instruction the handoff probe
+                // measured on L2-resident lines).
+                self.m.l2_extra(0, bytes),
                 issue,
                 Action::None,
                 self.me,
@@ -1195,6 +1212,7 @@ impl LlProgram {
                 b % self.sm_count,
                 2 * bytes,
                 2 * bytes + self.flushed.take(2 * bytes),
+                0,
                 issue,
                 Action::None,
                 self.me,
@@ -1242,6 +1260,8 @@ impl LlProgram {
             b % self.sm_count,
             (valid + 1) * row,
             (valid + 1) * row + self.flushed.take((valid + 1) * row),
+            // Each consumed slot is discarded.
+            self.m.l2_extra(0, valid * row),
             issue,
             Action::None,
             self.me,
@@ -1443,8 +1463,13 @@ mod tests {
     }
 
     /// A one-GPU EP8 scenario on the `h200-single` profile with a memory section given here
-    /// (test values, not the profile's).
-    fn run_one_gpu(mode: &str, tokens: u32, l2_gbps: f64) -> eptwin_engine::result::RunResult {
+    /// (test values, not the profile's), `extra` appended to it.
+    fn run_one_gpu(
+        mode: &str,
+        tokens: u32,
+        l2_gbps: f64,
+        extra: &str,
+    ) -> eptwin_engine::result::RunResult {
         let ll = mode == "ll";
         let text = format!(
             r#"
@@ -1453,7 +1478,7 @@ name = "one-gpu-{mode}"
 [cluster]
 profile = "h200-single"
 [cluster.overrides.gpu]
-memory = {{ l2_bytes = 62914560, l2_bw_gbps = {l2_gbps}, dram_bw_gbps = 3600.0, warp_row_l2_ns = 800.0, warp_row_hbm_ns = 2000.0, sm_copy_l2_gbps = 60.0, sm_copy_hbm_gbps = 48.0, load_l2_ns = 300, load_hbm_ns = 800, load_hbm_busy_ns = 1200, atomic_ns = 500, release_ns = 500 }}
+memory = {{ l2_bytes = 62914560, l2_bw_gbps = {l2_gbps}, dram_bw_gbps = 3600.0, warp_row_l2_ns = 800.0, warp_row_hbm_ns = 2000.0, sm_copy_l2_gbps = 60.0, sm_copy_hbm_gbps = 48.0, load_l2_ns = 300, load_hbm_ns = 800, load_hbm_busy_ns = 1200, atomic_ns = 500, release_ns = 500{extra} }}
 [[job]]
 name = "ep8"
 [job.buffer]
@@ -1487,7 +1512,7 @@ iterations = 1
     #[test]
     fn one_gpu_kernels_run_and_check_out() {
         for mode in ["ll", "normal"] {
-            let r = run_one_gpu(mode, 64, 5000.0);
+            let r = run_one_gpu(mode, 64, 5000.0, "");
             assert_eq!(r.verdict, eptwin_engine::result::Verdict::Ok, "{mode}: {:?}", r.failures);
             for o in &r.jobs[0].ops {
                 assert!(
@@ -1504,12 +1529,31 @@ iterations = 1
 
     #[test]
     fn a_slower_l2_never_makes_the_normal_kernels_faster() {
-        let fast = run_one_gpu("normal", 256, 6000.0);
-        let slow = run_one_gpu("normal", 256, 3000.0);
+        let fast = run_one_gpu("normal", 256, 6000.0, "");
+        let slow = run_one_gpu("normal", 256, 3000.0, "");
         for op in ["dispatch", "combine"] {
             assert!(mean_us(&slow, op) >= mean_us(&fast, op), "{op}");
         }
         // At 256 tokens the rings' traffic through L2 dominates: half the rate costs time.
         assert!(mean_us(&slow, "dispatch") > 1.3 * mean_us(&fast, "dispatch"));
+    }
+
+    #[test]
+    fn ring_handoffs_and_discards_cost_l2_time() {
+        let extra = ", l2_ring_bw_gbps = 3000.0, l2_discard_bw_gbps = 6000.0";
+        // (64 low-latency tokens: the test scenario's 2 GiB buffer holds no more.)
+        for (mode, tokens) in [("normal", 256), ("ll", 64)] {
+            let plain = run_one_gpu(mode, tokens, 6000.0, "");
+            let costly = run_one_gpu(mode, tokens, 6000.0, extra);
+            assert_eq!(costly.verdict, eptwin_engine::result::Verdict::Ok, "{mode}");
+            for op in ["dispatch", "combine"] {
+                assert!(mean_us(&costly, op) >= mean_us(&plain, op), "{mode} {op}");
+            }
+        }
+        // The normal dispatch hands every slot over through L2 (none spill at 256 tokens): its
+        // rings' stores and loads at half the L2 rate, plus the discards, cost time.
+        let plain = run_one_gpu("normal", 256, 6000.0, "");
+        let costly = run_one_gpu("normal", 256, 6000.0, extra);
+        assert!(mean_us(&costly, "dispatch") > 1.1 * mean_us(&plain, "dispatch"));
     }
 }
