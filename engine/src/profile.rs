@@ -83,10 +83,26 @@ pub struct GpuParams {
 pub struct GpuMemory {
     /// L2 capacity, bytes.
     pub l2_bytes: u64,
-    /// SM-side L2 throughput with L2-resident data, GB/s of bytes loaded plus stored.
+    /// SM-side L2 throughput, GB/s of bytes loaded plus stored (what the L2 serves the SMs
+    /// besides the HBM traffic `l2_hbm_bw_gbps` accounts for).
     pub l2_bw_gbps: f64,
     /// HBM throughput of SM-driven copies, GB/s of bytes read plus written.
     pub dram_bw_gbps: f64,
+    /// What HBM traffic costs the L2 besides the SMs' own accesses (fills of missed reads,
+    /// write-backs), as the rate at which HBM bytes alone would use it up: GB/s of bytes read
+    /// from or written back to HBM. Absent: HBM traffic costs the L2 nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_hbm_bw_gbps: Option<f64>,
+    /// SM-side L2 throughput for a ring slot handed from one SM to another through L2 (stored
+    /// by a producer warp, loaded by a consumer warp on another SM while still resident), GB/s
+    /// of those bytes stored plus loaded; they cost this instead of `l2_bw_gbps`. Absent: as
+    /// any other SM-side byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_ring_bw_gbps: Option<f64>,
+    /// What dropping consumed lines from L2 (`discard.global.L2`) costs the L2, as the rate
+    /// at which discarded bytes alone would use it up, GB/s. Absent: discards are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_discard_bw_gbps: Option<f64>,
     /// One warp copying 7,168-byte rows back to back (7 16-byte loads in flight per lane),
     /// ns per row: source in L2, source in HBM.
     pub warp_row_l2_ns: f64,

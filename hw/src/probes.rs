@@ -257,6 +257,43 @@ fn memory_model_probes(
     }
     m.insert("probe.warp_copy_bw_gbps".into(), Value::Object(copies));
 
+    // The ring handoff of the normal kernels alone (producer warp → L2-resident ring slot →
+    // consumer warp on another SM → HBM): bytes handed over per second, at the normal kernels'
+    // grid (also with the consumer dropping each consumed slot from L2, as the kernels do) and
+    // at one 1,024-thread block per SM. Two slots per warp pair keep every ring in L2 (1,536
+    // pairs × 2 × 7,168 B = 22 MB at 192 × 512).
+    let slots = 2i32;
+    let cpw = 64i32;
+    let ring = devs.list[0].gpu.alloc(64 << 20)?;
+    let flags = devs.list[0].gpu.alloc(4 << 20)?;
+    let mut handoff = serde_json::Map::new();
+    for (blocks, threads, discard) in [(192u32, 512u32, 0i32), (192, 512, 1), (132, 1024, 0)] {
+        let pairs = (blocks / 2 * threads / 32) as u64;
+        devs.list[0].gpu.memset_u8(flags.ptr, 0, 4 << 20)?;
+        devs.clear_errors()?;
+        let (s, d, r, f) = (src, dst, ring.ptr, flags.ptr);
+        let (err, to) = (devs.list[0].err.ptr, devs.timeout_ns());
+        let mut launches = 0i32;
+        let launch = |dev: &Device| {
+            let k = dev.module("probes")?.function("probe_ring_handoff");
+            let base = launches * cpw;
+            launches += 1;
+            let mut a = kernel_args![
+                s, d, r, f, chunk_int4, cpw, slots, base, discard, big_chunks, big_chunks, err, to
+            ];
+            // SAFETY: pairs × slots chunks fit the 64 MiB ring and pairs × 256 B the 4 MiB of
+            // flags; chunk indices wrap inside src and dst; all blocks are resident (the grid
+            // is at most one 1,024-thread or two 512-thread blocks per SM).
+            unsafe { dev.gpu.launch(k, blocks, threads, &mut a) }
+        };
+        let us = time_us(devs, 0, 5, launch)?;
+        devs.finish("ring handoff probe")?;
+        let bytes = pairs * cpw as u64 * CHUNK_BYTES as u64;
+        let key = format!("{blocks}x{threads}{}", if discard == 1 { "_discard" } else { "" });
+        handoff.insert(key, json!(round3(bytes as f64 / (us * 1e3))));
+    }
+    m.insert("probe.ring_handoff_bw_gbps".into(), Value::Object(handoff));
+
     // Dependent loads: ns per load of thread 0, and the whole launch's loads per second.
     let out = devs.list[0].gpu.alloc(64)?;
     let sink = devs.list[0].gpu.alloc(64)?;

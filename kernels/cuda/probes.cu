@@ -167,3 +167,62 @@ extern "C" __global__ void probe_pingpong_gpu(int* ping, int* pong, int iters, u
     }
     if (me == 0) out_ns[0] = globaltimer_ns() - t0;
 }
+
+// The normal kernels' ring handoff alone: the first half of the grid produces, the second half
+// consumes. Warp w of producer block b and warp w of consumer block b + gridDim.x / 2 share a
+// ring of `slots` chunks of `chunk_int4` int4: the producer copies chunks from `src` (streamed
+// from HBM) into the ring and publishes a tail with a release store; the consumer polls the
+// tail (acquire), copies the slot out to `dst` (streamed to HBM) and publishes the head, which
+// the producer waits for before reusing a slot. Every ring slot is stored by one SM and loaded
+// once by another, as in the transport kernels; the copy probes never do that (their L2-resident
+// sources are read-only and re-read). `base` makes the flags monotonic across launches (zero
+// them once): launch k passes base = k * chunks_per_warp. Flags are 128 bytes apart. With
+// `discard` the consumer drops each slot's lines from L2 after copying it, as the kernels do
+// (chunk_int4 * 16 must then be a multiple of 128).
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    probe_ring_handoff(const int4* __restrict__ src, int4* __restrict__ dst, int4* ring, int* flags,
+                       int chunk_int4, int chunks_per_warp, int slots, int base, int discard,
+                       u64 src_chunks, u64 dst_chunks, ErrorRecord* err, u64 timeout_ns) {
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int half = gridDim.x / 2;
+    const bool producer = (int)blockIdx.x < half;
+    const int pair = ((int)blockIdx.x % half) * warps + threadIdx.x / 32;
+    int4* my_ring = ring + (u64)pair * slots * chunk_int4;
+    int* tail = flags + (u64)pair * 64;
+    int* head = tail + 32;
+    const u64 t0 = globaltimer_ns();
+    for (int i = 0; i < chunks_per_warp; ++i) {
+        int4* slot = my_ring + (u64)(i % slots) * chunk_int4;
+        const u64 c = (u64)pair * chunks_per_warp + i;
+        // Producer: room for chunk i once the consumer is past chunk i - slots. Consumer:
+        // chunk i once the tail passes it.
+        const int* poll = producer ? head : tail;
+        const int need = producer ? base + i - slots + 1 : base + i + 1;
+        int ok = 1;
+        if (lane == 0 && (!producer || i >= slots)) {
+            int v;
+            while ((v = ld_acquire_gpu(poll)) < need) {
+                if (globaltimer_ns() - t0 > timeout_ns || error_raised(err)) {
+                    record_timeout(err, WAIT_PROBE_FLAG, pair, -1, producer ? 1 : 0, -1, need, v);
+                    ok = 0;
+                    break;
+                }
+            }
+        }
+        // Also orders the other lanes' accesses after lane 0's acquire.
+        if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+        if (producer) {
+            UNROLLED_WARP_COPY(7, lane, chunk_int4, slot, src + (c % src_chunks) * chunk_int4,
+                               ld_cg_v4, st_na_v4);
+        } else {
+            UNROLLED_WARP_COPY(7, lane, chunk_int4, dst + (c % dst_chunks) * chunk_int4, slot,
+                               ld_cg_v4, st_na_v4);
+            if (discard) {
+                __syncwarp();
+                warp_discard(slot, chunk_int4 * 16, lane);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) st_release_gpu(producer ? tail : head, base + i + 1);
+    }
+}

@@ -79,6 +79,7 @@ pub static MODULES: &[KernelModule] = &[
             "probe_chase",
             "probe_op_latency",
             "probe_pingpong_gpu",
+            "probe_ring_handoff",
         ],
         required_defines: &[],
     },

@@ -90,6 +90,13 @@ pub struct OneGpu {
     pub l2_rate: Rate,
     /// HBM throughput of SM-driven traffic (bytes read + written).
     pub dram_rate: Rate,
+    /// L2 time per byte read from or written back to HBM, on top of the SM-side access.
+    pub l2_hbm_rate: Option<Rate>,
+    /// SM-side L2 throughput for ring-slot bytes handed from one SM to another through L2
+    /// (absent: `l2_rate`).
+    pub l2_ring_rate: Option<Rate>,
+    /// L2 time per byte dropped with `discard.global.L2` (absent: free).
+    pub l2_discard_rate: Option<Rate>,
     /// One warp's copy of a 7,168-byte row (two rounds of 7 × 16-B loads per lane).
     pub row_l2: Time,
     pub row_hbm: Time,
@@ -101,6 +108,18 @@ pub struct OneGpu {
     pub load_hbm_busy: Time,
     pub atomic: Time,
     pub release: Time,
+}
+
+impl OneGpu {
+    /// L2 work beyond what `ring` SM-side bytes cost at `l2_rate`, when they are ring-slot
+    /// stores or loads handed from one SM to another through L2, plus what dropping `discard`
+    /// bytes of consumed lines costs. A ring rate above `l2_rate` is not modelled (the probe
+    /// measures it lower): those bytes then cost `l2_rate`.
+    pub fn l2_extra(&self, ring: u64, discard: u64) -> Time {
+        let handoff =
+            self.l2_ring_rate.map_or(0, |r| r.time(ring).saturating_sub(self.l2_rate.time(ring)));
+        handoff + self.l2_discard_rate.map_or(0, |r| r.time(discard))
+    }
 }
 
 /// Fractional nanoseconds to simulated time.
@@ -146,6 +165,9 @@ impl Params {
                 l2_bytes: m.l2_bytes,
                 l2_rate: Rate::from_gbps(m.l2_bw_gbps),
                 dram_rate: Rate::from_gbps(m.dram_bw_gbps),
+                l2_hbm_rate: m.l2_hbm_bw_gbps.map(Rate::from_gbps),
+                l2_ring_rate: m.l2_ring_bw_gbps.map(Rate::from_gbps),
+                l2_discard_rate: m.l2_discard_bw_gbps.map(Rate::from_gbps),
                 row_l2: ns_f(m.warp_row_l2_ns),
                 row_hbm: ns_f(m.warp_row_hbm_ns),
                 sm_port: Rate::from_gbps(2.0 * m.sm_copy_l2_gbps.max(m.sm_copy_hbm_gbps)),
@@ -189,5 +211,51 @@ mod tests {
         assert_eq!(params.write_wire_bytes(7408), 7476);
         assert_eq!(params.write_wire_bytes(14336), 14456);
         assert_eq!(params.write_wire_bytes(59_776), 60_182);
+    }
+
+    fn one_gpu(ring: Option<f64>, discard: Option<f64>) -> OneGpu {
+        OneGpu {
+            l2_bytes: 1 << 26,
+            l2_rate: Rate::from_gbps(6000.0),
+            dram_rate: Rate::from_gbps(4000.0),
+            l2_hbm_rate: None,
+            l2_ring_rate: ring.map(Rate::from_gbps),
+            l2_discard_rate: discard.map(Rate::from_gbps),
+            row_l2: 1,
+            row_hbm: 1,
+            sm_port: Rate::from_gbps(100.0),
+            load_l2: 1,
+            load_hbm: 1,
+            load_hbm_busy: 1,
+            atomic: 1,
+            release: 1,
+        }
+    }
+
+    #[test]
+    fn handoff_extra_is_the_rate_difference() {
+        // 1 MB at 3,000 instead of 6,000 GB/s: 333.3 - 166.7 us; 1 MB discarded at 5,000: 200 us.
+        let m = one_gpu(Some(3000.0), Some(5000.0));
+        let us = m.l2_extra(1_000_000, 1_000_000) as f64 / 1e6;
+        assert!((us - (1e6 / 3000e3 - 1e6 / 6000e3 + 1e6 / 5000e3)).abs() < 1e-3, "{us}");
+        assert_eq!(one_gpu(None, None).l2_extra(1 << 30, 1 << 30), 0);
+        // A ring rate above the L2's is not modelled: no negative work.
+        assert_eq!(one_gpu(Some(9000.0), None).l2_extra(1 << 30, 0), 0);
+    }
+
+    proptest::proptest! {
+        /// The extra L2 work grows with the bytes handed over and discarded, and with slower
+        /// ring and discard rates.
+        #[test]
+        fn handoff_extra_is_monotone(
+            ring in 0u64..1 << 32, discard in 0u64..1 << 32, more in 0u64..1 << 32,
+            r in 100.0f64..20_000.0, d in 100.0f64..20_000.0,
+        ) {
+            let m = one_gpu(Some(r), Some(d));
+            let e = m.l2_extra(ring, discard);
+            proptest::prop_assert!(m.l2_extra(ring + more, discard) >= e);
+            proptest::prop_assert!(m.l2_extra(ring, discard + more) >= e);
+            proptest::prop_assert!(one_gpu(Some(r / 2.0), Some(d / 2.0)).l2_extra(ring, discard) >= e);
+        }
     }
 }

@@ -2,22 +2,68 @@
 """Print the h200-single profile lines the one-GPU simulator model needs, from the probe
 measurements of one hardware result (`measurements.probe.*`, written by `eptwin run ... --backend
 hw` with the probes of hw/src/probes.rs). Every value is a probe value or a fixed arithmetic
-combination of probe values (docs/calibration.md, "h200-single"); nothing is fitted.
+combination of probe values (docs/calibration.md, "h200-single"); nothing is fitted to the
+dispatch/combine latencies.
 
-Usage: profile-from-probes.py RESULT.json [LABEL]
+Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]...
   LABEL names the file in the source comments (default: the path given).
+  --handoff FILE: take probe.ring_handoff_bw_gbps from FILE (a result JSON, or a log with
+  "# measured probe.ring_handoff_bw_gbps: {...}" lines; every occurrence is averaged) instead
+  of RESULT. Without it and without the probe in RESULT, the ring and discard keys are left out.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
 kernel_launch_ns and flag_latency_ns in [gpu] with the two lines printed first.
+
+The L2 is one server whose work per step is its SM-side bytes at l2_bw_gbps plus its HBM bytes
+at l2_hbm_bw_gbps. The hbm_to_l2 and hbm_to_hbm warp-copy probes at 132x1024 each copy
+X = 4,224 warps x 32 rows x 7,168 B after the 256 MB memset that leaves F = l2_bytes of dirty
+lines in L2, in T = X / rate - launch (probe.empty_kernel_event_us):
+    2X / l2_bw + (X + F) / l2_hbm = T(hbm_to_l2)     (HBM: X read, F written back)
+    2X / l2_bw +    2X   / l2_hbm = T(hbm_to_hbm)    (HBM: X read, X written back)
+The ring handoff probe (192x512) hands X' = 1,536 warp pairs x 64 rows x 7,168 B from producer
+warps to consumer warps on other SMs through L2-resident slots: source load and output store at
+l2_bw, slot store and slot load at l2_ring, 2X' HBM bytes at l2_hbm:
+    2X' / l2_bw + 2X' / l2_ring + 2X' / l2_hbm = T(192x512)
+and the consumer's discards of the X' bytes cost T(192x512_discard) - T(192x512):
+    l2_discard = X' / (T(192x512_discard) - T(192x512))
 """
 import json
+import re
 import sys
 
 ROW_BYTES = 7168  # the warp-copy probes' row (hw/src/probes.rs CHUNK_BYTES)
+# Bytes each probe copies (hw/src/probes.rs): 132 x 1024 threads = 4,224 warps x 32 rows; the
+# ring handoff at 192 x 512: 96 producer blocks x 16 warps = 1,536 pairs x 64 rows.
+COPY_BYTES_132X1024 = 4224 * 32 * ROW_BYTES
+HANDOFF_BYTES_192X512 = 1536 * 64 * ROW_BYTES
+
+
+def handoffs(path):
+    """Every probe.ring_handoff_bw_gbps in a result JSON or a log."""
+    text = open(path).read()
+    if path.endswith(".json"):
+        return [json.loads(text)["measurements"]["probe.ring_handoff_bw_gbps"]]
+    pat = r"# measured probe\.ring_handoff_bw_gbps: (\{.*\})"
+    return [json.loads(x) for x in re.findall(pat, text)]
+
+
+def l2_rates(m, l2_bytes):
+    """(l2_bw_gbps, l2_hbm_bw_gbps) solved as in the module docstring."""
+    copy = m["probe.warp_copy_bw_gbps"]
+    launch_us = m["probe.empty_kernel_event_us"]
+    x = COPY_BYTES_132X1024
+    t1 = x / copy["hbm_to_l2"]["132x1024"] / 1e3 - launch_us
+    t2 = x / copy["hbm_to_hbm"]["132x1024"] / 1e3 - launch_us
+    l2_hbm = (x - l2_bytes) / (t2 - t1) / 1e3
+    l2 = 2 * x / (t1 - (x + l2_bytes) / l2_hbm / 1e3) / 1e3
+    return l2, l2_hbm
 
 
 def main():
-    path = sys.argv[1]
-    label = sys.argv[2] if len(sys.argv) > 2 else path
+    args = sys.argv[1:]
+    handoff_files = [args[i + 1] for i, a in enumerate(args) if a == "--handoff"]
+    pos = [a for i, a in enumerate(args) if a != "--handoff" and (i == 0 or args[i - 1] != "--handoff")]
+    path = pos[0]
+    label = pos[1] if len(pos) > 1 else path
     doc = json.load(open(path))
     m = doc["measurements"]
     copy = m["probe.warp_copy_bw_gbps"]
@@ -29,6 +75,7 @@ def main():
         return max(copy[variant][s] for s in full if s in copy[variant])
 
     src = f"({label})"
+    l2, l2_hbm = l2_rates(m, doc["backend"]["l2_bytes"])
     lines = [
         f"kernel_launch_ns = {round(m['probe.empty_kernel_event_us'] * 1000)} "
         f"# probe.empty_kernel_event_us: an empty kernel between two CUDA events {src}",
@@ -37,10 +84,11 @@ def main():
         "",
         "[gpu.memory]",
         f"l2_bytes = {doc['backend']['l2_bytes']} # backend.l2_bytes (CUDA device attribute) {src}",
-        f"l2_bw_gbps = {2 * best('l2_to_l2'):.0f} "
-        f"# 2 x probe.warp_copy_bw_gbps.l2_to_l2, best full-GPU shape (loads + stores) {src}",
+        f"l2_bw_gbps = {l2:.0f} # solved from probe.warp_copy_bw_gbps.hbm_to_l2/hbm_to_hbm.132x1024 "
+        f"with l2_hbm_bw_gbps {src}",
         f"dram_bw_gbps = {2 * max(best('hbm_to_hbm'), m['probe.copy_kernel_bw_gbps']):.0f} "
         f"# 2 x max(probe.warp_copy_bw_gbps.hbm_to_hbm full GPU, probe.copy_kernel_bw_gbps) {src}",
+        f"l2_hbm_bw_gbps = {l2_hbm:.0f} # solved with l2_bw_gbps {src}",
         f"warp_row_l2_ns = {ROW_BYTES / copy['l2_to_l2']['1x32']:.1f} "
         f"# 7168 B / probe.warp_copy_bw_gbps.l2_to_l2.1x32 {src}",
         f"warp_row_hbm_ns = {ROW_BYTES / copy['hbm_to_hbm']['1x32']:.1f} "
@@ -59,6 +107,24 @@ def main():
         f"release_ns = {max(0, round(ops['warp_copy_7168B_release_ns'] - ops['warp_copy_7168B_ns']))} "
         f"# probe.op_latency: warp_copy_7168B_release_ns - warp_copy_7168B_ns {src}",
     ]
+    runs = [h for f in handoff_files for h in handoffs(f)]
+    if not handoff_files and "probe.ring_handoff_bw_gbps" in m:
+        runs = [m["probe.ring_handoff_bw_gbps"]]
+    if runs:
+        hsrc = f"({', '.join(handoff_files) or label})"
+        x = HANDOFF_BYTES_192X512
+        plain = sum(r["192x512"] for r in runs) / len(runs)
+        discard = sum(r["192x512_discard"] for r in runs) / len(runs)
+        # The profile's launch (this result's), as for the L2 rates.
+        t = x / plain / 1e3 - m["probe.empty_kernel_event_us"]
+        ring = 2 * x / (t - 2 * x / l2 / 1e3 - 2 * x / l2_hbm / 1e3) / 1e3
+        dt = x / discard / 1e3 - x / plain / 1e3
+        lines += [
+            f"l2_ring_bw_gbps = {ring:.0f} # solved from probe.ring_handoff_bw_gbps.192x512 "
+            f"(mean of {len(runs)}: {plain:.1f}) {hsrc}",
+            f"l2_discard_bw_gbps = {x / dt / 1e3:.0f} # X / (T(192x512_discard) - T(192x512)) "
+            f"(means of {len(runs)}: {discard:.1f}, {plain:.1f}) {hsrc}",
+        ]
     print("\n".join(lines))
 
 

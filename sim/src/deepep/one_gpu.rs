@@ -14,7 +14,10 @@
 //!   flushes L2 before every op); ring slots are stored evict-last and dropped from L2 once
 //!   consumed, so they stay in L2 while the slots in flight fit in it and spill (written back,
 //!   read again from HBM) beyond that; outputs and the low-latency receive buffers, far larger
-//!   than L2, are written back.
+//!   than L2, are written back. A slot stored by one SM and loaded by another while in L2
+//!   costs the L2 more than a streaming copy's bytes (`l2_ring_bw_gbps`), and every
+//!   `discard.global.L2` of a consumed slot or message costs it too (`l2_discard_bw_gbps`):
+//!   both measured by the ring-handoff probe, which no plain copy probe is like.
 //! * **Latency.** A warp copying a row with 7 loads in flight per lane is latency-bound: it
 //!   needs the measured time per round of loads (source in L2 or in HBM) however many rows it
 //!   copies. Dependent loads, atomics, releases and flags add their measured latencies where
@@ -83,9 +86,71 @@ fn memory_servers(core: &mut Core, gpu: u32, m: &OneGpu) {
     let g = &mut core.gpus.gpus[gpu as usize];
     g.l2.rate = m.l2_rate;
     g.dram.rate = m.dram_rate;
+    g.l2_hbm = m.l2_hbm_rate;
     if g.sms.len() != sms {
         g.sms = vec![crate::gpu::Server::new(m.sm_port); sms];
     }
+}
+
+/// The GPU's L2 and HBM servers' counters, to report what one op moved through them.
+#[derive(Debug, Clone, Copy, Default)]
+struct MemSnap {
+    l2_bytes: u64,
+    l2_busy: Time,
+    dram_bytes: u64,
+    dram_busy: Time,
+}
+
+impl MemSnap {
+    fn of(core: &Core, gpu: u32) -> MemSnap {
+        let g = &core.gpus.gpus[gpu as usize];
+        MemSnap {
+            l2_bytes: g.l2.bytes,
+            l2_busy: g.l2.busy_ps,
+            dram_bytes: g.dram.bytes,
+            dram_busy: g.dram.busy_ps,
+        }
+    }
+
+    /// What moved since `self` over a kernel of `span`: the figures Nsight Compute reports
+    /// for the same kernel (SM-side L2 bytes, HBM bytes, how busy each was).
+    fn report(self, core: &Core, gpu: u32, span: Time) -> String {
+        let now = MemSnap::of(core, gpu);
+        let pct = |busy: Time| 100.0 * busy as f64 / span.max(1) as f64;
+        format!(
+            "one-GPU model: {:.2} GB SM-side L2 traffic (L2 busy {:.0} %), {:.2} GB HBM traffic (HBM busy {:.0} %)",
+            (now.l2_bytes - self.l2_bytes) as f64 / 1e9,
+            pct(now.l2_busy - self.l2_busy),
+            (now.dram_bytes - self.dram_bytes) as f64 / 1e9,
+            pct(now.dram_busy - self.dram_busy),
+        )
+    }
+}
+
+/// The backend times every op after a 256 MB memset that flushes L2 (hw/src/exec.rs
+/// `flush_l2`), which leaves the L2 full of the memset's dirty lines: the op's first `l2_bytes`
+/// of new lines each evict one, written back to HBM. `take` returns the write-back a step's new
+/// lines cause.
+#[derive(Debug, Clone, Copy)]
+struct FlushedL2 {
+    dirty: u64,
+}
+
+impl FlushedL2 {
+    fn take(&mut self, new_lines: u64) -> u64 {
+        let w = self.dirty.min(new_lines);
+        self.dirty -= w;
+        w
+    }
+}
+
+/// L2 bytes that ring slots in flight can occupy. The L2 is two partitions, each caching the
+/// lines its own SMs access (H100/H200: the SMs of the GPCs attached to it), so a slot stored by
+/// a block on one side and loaded by a block on the other is held twice. Senders and receivers
+/// land on either side alike (blocks fill the SMs in launch order), so half the slots cross:
+/// each slot takes 1.5 slots of L2 on average.
+fn ring_capacity(l2_bytes: u64) -> u64 {
+    l2_bytes * 2 / 3
 }
 
 /// Threads per block of the normal kernels (hw/src/kernel_defines.rs
@@ -179,6 +244,8 @@ pub struct NormalProgram {
     out_bytes: u64,
     /// int4 of the copied payload per token (the warps' copy loop).
     payload_int4: u64,
+    /// Bytes a receiver drops from L2 per consumed slot: the payload's 128-byte lines.
+    discard_bytes: u64,
     chunk: u32,
     warps_per_block: u32,
     blocks_per_rank: u32,
@@ -205,6 +272,8 @@ pub struct NormalProgram {
     got_count: Vec<u64>,
     want_hash: Vec<u64>,
     want_count: Vec<u64>,
+    mem0: MemSnap,
+    flushed: FlushedL2,
 }
 
 impl NormalProgram {
@@ -246,6 +315,7 @@ impl NormalProgram {
             in_bytes,
             out_bytes,
             payload_int4,
+            discard_bytes: (payload_int4 * 16).div_ceil(128) * 128,
             chunk: cfg.num_max_nvl_chunked_send_tokens.max(1),
             warps_per_block: threads / 32,
             blocks_per_rank: cfg.num_sms,
@@ -256,7 +326,11 @@ impl NormalProgram {
             ranks: Ranks::new(n),
             routing: d.routing.clone(),
             rings: Vec::new(),
-            spill: SpillBook::new((channels * n * n) as usize, m.l2_bytes, tok_bytes),
+            spill: SpillBook::new(
+                (channels * n * n) as usize,
+                ring_capacity(m.l2_bytes),
+                tok_bytes,
+            ),
             next: Vec::new(),
             streams: Vec::new(),
             pos: Vec::new(),
@@ -268,6 +342,8 @@ impl NormalProgram {
             got_count: vec![0; n as usize],
             want_hash: vec![0; n as usize],
             want_count: vec![0; n as usize],
+            mem0: MemSnap::of(core, gpu),
+            flushed: FlushedL2 { dirty: m.l2_bytes },
         };
         for _ in 0..channels * n * n {
             p.rings.push(Ring::new(core, cfg.num_max_nvl_chunked_recv_tokens));
@@ -414,21 +490,26 @@ impl NormalProgram {
         let passes = items.div_ceil(self.warps_per_block) as u64;
         let per_warp = self.payload_int4.div_ceil(p as u64);
         let rounds = per_warp.div_ceil(4 * 32);
-        let issue = 2 * self.m.load_hbm
-            + passes * rounds * self.m.row_hbm / PROBE_ROW_ROUNDS
-            + self.m.release;
+        // No payload moves before the routing row is in, and the tails wait for the release:
+        // latencies that add to the copy's time rather than overlap with it.
+        let lead = self.m.load_hbm;
+        let body = self.m.load_hbm + passes * rounds * self.m.row_hbm / PROBE_ROW_ROUNDS;
         let read = nw as u64 * self.in_bytes;
-        let end = core.sm_traffic(
-            core.now,
-            self.gpu,
-            self.sm_of(src, 2 * c),
-            read + stored,
-            read + spilled,
-            issue,
-            Action::None,
-            self.me,
-            stored,
-        );
+        let end = lead
+            + self.m.release
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                self.sm_of(src, 2 * c),
+                read + stored,
+                read + spilled + self.flushed.take(read + stored),
+                // The slots that stay in L2 are handed to a receiver on another SM.
+                self.m.l2_extra(stored - spilled, 0),
+                body,
+                Action::None,
+                self.me,
+                stored,
+            );
         for d in 0..self.n {
             let k = per_dst[d as usize];
             if k > 0 {
@@ -475,17 +556,23 @@ impl NormalProgram {
         let per_warp = avail.div_ceil(warps) as u64;
         let issue = per_warp * warp_copy(self.payload_int4, self.m.row_l2);
         let bytes = avail as u64 * self.tok_bytes;
-        let end = core.sm_traffic(
-            core.now,
-            self.gpu,
-            self.sm_of(dst, 2 * c + 1),
-            2 * bytes,
-            spilled + avail as u64 * self.out_bytes,
-            issue,
-            Action::None,
-            self.me,
-            0,
-        );
+        let out = avail as u64 * self.out_bytes;
+        // The head is a release store after the batch's stores: it waits for them.
+        let end = self.m.release
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                self.sm_of(dst, 2 * c + 1),
+                2 * bytes,
+                spilled + out + self.flushed.take(spilled + out),
+                // Loads of slots still in L2 are the handoff's other half; every consumed slot's
+                // payload lines are discarded.
+                self.m.l2_extra(bytes - spilled, avail as u64 * self.discard_bytes),
+                issue,
+                Action::None,
+                self.me,
+                0,
+            );
         self.batch[i] = (avail, bytes);
         core.wake_at(end, self.me, actor);
     }
@@ -519,20 +606,23 @@ impl NormalProgram {
         let spilled = self.spill.store(ri, k);
         let warps = (self.warps_per_block / self.n).max(1);
         let per_warp = k.div_ceil(warps) as u64;
-        let issue = per_warp * warp_copy(self.payload_int4, self.m.row_hbm) + self.m.release;
+        let issue = per_warp * warp_copy(self.payload_int4, self.m.row_hbm);
         let bytes = k as u64 * self.tok_bytes;
         let read = k as u64 * self.in_bytes;
-        let end = core.sm_traffic(
-            core.now,
-            self.gpu,
-            self.sm_of(h, 2 * c),
-            read + bytes,
-            read + spilled,
-            issue,
-            Action::None,
-            self.me,
-            bytes,
-        );
+        // The tail is a release store after the chunk's stores.
+        let end = self.m.release
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                self.sm_of(h, 2 * c),
+                read + bytes,
+                read + spilled + self.flushed.take(read + bytes),
+                self.m.l2_extra(bytes - spilled, 0),
+                issue,
+                Action::None,
+                self.me,
+                bytes,
+            );
         let tail = Action::Add { counter: self.rings[ri].tail, delta: k };
         core.act_at(end + self.flag, tail);
         core.wake_at(end, self.me, actor);
@@ -618,7 +708,8 @@ impl NormalProgram {
             self.gpu,
             self.sm_of(r, 2 * c + 1),
             read + out,
-            spilled + out,
+            spilled + out + self.flushed.take(spilled + out),
+            self.m.l2_extra(read - spilled, read / self.tok_bytes * self.discard_bytes),
             issue,
             Action::None,
             self.me,
@@ -693,7 +784,7 @@ impl Program for NormalProgram {
         self.ranks.left == 0
     }
 
-    fn finish(&mut self, _core: &Core) -> OpSample {
+    fn finish(&mut self, core: &Core) -> OpSample {
         for r in 0..self.n as usize {
             if self.got_count[r] != self.want_count[r] || self.got_hash[r] != self.want_hash[r] {
                 self.ranks.fail(format!(
@@ -707,6 +798,9 @@ impl Program for NormalProgram {
             "one-GPU model: {:.1} MB of ring slots spilled beyond L2",
             self.spill.spilled as f64 / 1e6
         ));
+        let span = self.ranks.last.iter().max().copied().unwrap_or(0)
+            - self.ranks.start.iter().min().copied().unwrap_or(0);
+        s.checks.push(self.mem0.report(core, self.gpu, span));
         s
     }
 
@@ -796,6 +890,9 @@ pub struct LlProgram {
     send_end: Time,
     t0: Time,
     started: u32,
+    end: Time,
+    mem0: MemSnap,
+    flushed: FlushedL2,
 }
 
 impl LlProgram {
@@ -854,6 +951,9 @@ impl LlProgram {
             send_end: 0,
             t0: 0,
             started: 0,
+            end: 0,
+            mem0: MemSnap::of(core, gpu),
+            flushed: FlushedL2 { dirty: m.l2_bytes },
         };
         for r in 0..n {
             for t in 0..p.tokens {
@@ -907,6 +1007,7 @@ impl LlProgram {
         self.stage[b as usize] = LlStage::Done;
         self.blocks_left -= 1;
         if self.blocks_left == 0 {
+            self.end = core.now;
             for r in 0..self.n {
                 self.ranks.touch(r, core.now);
                 self.ranks.phase("send", r, self.send_end.saturating_sub(self.t0), self.n);
@@ -941,24 +1042,31 @@ impl LlProgram {
         let (lr, t) = (it % self.n, it / self.n);
         let bf16_int4 = self.hidden * 2 / 16;
         let cast = bf16_int4.div_ceil(LL_CAST_THREADS) * self.m.load_hbm_busy;
-        let send =
-            self.m.atomic + warp_copy(self.msg_bytes / 16 - 1, self.m.row_l2) + self.m.release;
         let experts: Vec<i32> = self.routing.experts(lr, t).to_vec();
         let valid = experts.iter().filter(|&&e| e >= 0).count() as u64;
         let x = 2 * self.hidden;
-        let l2 = x + self.msg_bytes + valid * 2 * self.msg_bytes;
-        let dram = x + valid * self.msg_bytes;
-        let end = core.sm_traffic(
-            core.now,
-            self.gpu,
-            b % self.sm_count,
-            l2,
-            dram,
-            cast + if valid > 0 { send } else { 0 },
-            Action::None,
-            self.me,
-            valid * self.msg_bytes,
-        );
+        let sm = b % self.sm_count;
+        // The cast (the BF16 row from HBM, the staged message stored), then each send warp's
+        // copy of it: data flows, which overlap with the wait for bandwidth. The slot atomic
+        // before the copy and the release after it add to them.
+        let (copy, sync) = if valid > 0 {
+            (warp_copy(self.msg_bytes / 16 - 1, self.m.row_l2), self.m.atomic + self.m.release)
+        } else {
+            (0, 0)
+        };
+        let end = sync
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                sm,
+                x + self.msg_bytes + valid * 2 * self.msg_bytes,
+                x + valid * self.msg_bytes + self.flushed.take(x + (valid + 1) * self.msg_bytes),
+                0,
+                cast + copy,
+                Action::None,
+                self.me,
+                valid * self.msg_bytes,
+            );
         for &e in &experts {
             if e < 0 {
                 continue;
@@ -1046,19 +1154,24 @@ impl LlProgram {
         let payload =
             if self.msg_bytes - 16 >= 2 * self.hidden { 2 * self.hidden } else { self.hidden };
         let per_msg = 2 * self.m.load_hbm + warp_copy(payload / 16, self.m.row_hbm);
-        let issue = polls + count.div_ceil(LL_WARPS_PER_GROUP as u64) * per_msg;
+        let issue = count.div_ceil(LL_WARPS_PER_GROUP as u64) * per_msg;
         let bytes = count * self.msg_bytes;
-        let end = core.sm_traffic(
-            core.now,
-            self.gpu,
-            b % self.sm_count,
-            bytes + count * payload,
-            bytes + count * payload,
-            issue,
-            Action::None,
-            self.me,
-            0,
-        );
+        // The copies start once the counts are read.
+        let end = polls
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                b % self.sm_count,
+                bytes + count * payload,
+                bytes + count * payload + self.flushed.take(bytes + count * payload),
+                // Each consumed message is discarded (the same instruction the handoff probe
+                // measured on L2-resident lines).
+                self.m.l2_extra(0, bytes),
+                issue,
+                Action::None,
+                self.me,
+                0,
+            );
         core.wake_at(end, self.me, actor);
     }
 
@@ -1089,19 +1202,22 @@ impl LlProgram {
         let e = lr * self.local + le;
         let rows = self.want[(dst * self.experts + e) as usize] as u64;
         let per_row = self.m.load_hbm + warp_copy(self.msg_bytes / 16, self.m.row_hbm);
-        let issue = rows.div_ceil(LL_WARPS_PER_GROUP as u64) * per_row + self.m.release;
+        let issue = rows.div_ceil(LL_WARPS_PER_GROUP as u64) * per_row;
         let bytes = rows * self.msg_bytes;
-        let end = core.sm_traffic(
-            core.now,
-            self.gpu,
-            b % self.sm_count,
-            2 * bytes,
-            2 * bytes,
-            issue,
-            Action::None,
-            self.me,
-            bytes,
-        );
+        // The flag is a release after the group's stores.
+        let end = self.m.release
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                b % self.sm_count,
+                2 * bytes,
+                2 * bytes + self.flushed.take(2 * bytes),
+                0,
+                issue,
+                Action::None,
+                self.me,
+                bytes,
+            );
         core.act_at(end, Action::Add { counter: self.flag_ctr + self.n + dst, delta: rows as u32 });
         core.act_at(end + self.flag, Action::Add { counter: self.flag_ctr + dst, delta: 1 });
         core.wake_at(end, self.me, actor);
@@ -1143,7 +1259,9 @@ impl LlProgram {
             self.gpu,
             b % self.sm_count,
             (valid + 1) * row,
-            (valid + 1) * row,
+            (valid + 1) * row + self.flushed.take((valid + 1) * row),
+            // Each consumed slot is discarded.
+            self.m.l2_extra(0, valid * row),
             issue,
             Action::None,
             self.me,
@@ -1221,9 +1339,11 @@ impl Program for LlProgram {
         self.ranks.left == 0
     }
 
-    fn finish(&mut self, _core: &Core) -> OpSample {
+    fn finish(&mut self, core: &Core) -> OpSample {
         let _ = self.topk;
-        self.ranks.sample(&self.meta, 0.0)
+        let mut s = self.ranks.sample(&self.meta, 0.0);
+        s.checks.push(self.mem0.report(core, self.gpu, self.end - self.t0));
+        s
     }
 
     fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
@@ -1264,6 +1384,21 @@ mod tests {
         assert_eq!(normal_threads(8, 192, 132), 512);
         assert_eq!(normal_threads(8, 96, 132), 768);
         assert_eq!(normal_threads(8, 400, 132), 256);
+    }
+
+    #[test]
+    fn flushed_lines_are_written_back_once() {
+        let mut f = FlushedL2 { dirty: 100 };
+        assert_eq!(f.take(30), 30);
+        assert_eq!(f.take(0), 0);
+        assert_eq!(f.take(100), 70);
+        assert_eq!(f.take(50), 0);
+    }
+
+    #[test]
+    fn ring_slots_get_two_thirds_of_l2() {
+        // H200: 60 MiB of L2, 40 MiB for ring slots in flight.
+        assert_eq!(ring_capacity(62_914_560), 41_943_040);
     }
 
     #[test]
@@ -1328,8 +1463,13 @@ mod tests {
     }
 
     /// A one-GPU EP8 scenario on the `h200-single` profile with a memory section given here
-    /// (test values, not the profile's).
-    fn run_one_gpu(mode: &str, tokens: u32, l2_gbps: f64) -> eptwin_engine::result::RunResult {
+    /// (test values, not the profile's), `extra` appended to it.
+    fn run_one_gpu(
+        mode: &str,
+        tokens: u32,
+        l2_gbps: f64,
+        extra: &str,
+    ) -> eptwin_engine::result::RunResult {
         let ll = mode == "ll";
         let text = format!(
             r#"
@@ -1338,7 +1478,7 @@ name = "one-gpu-{mode}"
 [cluster]
 profile = "h200-single"
 [cluster.overrides.gpu]
-memory = {{ l2_bytes = 62914560, l2_bw_gbps = {l2_gbps}, dram_bw_gbps = 3600.0, warp_row_l2_ns = 800.0, warp_row_hbm_ns = 2000.0, sm_copy_l2_gbps = 60.0, sm_copy_hbm_gbps = 48.0, load_l2_ns = 300, load_hbm_ns = 800, load_hbm_busy_ns = 1200, atomic_ns = 500, release_ns = 500 }}
+memory = {{ l2_bytes = 62914560, l2_bw_gbps = {l2_gbps}, dram_bw_gbps = 3600.0, warp_row_l2_ns = 800.0, warp_row_hbm_ns = 2000.0, sm_copy_l2_gbps = 60.0, sm_copy_hbm_gbps = 48.0, load_l2_ns = 300, load_hbm_ns = 800, load_hbm_busy_ns = 1200, atomic_ns = 500, release_ns = 500{extra} }}
 [[job]]
 name = "ep8"
 [job.buffer]
@@ -1372,7 +1512,7 @@ iterations = 1
     #[test]
     fn one_gpu_kernels_run_and_check_out() {
         for mode in ["ll", "normal"] {
-            let r = run_one_gpu(mode, 64, 5000.0);
+            let r = run_one_gpu(mode, 64, 5000.0, "");
             assert_eq!(r.verdict, eptwin_engine::result::Verdict::Ok, "{mode}: {:?}", r.failures);
             for o in &r.jobs[0].ops {
                 assert!(
@@ -1389,12 +1529,31 @@ iterations = 1
 
     #[test]
     fn a_slower_l2_never_makes_the_normal_kernels_faster() {
-        let fast = run_one_gpu("normal", 256, 6000.0);
-        let slow = run_one_gpu("normal", 256, 3000.0);
+        let fast = run_one_gpu("normal", 256, 6000.0, "");
+        let slow = run_one_gpu("normal", 256, 3000.0, "");
         for op in ["dispatch", "combine"] {
             assert!(mean_us(&slow, op) >= mean_us(&fast, op), "{op}");
         }
         // At 256 tokens the rings' traffic through L2 dominates: half the rate costs time.
         assert!(mean_us(&slow, "dispatch") > 1.3 * mean_us(&fast, "dispatch"));
+    }
+
+    #[test]
+    fn ring_handoffs_and_discards_cost_l2_time() {
+        let extra = ", l2_ring_bw_gbps = 3000.0, l2_discard_bw_gbps = 6000.0";
+        // (64 low-latency tokens: the test scenario's 2 GiB buffer holds no more.)
+        for (mode, tokens) in [("normal", 256), ("ll", 64)] {
+            let plain = run_one_gpu(mode, tokens, 6000.0, "");
+            let costly = run_one_gpu(mode, tokens, 6000.0, extra);
+            assert_eq!(costly.verdict, eptwin_engine::result::Verdict::Ok, "{mode}");
+            for op in ["dispatch", "combine"] {
+                assert!(mean_us(&costly, op) >= mean_us(&plain, op), "{mode} {op}");
+            }
+        }
+        // The normal dispatch hands every slot over through L2 (none spill at 256 tokens): its
+        // rings' stores and loads at half the L2 rate, plus the discards, cost time.
+        let plain = run_one_gpu("normal", 256, 6000.0, "");
+        let costly = run_one_gpu("normal", 256, 6000.0, extra);
+        assert!(mean_us(&costly, "dispatch") > 1.1 * mean_us(&plain, "dispatch"));
     }
 }
