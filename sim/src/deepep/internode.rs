@@ -28,7 +28,7 @@ use eptwin_engine::topology::NUM_MAX_NVL_PEERS;
 use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
-use super::{GpuCosts, Meta, Ranks, deepep_job, ipc_path, mix};
+use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path, mix};
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
 use crate::time::{Rate, Time, ns};
@@ -120,10 +120,7 @@ pub struct InternodeProgram {
     cr_credit_last: Vec<u32>,
     cr_touched: Vec<bool>,
     workers_left: Vec<u32>,
-    got_hash: Vec<u64>,
-    got_count: Vec<u64>,
-    want_hash: Vec<u64>,
-    want_count: Vec<u64>,
+    ledger: Ledger,
     // Rates.
     sender_rate: Rate,
     fwd_rate: Rate,
@@ -222,10 +219,7 @@ impl InternodeProgram {
             cr_credit_last: Vec::new(),
             cr_touched: Vec::new(),
             workers_left: vec![0; n as usize],
-            got_hash: vec![0; n as usize],
-            got_count: vec![0; n as usize],
-            want_hash: vec![0; n as usize],
-            want_count: vec![0; n as usize],
+            ledger: Ledger::new(n),
             notify: ns(plan.profile.deepep.notify_host_roundtrip_ns),
             dispatch_nvl_send: d.dispatch_config.map_or(1, |c| c.num_max_nvl_chunked_send_tokens),
             fwd_waiting_head: vec![false; (n * ch * P) as usize],
@@ -235,9 +229,7 @@ impl InternodeProgram {
     }
 
     fn range(&self, c: u32) -> (u32, u32) {
-        let per = self.tokens.div_ceil(self.ch);
-        let start = (c * per).min(self.tokens);
-        (start, (start + per).min(self.tokens))
+        channel_range(self.tokens, self.ch, c)
     }
 
     #[inline]
@@ -279,15 +271,11 @@ impl InternodeProgram {
                     // What each rank ends up holding: dispatch receives (r, t) at d; combine
                     // returns (d's partial of t) to r.
                     if self.dispatch {
-                        self.want_hash[d as usize] =
-                            self.want_hash[d as usize].wrapping_add(mix(r, t, 0));
-                        self.want_count[d as usize] += 1;
+                        self.ledger.expect(d, mix(r, t, 0));
                     }
                 }
                 if !self.dispatch {
-                    self.want_hash[r as usize] =
-                        self.want_hash[r as usize].wrapping_add(mix(r, t, 1));
-                    self.want_count[r as usize] += 1;
+                    self.ledger.expect(r, mix(r, t, 1));
                 }
             }
         }
@@ -805,8 +793,7 @@ impl InternodeProgram {
             let id = self.nvl[x].data.pop_front().expect("tail never passes the data");
             let (m, t) = (id >> 20, id & ((1 << 20) - 1));
             let src = self.rank(m, i);
-            self.got_hash[r3 as usize] = self.got_hash[r3 as usize].wrapping_add(mix(src, t, 0));
-            self.got_count[r3 as usize] += 1;
+            self.ledger.arrive(r3, mix(src, t, 0));
         }
         self.nvl[x].popped += avail as u64;
         self.nvl_batch[x] = avail;
@@ -1105,8 +1092,7 @@ impl InternodeProgram {
                 self.cr_pos[y] += 1;
                 parts += 1;
             }
-            self.got_hash[r as usize] = self.got_hash[r as usize].wrapping_add(mix(r, t, 1));
-            self.got_count[r as usize] += 1;
+            self.ledger.arrive(r, mix(r, t, 1));
             bytes += parts * self.tok_bytes + self.out_bytes;
             any = true;
             t += 1;
@@ -1199,14 +1185,7 @@ impl Program for InternodeProgram {
     }
 
     fn finish(&mut self, _core: &Core) -> OpSample {
-        for r in 0..self.n as usize {
-            if self.got_count[r] != self.want_count[r] || self.got_hash[r] != self.want_hash[r] {
-                self.ranks.fail(format!(
-                    "rank {r}: got {} tokens, routing expects {} (or a different set)",
-                    self.got_count[r], self.want_count[r]
-                ));
-            }
-        }
+        self.ledger.check(&mut self.ranks, "tokens");
         self.ranks.sample(&self.meta, 0.0)
     }
 

@@ -18,7 +18,7 @@ use eptwin_engine::scenario::schema::OpKind;
 use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
-use super::{GpuCosts, Meta, Ranks, deepep_job, ipc_path, mix};
+use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path, mix};
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
 use crate::time::{Rate, Time};
@@ -58,10 +58,7 @@ pub struct IntranodeProgram {
     touched: Vec<Vec<(u32, u32)>>,
     /// Per rank: workers still running; identity hash and count of what arrived.
     workers_left: Vec<u32>,
-    got_hash: Vec<u64>,
-    got_count: Vec<u64>,
-    want_hash: Vec<u64>,
-    want_count: Vec<u64>,
+    ledger: Ledger,
     send_rate: Rate,
     recv_rate: Rate,
 }
@@ -119,10 +116,7 @@ impl IntranodeProgram {
             next: Vec::new(),
             touched: Vec::new(),
             workers_left: vec![0; n as usize],
-            got_hash: vec![0; n as usize],
-            got_count: vec![0; n as usize],
-            want_hash: vec![0; n as usize],
-            want_count: vec![0; n as usize],
+            ledger: Ledger::new(n),
             send_rate: group(wpr),
             recv_rate: if dispatch { group(wpr) } else { group(WARPS_PER_BLOCK) },
         };
@@ -134,9 +128,7 @@ impl IntranodeProgram {
     }
 
     fn range(&self, c: u32) -> (u32, u32) {
-        let per = self.tokens.div_ceil(self.channels);
-        let start = (c * per).min(self.tokens);
-        (start, (start + per).min(self.tokens))
+        channel_range(self.tokens, self.channels, c)
     }
 
     #[inline]
@@ -164,13 +156,9 @@ impl IntranodeProgram {
                             if self.dispatch { self.stream(r, c, d) } else { self.stream(d, c, r) };
                         self.streams[s].push(t);
                         if self.dispatch {
-                            self.want_hash[d as usize] =
-                                self.want_hash[d as usize].wrapping_add(mix(r, t, 0));
-                            self.want_count[d as usize] += 1;
+                            self.ledger.expect(d, mix(r, t, 0));
                         } else {
-                            self.want_hash[r as usize] =
-                                self.want_hash[r as usize].wrapping_add(mix(d, t, 0));
-                            self.want_count[r as usize] += 1;
+                            self.ledger.expect(r, mix(d, t, 0));
                         }
                     }
                 }
@@ -277,8 +265,7 @@ impl IntranodeProgram {
         let avail = (core.value(self.rings[ri].tail) - popped) as u32;
         for _ in 0..avail {
             let t = self.rings[ri].data.pop_front().expect("tail never passes the data");
-            self.got_hash[dst as usize] = self.got_hash[dst as usize].wrapping_add(mix(src, t, 0));
-            self.got_count[dst as usize] += 1;
+            self.ledger.arrive(dst, mix(src, t, 0));
         }
         self.rings[ri].popped += avail as u64;
         self.batch[i] = avail;
@@ -349,8 +336,7 @@ impl IntranodeProgram {
                     ));
                 }
                 self.rings[ri].popped += 1;
-                self.got_hash[r as usize] = self.got_hash[r as usize].wrapping_add(mix(d, t, 0));
-                self.got_count[r as usize] += 1;
+                self.ledger.arrive(r, mix(d, t, 0));
                 match touched.iter_mut().find(|(s, _)| *s == d) {
                     Some(e) => e.1 += 1,
                     None => touched.push((d, 1)),
@@ -437,14 +423,7 @@ impl Program for IntranodeProgram {
     }
 
     fn finish(&mut self, _core: &Core) -> OpSample {
-        for r in 0..self.n as usize {
-            if self.got_count[r] != self.want_count[r] || self.got_hash[r] != self.want_hash[r] {
-                self.ranks.fail(format!(
-                    "rank {r}: received {} (token, rank) pairs, routing expects {} (or a different set)",
-                    self.got_count[r], self.want_count[r]
-                ));
-            }
-        }
+        self.ledger.check(&mut self.ranks, "(token, rank) pairs");
         self.ranks.sample(&self.meta, 0.0)
     }
 

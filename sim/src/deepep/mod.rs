@@ -289,3 +289,107 @@ pub fn mix(a: u32, b: u32, c: u32) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
 }
+
+/// Tokens `[start, end)` of channel `c` when `tokens` are split into `channels` contiguous
+/// ranges, as DeepEP's normal kernels split them (`get_channel_task_range`).
+#[inline]
+pub fn channel_range(tokens: u32, channels: u32, c: u32) -> (u32, u32) {
+    let per = tokens.div_ceil(channels);
+    let start = (c * per).min(tokens);
+    (start, (start + per).min(tokens))
+}
+
+/// What every rank must end up holding against what it did: per rank a count and a wrapping
+/// sum of [`mix`] keys, so "each (token, rank) pair arrives exactly once" is checked without
+/// storing the pairs, whatever the arrival order.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    want_hash: Vec<u64>,
+    want_count: Vec<u64>,
+    got_hash: Vec<u64>,
+    got_count: Vec<u64>,
+}
+
+impl Ledger {
+    pub fn new(ranks: u32) -> Ledger {
+        let n = ranks as usize;
+        Ledger {
+            want_hash: vec![0; n],
+            want_count: vec![0; n],
+            got_hash: vec![0; n],
+            got_count: vec![0; n],
+        }
+    }
+
+    /// The routing says rank `at` receives `key`.
+    #[inline]
+    pub fn expect(&mut self, at: u32, key: u64) {
+        let r = at as usize;
+        self.want_hash[r] = self.want_hash[r].wrapping_add(key);
+        self.want_count[r] += 1;
+    }
+
+    /// Rank `at` received `key`.
+    #[inline]
+    pub fn arrive(&mut self, at: u32, key: u64) {
+        let r = at as usize;
+        self.got_hash[r] = self.got_hash[r].wrapping_add(key);
+        self.got_count[r] += 1;
+    }
+
+    /// Fails the op for every rank whose arrivals differ from what was expected; `what` names
+    /// the unit counted (e.g. "(token, rank) pairs").
+    pub fn check(&self, ranks: &mut Ranks, what: &str) {
+        for r in 0..self.want_count.len() {
+            if self.got_count[r] != self.want_count[r] || self.got_hash[r] != self.want_hash[r] {
+                ranks.fail(format!(
+                    "rank {r}: received {} {what}, routing expects {} (or a different set)",
+                    self.got_count[r], self.want_count[r]
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_ranges_cover_the_tokens_once() {
+        for (tokens, channels) in [(0, 4), (7, 3), (4096, 12), (5, 8)] {
+            let mut next = 0;
+            for c in 0..channels {
+                let (lo, hi) = channel_range(tokens, channels, c);
+                assert_eq!(lo, next.min(tokens));
+                assert!(hi >= lo);
+                next = hi;
+            }
+            assert_eq!(next, tokens);
+        }
+    }
+
+    #[test]
+    fn ledger_is_order_independent_and_catches_a_swap() {
+        let keys = [mix(0, 1, 0), mix(1, 2, 0), mix(2, 3, 0)];
+        let mut ledger = Ledger::new(2);
+        for &k in &keys {
+            ledger.expect(1, k);
+        }
+        for &k in keys.iter().rev() {
+            ledger.arrive(1, k);
+        }
+        let mut ranks = Ranks::new(2);
+        ledger.check(&mut ranks, "pairs");
+        assert!(ranks.failures.is_empty(), "{:?}", ranks.failures);
+
+        // Same count, one token replaced by another: the sum differs.
+        let mut wrong = Ledger::new(2);
+        wrong.expect(0, keys[0]);
+        wrong.arrive(0, keys[1]);
+        let mut ranks = Ranks::new(2);
+        wrong.check(&mut ranks, "pairs");
+        assert_eq!(ranks.failures.len(), 1);
+        assert!(ranks.failures[0].contains("rank 0: received 1 pairs, routing expects 1"));
+    }
+}

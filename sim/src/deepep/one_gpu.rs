@@ -42,7 +42,7 @@ use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
-use super::{Meta, Ranks, deepep_job, mix};
+use super::{Ledger, Meta, Ranks, channel_range, deepep_job, mix};
 use crate::core::{Action, Core, ProgId};
 use crate::params::OneGpu;
 use crate::time::Time;
@@ -268,10 +268,7 @@ pub struct NormalProgram {
     /// Combine receivers (rank, channel): ring pops to publish after the batch.
     touched: Vec<Vec<(u32, u32)>>,
     workers_left: u32,
-    got_hash: Vec<u64>,
-    got_count: Vec<u64>,
-    want_hash: Vec<u64>,
-    want_count: Vec<u64>,
+    ledger: Ledger,
     mem0: MemSnap,
     flushed: FlushedL2,
 }
@@ -338,10 +335,7 @@ impl NormalProgram {
             batch: Vec::new(),
             touched: Vec::new(),
             workers_left: 0,
-            got_hash: vec![0; n as usize],
-            got_count: vec![0; n as usize],
-            want_hash: vec![0; n as usize],
-            want_count: vec![0; n as usize],
+            ledger: Ledger::new(n),
             mem0: MemSnap::of(core, gpu),
             flushed: FlushedL2 { dirty: m.l2_bytes },
         };
@@ -359,9 +353,7 @@ impl NormalProgram {
     }
 
     fn range(&self, c: u32) -> (u32, u32) {
-        let per = self.tokens.div_ceil(self.channels);
-        let start = (c * per).min(self.tokens);
-        (start, (start + per).min(self.tokens))
+        channel_range(self.tokens, self.channels, c)
     }
 
     /// Ring (channel, producer, consumer).
@@ -396,15 +388,11 @@ impl NormalProgram {
                     for &d in &ranks {
                         if self.dispatch {
                             self.expected[((d * ch + c) * n + r) as usize] += 1;
-                            self.want_hash[d as usize] =
-                                self.want_hash[d as usize].wrapping_add(mix(r, t, 0));
-                            self.want_count[d as usize] += 1;
+                            self.ledger.expect(d, mix(r, t, 0));
                         } else {
                             let s = self.stream(d, c, r);
                             self.streams[s].push(t);
-                            self.want_hash[r as usize] =
-                                self.want_hash[r as usize].wrapping_add(mix(d, t, 0));
-                            self.want_count[r as usize] += 1;
+                            self.ledger.expect(r, mix(d, t, 0));
                         }
                     }
                 }
@@ -547,8 +535,7 @@ impl NormalProgram {
         let avail = (core.value(self.rings[ri].tail) - popped) as u32;
         for _ in 0..avail {
             let t = self.rings[ri].data.pop_front().expect("tail never passes the data");
-            self.got_hash[dst as usize] = self.got_hash[dst as usize].wrapping_add(mix(src, t, 0));
-            self.got_count[dst as usize] += 1;
+            self.ledger.arrive(dst, mix(src, t, 0));
         }
         self.rings[ri].popped += avail as u64;
         let spilled = self.spill.consume(ri, avail);
@@ -682,8 +669,7 @@ impl NormalProgram {
                 }
                 self.rings[ri].popped += 1;
                 spilled += self.spill.consume(ri, 1);
-                self.got_hash[r as usize] = self.got_hash[r as usize].wrapping_add(mix(d, t, 0));
-                self.got_count[r as usize] += 1;
+                self.ledger.arrive(r, mix(d, t, 0));
                 match touched.iter_mut().find(|(s, _)| *s == d) {
                     Some(e) => e.1 += 1,
                     None => touched.push((d, 1)),
@@ -785,14 +771,7 @@ impl Program for NormalProgram {
     }
 
     fn finish(&mut self, core: &Core) -> OpSample {
-        for r in 0..self.n as usize {
-            if self.got_count[r] != self.want_count[r] || self.got_hash[r] != self.want_hash[r] {
-                self.ranks.fail(format!(
-                    "rank {r}: received {} (token, rank) pairs, routing expects {} (or a different set)",
-                    self.got_count[r], self.want_count[r]
-                ));
-            }
-        }
+        self.ledger.check(&mut self.ranks, "(token, rank) pairs");
         let mut s = self.ranks.sample(&self.meta, 0.0);
         s.checks.push(format!(
             "one-GPU model: {:.1} MB of ring slots spilled beyond L2",
