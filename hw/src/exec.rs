@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use eptwin_engine::transport::OpSample;
+
 use crate::cuda::{DeviceBuffer, Event, Gpu, Module};
 use crate::error::{ErrorRecord, HwError};
 use crate::kernel_args;
@@ -188,6 +190,33 @@ pub fn digest(dev: &Device, regions: &[DigestRegion]) -> Result<u64, HwError> {
     Ok(v[0])
 }
 
+/// Records an iteration's output digest against the reference one (the host-checked
+/// iteration's, or the first seen before it: a mismatch means ranks raced) and, for the
+/// host-checked iteration, the byte-for-byte check's checks and failures; that iteration's digest
+/// becomes the reference from then on.
+pub fn record_digest(
+    sample: &mut OpSample,
+    reference: &mut Option<u64>,
+    digest: u64,
+    op: &str,
+    host_check: Option<(Vec<String>, Vec<String>)>,
+) {
+    sample.checks.push("output digest equals the host-checked iteration's".into());
+    match *reference {
+        None => *reference = Some(digest),
+        Some(r) if r != digest => sample.failures.push(format!(
+            "{op} output digest {digest:#018x} differs from the checked iteration's {r:#018x} \
+             (a race between ranks?)"
+        )),
+        _ => {}
+    }
+    if let Some((checks, failures)) = host_check {
+        sample.checks.extend(checks);
+        sample.failures.extend(failures);
+        *reference = Some(digest);
+    }
+}
+
 /// Failures of one check, capped so that a broken kernel does not print a million lines.
 #[derive(Debug, Default)]
 pub struct Failures {
@@ -255,6 +284,33 @@ pub fn parallel_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use eptwin_engine::ids::JobId;
+    use eptwin_engine::scenario::schema::OpKind;
+
+    #[test]
+    fn digests_are_checked_against_the_host_checked_iteration() {
+        let sample = |i| OpSample::new(JobId(0), OpKind::Dispatch, i, false, 1.0);
+        let mut reference = None;
+        // A warmup sets the reference; the host-checked iteration replaces it with its own.
+        let mut warm = sample(0);
+        record_digest(&mut warm, &mut reference, 7, "dispatch", None);
+        assert!(warm.failures.is_empty());
+        let mut checked = sample(0);
+        let host = (vec!["rows match".to_string()], vec!["row 3 differs".to_string()]);
+        record_digest(&mut checked, &mut reference, 9, "dispatch", Some(host));
+        assert_eq!(reference, Some(9));
+        assert_eq!(checked.checks.len(), 2);
+        assert!(checked.failures[0].contains("differs from the checked iteration's"));
+        assert_eq!(checked.failures[1], "row 3 differs");
+        // Later iterations must reproduce the checked digest.
+        let mut same = sample(1);
+        record_digest(&mut same, &mut reference, 9, "dispatch", None);
+        assert!(same.failures.is_empty());
+        let mut raced = sample(2);
+        record_digest(&mut raced, &mut reference, 8, "combine", None);
+        assert!(raced.failures[0].starts_with("combine output digest 0x0000000000000008"));
+        assert_eq!(reference, Some(9));
+    }
 
     #[test]
     fn failures_are_capped() {

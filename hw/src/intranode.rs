@@ -12,7 +12,9 @@ use eptwin_engine::transport::{OpSample, PhaseTime};
 use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
-use crate::exec::{Devices, DigestRegion, Failures, Timer, bf16_close, digest, parallel_map};
+use crate::exec::{
+    Devices, DigestRegion, Failures, Timer, bf16_close, digest, parallel_map, record_digest,
+};
 use crate::kernel_args;
 
 #[repr(C)]
@@ -596,22 +598,12 @@ impl NormalJob {
         self.dispatched = true;
 
         let dg = self.digest_dispatch(devs, gpu_of_rank)?;
-        sample.checks.push("output digest equals the host-checked iteration's".into());
-        match self.reference_digest[0] {
-            None => self.reference_digest[0] = Some(dg),
-            Some(r) if r != dg => sample.failures.push(format!(
-                "dispatch output digest {dg:#018x} differs from the checked iteration's {r:#018x} \
-                 (a race between ranks?)"
-            )),
-            _ => {}
-        }
-        if !warmup && iteration == 0 {
-            let (checks, failures) = self.check_dispatch(devs, gpu_of_rank)?;
-            sample.checks.extend(checks);
-            sample.failures.extend(failures);
-            // The digest of the host-checked iteration is the reference from now on.
-            self.reference_digest[0] = Some(dg);
-        }
+        let host_check = if !warmup && iteration == 0 {
+            Some(self.check_dispatch(devs, gpu_of_rank)?)
+        } else {
+            None
+        };
+        record_digest(&mut sample, &mut self.reference_digest[0], dg, "dispatch", host_check);
         Ok(sample)
     }
 
@@ -708,21 +700,12 @@ impl NormalJob {
             }
             dg = dg.wrapping_add(digest(dev, &regions)?);
         }
-        sample.checks.push("output digest equals the host-checked iteration's".into());
-        match self.reference_digest[1] {
-            None => self.reference_digest[1] = Some(dg),
-            Some(r) if r != dg => sample.failures.push(format!(
-                "combine output digest {dg:#018x} differs from the checked iteration's {r:#018x} \
-                 (a race between ranks?)"
-            )),
-            _ => {}
-        }
-        if !warmup && iteration == 0 {
-            let (checks, failures) = self.check_combine(devs, gpu_of_rank)?;
-            sample.checks.extend(checks);
-            sample.failures.extend(failures);
-            self.reference_digest[1] = Some(dg);
-        }
+        let host_check = if !warmup && iteration == 0 {
+            Some(self.check_combine(devs, gpu_of_rank)?)
+        } else {
+            None
+        };
+        record_digest(&mut sample, &mut self.reference_digest[1], dg, "combine", host_check);
         Ok(sample)
     }
 

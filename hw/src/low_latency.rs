@@ -11,7 +11,9 @@ use eptwin_engine::transport::{OpSample, PhaseTime};
 use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
-use crate::exec::{Devices, DigestRegion, Failures, Timer, bf16_close, digest, parallel_map};
+use crate::exec::{
+    Devices, DigestRegion, Failures, Timer, bf16_close, digest, parallel_map, record_digest,
+};
 use crate::intranode::{dev_of, dev_of_ref};
 use crate::kernel_args;
 
@@ -472,20 +474,18 @@ impl LlJob {
             }
             dg = dg.wrapping_add(digest(dev, &regions)?);
         }
-        sample.checks.push("output digest equals the host-checked iteration's".into());
-        match self.reference_digest[0] {
-            None => self.reference_digest[0] = Some(dg),
-            Some(r) if r != dg => sample.failures.push(format!(
-                "low-latency dispatch output digest {dg:#018x} differs from the checked iteration's {r:#018x}"
-            )),
-            _ => {}
-        }
-        if !warmup && iteration == 0 {
-            let (checks, failures) = self.check_dispatch(devs, gpu_of_rank)?;
-            sample.checks.extend(checks);
-            sample.failures.extend(failures);
-            self.reference_digest[0] = Some(dg);
-        }
+        let host_check = if !warmup && iteration == 0 {
+            Some(self.check_dispatch(devs, gpu_of_rank)?)
+        } else {
+            None
+        };
+        record_digest(
+            &mut sample,
+            &mut self.reference_digest[0],
+            dg,
+            "low-latency dispatch",
+            host_check,
+        );
         Ok(sample)
     }
 
@@ -559,20 +559,18 @@ impl LlJob {
                 .collect();
             dg = dg.wrapping_add(digest(dev, &regions)?);
         }
-        sample.checks.push("output digest equals the host-checked iteration's".into());
-        match self.reference_digest[1] {
-            None => self.reference_digest[1] = Some(dg),
-            Some(r) if r != dg => sample.failures.push(format!(
-                "low-latency combine output digest {dg:#018x} differs from the checked iteration's {r:#018x}"
-            )),
-            _ => {}
-        }
-        if !warmup && iteration == 0 {
-            let (checks, failures) = self.check_combine(devs, gpu_of_rank)?;
-            sample.checks.extend(checks);
-            sample.failures.extend(failures);
-            self.reference_digest[1] = Some(dg);
-        }
+        let host_check = if !warmup && iteration == 0 {
+            Some(self.check_combine(devs, gpu_of_rank)?)
+        } else {
+            None
+        };
+        record_digest(
+            &mut sample,
+            &mut self.reference_digest[1],
+            dg,
+            "low-latency combine",
+            host_check,
+        );
         Ok(sample)
     }
 
