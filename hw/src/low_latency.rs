@@ -363,6 +363,39 @@ impl LlJob {
 
     /// Launch `kernel` on every GPU; with hook mode the send and receive phases are separate
     /// launches with a mark between them.
+    /// One timed launch of `kernel` as DeepEP's tests time it: setup synchronised, device error
+    /// records cleared, L2 flushed, CUDA events around the launch; in hook mode the send and
+    /// receive phases are timed apart.
+    fn timed_launch(
+        &self,
+        devs: &mut Devices,
+        kernel: &str,
+        op: OpKind,
+        job_id: eptwin_engine::ids::JobId,
+        iteration: u32,
+        warmup: bool,
+    ) -> Result<OpSample, HwError> {
+        let what = match op {
+            OpKind::Dispatch => "low-latency dispatch",
+            _ => "low-latency combine",
+        };
+        devs.sync(&format!("{what} setup"))?;
+        devs.clear_errors()?;
+        devs.flush_l2()?;
+        let mut timer = Timer::start(devs)?;
+        self.launch(devs, kernel, &mut timer)?;
+        devs.finish(what)?;
+        let mut sample =
+            OpSample::new(job_id, op, iteration, warmup, timer.between_ns("start", "end")?);
+        if self.hook {
+            sample.phases = vec![
+                PhaseTime { name: "send".into(), latency_ns: timer.between_ns("start", "send")? },
+                PhaseTime { name: "recv".into(), latency_ns: timer.between_ns("send", "end")? },
+            ];
+        }
+        Ok(sample)
+    }
+
     fn launch(&self, devs: &Devices, kernel: &str, timer: &mut Timer) -> Result<(), HwError> {
         let phase_sets: &[(i32, &str)] = if self.hook {
             &[(PHASE_SEND, "send"), (PHASE_RECV, "end")]
@@ -419,25 +452,8 @@ impl LlJob {
                 g.memset_u8(b.recv_buf.ptr, 0xff, b.recv_buf.bytes)?;
             }
         }
-        devs.sync("low-latency dispatch setup")?;
-        devs.clear_errors()?;
-        devs.flush_l2()?;
-        let mut timer = Timer::start(devs)?;
-        self.launch(devs, "ll_dispatch", &mut timer)?;
-        devs.finish("low-latency dispatch")?;
-        let mut sample = OpSample::new(
-            job_id,
-            OpKind::Dispatch,
-            iteration,
-            warmup,
-            timer.between_ns("start", "end")?,
-        );
-        if self.hook {
-            sample.phases = vec![
-                PhaseTime { name: "send".into(), latency_ns: timer.between_ns("start", "send")? },
-                PhaseTime { name: "recv".into(), latency_ns: timer.between_ns("send", "end")? },
-            ];
-        }
+        let mut sample =
+            self.timed_launch(devs, "ll_dispatch", OpKind::Dispatch, job_id, iteration, warmup)?;
         let msgs = self.selections();
         let dtype = if self.fp8 { Dtype::Fp8 } else { Dtype::Bf16 };
         sample.nvlink_bytes = msgs * ll_dispatch_msg_bytes(self.hidden, dtype);
@@ -521,25 +537,8 @@ impl LlJob {
                 dev.gpu.memset_u8(b.combine_recv_buf.ptr, 0xff, b.combine_recv_buf.bytes)?;
             }
         }
-        devs.sync("low-latency combine setup")?;
-        devs.clear_errors()?;
-        devs.flush_l2()?;
-        let mut timer = Timer::start(devs)?;
-        self.launch(devs, "ll_combine", &mut timer)?;
-        devs.finish("low-latency combine")?;
-        let mut sample = OpSample::new(
-            job_id,
-            OpKind::Combine,
-            iteration,
-            warmup,
-            timer.between_ns("start", "end")?,
-        );
-        if self.hook {
-            sample.phases = vec![
-                PhaseTime { name: "send".into(), latency_ns: timer.between_ns("start", "send")? },
-                PhaseTime { name: "recv".into(), latency_ns: timer.between_ns("send", "end")? },
-            ];
-        }
+        let mut sample =
+            self.timed_launch(devs, "ll_combine", OpKind::Combine, job_id, iteration, warmup)?;
         sample.nvlink_bytes = self.selections() * ll_combine_msg_bytes(self.hidden, Dtype::Bf16);
 
         let mut dg = 0u64;
