@@ -27,18 +27,31 @@ fn time_us(
     devs: &mut Devices,
     idx: usize,
     reps: usize,
+    op: impl FnMut(&Device) -> Result<(), HwError>,
+) -> Result<f64, HwError> {
+    time_reps(devs, idx, reps, true, op)
+}
+
+/// `reps` timed runs of `op` between two CUDA events after one untimed warm-up run (module
+/// load, TLB, clocks), optionally flushing L2 before each; the median in microseconds.
+fn time_reps(
+    devs: &mut Devices,
+    idx: usize,
+    reps: usize,
+    flush_l2: bool,
     mut op: impl FnMut(&Device) -> Result<(), HwError>,
 ) -> Result<f64, HwError> {
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..reps + 1 {
-        devs.flush_l2()?;
+        if flush_l2 {
+            devs.flush_l2()?;
+        }
         let dev = &devs.list[idx];
         let (a, b) = (dev.gpu.new_event()?, dev.gpu.new_event()?);
         dev.gpu.record(&a)?;
         op(dev)?;
         dev.gpu.record(&b)?;
         dev.gpu.wait("probe", devs.host_timeout_ms)?;
-        // The first repetition warms up (module load, TLB, clocks).
         if rep > 0 {
             samples.push(a.elapsed_ms(&b)? as f64 * 1e3);
         }
@@ -167,21 +180,9 @@ fn time_us_warm(
     devs: &mut Devices,
     idx: usize,
     reps: usize,
-    mut op: impl FnMut(&Device) -> Result<(), HwError>,
+    op: impl FnMut(&Device) -> Result<(), HwError>,
 ) -> Result<f64, HwError> {
-    let mut samples = Vec::with_capacity(reps);
-    for rep in 0..reps + 1 {
-        let dev = &devs.list[idx];
-        let (a, b) = (dev.gpu.new_event()?, dev.gpu.new_event()?);
-        dev.gpu.record(&a)?;
-        op(dev)?;
-        dev.gpu.record(&b)?;
-        dev.gpu.wait("probe", devs.host_timeout_ms)?;
-        if rep > 0 {
-            samples.push(a.elapsed_ms(&b)? as f64 * 1e3);
-        }
-    }
-    Ok(median(samples))
+    time_reps(devs, idx, reps, false, op)
 }
 
 /// Bytes of one chunk of the warp-copy probes: a 7,168-byte row (hidden 7168 in FP8; half a
