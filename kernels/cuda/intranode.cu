@@ -107,6 +107,23 @@ static_assert(NUM_RANKS <= 14, "one named barrier per rank group");
 
 DEVICE int* meta(u8* buffer, u64 off) { return (int*)(buffer + off); }
 
+// Barrier across every rank of the job (one thread per local rank calls it): what this rank
+// wrote before is visible to all once each has counted in (epoch-numbered, never reset).
+DEVICE void barrier_ranks(const NormalRankArgs* args, const NormalParams& p, u8* my, int rank,
+                          ErrorRecord* err) {
+    __threadfence_system();
+    for (int d = 0; d < NUM_RANKS; ++d) red_add_release_flag(meta(args[d].buffer, p.off_barrier), 1);
+    const int target = NUM_RANKS * p.epoch;
+    const u64 t0 = globaltimer_ns();
+    int v;
+    while ((v = ld_acquire_flag(meta(my, p.off_barrier))) < target) {
+        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+            record_timeout(err, WAIT_NOTIFY_BARRIER, rank, -1, -1, -1, target, v);
+            break;
+        }
+    }
+}
+
 // Exchange per-rank and per-expert counts, build the channel prefix matrix, clean the dispatch
 // ring metadata and barrier across ranks (DeepEP `notify_dispatch`). One block per local rank.
 extern "C" __global__ void __launch_bounds__(1024, 1)
@@ -145,17 +162,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (int d = 0; d < NUM_RANKS; ++d) red_add_release_flag(meta(args[d].buffer, p.off_barrier), 1);
-        const int target = NUM_RANKS * p.epoch;
-        const u64 t0 = globaltimer_ns();
-        int v;
-        while ((v = ld_acquire_flag(meta(my, p.off_barrier))) < target) {
-            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
-                record_timeout(err, WAIT_NOTIFY_BARRIER, rank, -1, -1, -1, target, v);
-                break;
-            }
-        }
+        barrier_ranks(args, p, my, rank, err);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -444,17 +451,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (int d = 0; d < NUM_RANKS; ++d) red_add_release_flag(meta(args[d].buffer, p.off_barrier), 1);
-        const int target = NUM_RANKS * p.epoch;
-        const u64 t0 = globaltimer_ns();
-        int v;
-        while ((v = ld_acquire_flag(meta(my, p.off_barrier))) < target) {
-            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
-                record_timeout(err, WAIT_NOTIFY_BARRIER, rank, -1, -1, -1, target, v);
-                break;
-            }
-        }
+        barrier_ranks(args, p, my, rank, err);
     }
 }
 
