@@ -306,6 +306,41 @@ impl Gpu {
             .map_err(self.err("cuLaunchKernel"))
     }
 
+    /// Launch with `smem_bytes` of dynamic shared memory (see [`Gpu::set_max_dynamic_smem`]).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`]; the kernel must not use more dynamic shared memory than given.
+    pub unsafe fn launch_with_smem(
+        &self,
+        f: &Function,
+        grid: u32,
+        block: u32,
+        smem_bytes: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), HwError> {
+        self.bind()?;
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            result::launch_kernel(f.f, (grid, 1, 1), (block, 1, 1), smem_bytes, self.stream, params)
+        }
+        .map_err(self.err("cuLaunchKernel"))
+    }
+
+    /// Let `f` use up to `bytes` of dynamic shared memory (above the default 48 KiB).
+    pub fn set_max_dynamic_smem(&self, f: &Function, bytes: u32) -> Result<(), HwError> {
+        use sys::CUfunction_attribute as FA;
+        self.bind()?;
+        // SAFETY: valid function handle; the driver checks the value against the device.
+        unsafe {
+            result::function::set_function_attribute(
+                f.f,
+                FA::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(self.err("cuFuncSetAttribute"))
+    }
+
     /// Resident blocks per SM of `f` at `block` threads (the occupancy API).
     pub fn occupancy(&self, f: &Function, block: u32) -> Result<u32, HwError> {
         self.bind()?;
