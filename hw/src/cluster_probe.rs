@@ -105,13 +105,30 @@ pub fn shapes() -> Vec<ClusterShape> {
 
 /// The shapes of the kinds named in `EPTWIN_CLUSTER_PROBE_ONLY` (`warp` or `tma`; both when
 /// unset): a kernel that faults takes the context down, so kinds can run in separate processes.
-fn selected() -> Vec<ClusterShape> {
+fn selected(fit: u32) -> Vec<ClusterShape> {
     let only = std::env::var("EPTWIN_CLUSTER_PROBE_ONLY").unwrap_or_default();
     let kind = |s: &ClusterShape| if s.tma() { "tma" } else { "warp" };
-    shapes()
-        .into_iter()
-        .filter(|s| only.is_empty() || only.split(',').any(|k| k == kind(s)))
-        .collect()
+    let mut v = shapes();
+    v.extend(waves(fit));
+    v.into_iter().filter(|s| only.is_empty() || only.split(',').any(|k| k == kind(s))).collect()
+}
+
+/// The TMA handoff with whole waves: `fit` (the clusters resident at once) times 1, 2, 4, 8.
+fn waves(fit: u32) -> Vec<ClusterShape> {
+    let mut v = Vec::new();
+    for (slots, chunk_bytes) in [(4, 7168), (2, 14336)] {
+        for waves in [1, 2, 4, 8] {
+            v.push(ClusterShape {
+                kernel: "probe_cluster_tma_handoff",
+                module: "cluster_512",
+                threads: 512,
+                clusters: fit.max(1) * waves,
+                slots,
+                chunk_bytes,
+            });
+        }
+    }
+    v
 }
 
 /// Chunks each producer warp hands over so that a launch moves about 0.94 GB.
@@ -136,8 +153,19 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
     let mut bw = serde_json::Map::new();
     let mut checks = serde_json::Map::new();
     let mut out = vec![0u32; words];
-    for s in selected() {
+    // Clusters of the bulk-copy kernel that fit at once (the same for both chunk sizes: one
+    // block per SM either way).
+    let fit = {
+        let d = &devs.list[0];
+        let probe = waves(1)[0];
+        let f = d.module(probe.module)?.function(probe.kernel);
+        d.gpu.set_max_dynamic_smem(f, probe.smem_bytes())?;
+        d.gpu.max_active_clusters(f, CLUSTER_SIZE, probe.threads, probe.smem_bytes())?
+    };
+    m.insert("probe.cluster_handoff_max_active_clusters".into(), json!(fit));
+    for s in selected(fit) {
         let cpw = chunks_per_warp(&s);
+        let resident;
         let chunk_int4 = (s.chunk_bytes / 16) as i32;
         let total_chunks = (BUFFER_BYTES / s.chunk_bytes as usize) as u64;
         let smem = s.smem_bytes();
@@ -146,6 +174,8 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
             let f = d.module(s.module)?.function(s.kernel);
             d.gpu.set_max_dynamic_smem(f, smem)?;
             d.gpu.memset_u32(dst.ptr, 0, words)?;
+            // How many clusters run at once: the rest of the grid runs in later waves.
+            resident = d.gpu.max_active_clusters(f, s.clusters * CLUSTER_SIZE, s.threads, smem)?;
         }
         devs.clear_errors()?;
         let (sp, dp, slots, cpw_i) = (src.ptr, dst.ptr, s.slots as i32, cpw as i32);
@@ -170,15 +200,23 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
         bw.insert(s.key(), json!(round3(moved as f64 / (us * 1e3))));
         checks.insert(
             s.key(),
-            json!({"bytes": moved, "wrong_words": wrong, "kernel_us": round3(us), "smem_bytes": smem}),
+            json!({
+                "bytes": moved,
+                "wrong_words": wrong,
+                "kernel_us": round3(us),
+                "smem_bytes": smem,
+                "max_active_clusters": resident,
+            }),
         );
         eprintln!(
-            "eptwin hw: cluster handoff {}: {:.1} GB/s ({} bytes in {:.1} us, {} wrong words)",
+            "eptwin hw: cluster handoff {}: {:.1} GB/s ({} bytes in {:.1} us, {} wrong words, \
+             {} clusters resident at once)",
             s.key(),
             moved as f64 / (us * 1e3),
             moved,
             us,
-            wrong
+            wrong,
+            resident
         );
     }
     m.insert("probe.cluster_handoff_bw_gbps".into(), Value::Object(bw));
@@ -192,7 +230,7 @@ mod tests {
 
     #[test]
     fn every_shape_fits_shared_memory_and_the_buffers() {
-        for s in shapes() {
+        for s in shapes().into_iter().chain(waves(16)).chain(waves(0)) {
             // 227 KiB of dynamic shared memory per block on sm_90.
             assert!(s.smem_bytes() <= 232_448, "{s:?}: {} bytes", s.smem_bytes());
             let warps = s.clusters * CLUSTER_SIZE * s.producers_per_block();

@@ -341,6 +341,36 @@ impl Gpu {
         .map_err(self.err("cuFuncSetAttribute"))
     }
 
+    /// Clusters of `f` (whose cluster shape is compiled in with `__cluster_dims__`) that can be
+    /// resident at once with `block` threads and `smem_bytes` of dynamic shared memory.
+    pub fn max_active_clusters(
+        &self,
+        f: &Function,
+        grid: u32,
+        block: u32,
+        smem_bytes: u32,
+    ) -> Result<u32, HwError> {
+        self.bind()?;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem_bytes,
+            hStream: self.stream,
+            attrs: std::ptr::null_mut(),
+            numAttrs: 0,
+        };
+        let mut n = 0i32;
+        // SAFETY: valid function handle; the config outlives the call and names no attributes.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.f, &config) }
+            .result()
+            .map_err(self.err("cuOccupancyMaxActiveClusters"))?;
+        Ok(n.max(0) as u32)
+    }
+
     /// Resident blocks per SM of `f` at `block` threads (the occupancy API).
     pub fn occupancy(&self, f: &Function, block: u32) -> Result<u32, HwError> {
         self.bind()?;
