@@ -376,6 +376,180 @@ fn memory_model_probes(
         "probe.flag_latency_same_gpu_gpu_scope_ns".into(),
         json!(round3(ns[0] as f64 / iters as f64 / 2.0)),
     );
+    ll_send_chain_probe(devs, m, src, dst, big)?;
+    Ok(())
+}
+
+/// Hidden size, BF16 row and FP8 message of the low-latency scenarios on one H200
+/// (`scenarios/h200-ep8-ll-*.toml`: hidden 7168, FP8 dispatch with one scale per 128 channels;
+/// hw/src/low_latency.rs `msg_stride`).
+const LL_HIDDEN: usize = 7168;
+const LL_ROW_INT4: i32 = (LL_HIDDEN * 2 / 16) as i32;
+const LL_MSG_INT4: i32 = ((16 + LL_HIDDEN + LL_HIDDEN / 128 * 4) / 16) as i32;
+const LL_MSG_STRIDE: usize = (16 + LL_HIDDEN + LL_HIDDEN / 128 * 4).div_ceil(128) * 128;
+/// EP8, top-8 of 256 experts: one slot counter per (source rank, expert).
+const LL_RANKS: usize = 8;
+const LL_TOPK: usize = 8;
+const LL_EXPERTS: usize = 256;
+
+/// The expert indices of `items` (token, rank) items, ranks interleaved as the kernel deals
+/// them (item = token · 8 + rank): top-8 distinct experts, one from each group of 32, drawn
+/// with a fixed LCG, as counter indices `rank · 256 + expert`.
+fn ll_probe_topk(items: usize) -> Vec<i32> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut out = Vec::with_capacity(items * LL_TOPK);
+    for it in 0..items {
+        let rank = it % LL_RANKS;
+        for k in 0..LL_TOPK {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let e = k * (LL_EXPERTS / LL_TOPK) + (state >> 33) as usize % (LL_EXPERTS / LL_TOPK);
+            out.push((rank * LL_EXPERTS + e) as i32);
+        }
+    }
+    out
+}
+
+/// The low-latency dispatch's send loop alone (`probe_ll_send`): per (token, rank) item the
+/// FP8 cast from HBM, a named barrier, then 8 warps each load an expert index, take a slot with
+/// a returning atomic, copy the 7,408-byte message from the staging buffer into the slot and
+/// release-add a finish counter; optionally the count-signalling tail. One block alone and
+/// every SM together (132 × 1,024 as the kernel runs), at the 128-token scenario's 1,024 items
+/// and at 32 rounds per block, and with single steps left out to see what each costs under
+/// load. Per shape: the launch (CUDA events, L2 flushed before), the send loop's span and
+/// the tail's (%globaltimer), and one sending warp's time per round split into its steps.
+fn ll_send_chain_probe(
+    devs: &mut Devices,
+    m: &mut BTreeMap<String, Value>,
+    src: u64,
+    dst: u64,
+    big: usize,
+) -> Result<(), HwError> {
+    const CAST: i32 = 1;
+    const ATOMIC: i32 = 2;
+    const RELEASE: i32 = 4;
+    const TAIL: i32 = 8;
+    const ALL: i32 = CAST | ATOMIC | RELEASE | TAIL;
+    let sms = devs.list[0].gpu.sm_count;
+    let rounds = 32usize;
+    let max_items = sms as usize * rounds;
+    let counters_n = (LL_RANKS * LL_EXPERTS) as i32;
+    let g = &devs.list[0].gpu;
+    let staging = g.alloc(max_items * LL_MSG_STRIDE)?;
+    let topk = g.alloc(max_items * LL_TOPK * 4)?;
+    let ctrs = g.alloc(3 * counters_n as usize * 4)?;
+    let expect_buf = g.alloc(counters_n as usize * 4)?;
+    let out = g.alloc((sms as usize * 9) * 8)?;
+    let topk_host = ll_probe_topk(max_items);
+    g.upload(&topk, &topk_host)?;
+    g.memset_u8(staging.ptr, 0, staging.bytes)?;
+    let x_rows = (big / (LL_HIDDEN * 2)) as u64;
+    let recv_slots = (big / LL_MSG_STRIDE) as u64;
+    let slots_per_counter = (recv_slots / counters_n as u64) as i32;
+    // The full chain first: the variants without the cast copy the messages it staged.
+    let shapes: [(&str, u32, usize, i32); 7] = [
+        ("1x1024", 1, 64, ALL),
+        ("132x1024_1024items", sms, 1024, ALL),
+        ("132x1024", sms, max_items, ALL),
+        ("132x1024_no_atomic", sms, max_items, ALL & !ATOMIC),
+        ("132x1024_no_release", sms, max_items, ALL & !RELEASE),
+        ("132x1024_no_cast", sms, max_items, ALL & !CAST),
+        ("132x1024_copy_only", sms, max_items, 0),
+    ];
+    let mut res = serde_json::Map::new();
+    for (name, blocks, items, mode) in shapes {
+        let mut expect = vec![0i32; counters_n as usize];
+        for &e in &topk_host[..items * LL_TOPK] {
+            expect[e as usize] += 1;
+        }
+        {
+            let g = &devs.list[0].gpu;
+            g.upload(&expect_buf, &expect)?;
+            g.memset_u8(ctrs.ptr, 0, ctrs.bytes)?;
+        }
+        devs.clear_errors()?;
+        let (x, st, rv, tk) = (src, staging.ptr, dst, topk.ptr);
+        let (counters, finish, flags) =
+            (ctrs.ptr, ctrs.ptr + counters_n as u64 * 4, ctrs.ptr + 2 * counters_n as u64 * 4);
+        let (ex, o, err, to) = (expect_buf.ptr, out.ptr, devs.list[0].err.ptr, devs.timeout_ns());
+        let (row_int4, msg_int4, msg_bytes) = (LL_ROW_INT4, LL_MSG_INT4, LL_MSG_STRIDE as i32);
+        let (topk_n, items_i) = (LL_TOPK as i32, items as i32);
+        let mut launch_no = 0i32;
+        let launch = |dev: &Device| {
+            let f = dev.module("probes")?.function("probe_ll_send");
+            launch_no += 1;
+            let mut a = kernel_args![
+                x,
+                st,
+                rv,
+                tk,
+                counters,
+                finish,
+                flags,
+                ex,
+                row_int4,
+                msg_int4,
+                msg_bytes,
+                topk_n,
+                counters_n,
+                items_i,
+                x_rows,
+                slots_per_counter,
+                recv_slots,
+                mode,
+                launch_no,
+                o,
+                err,
+                to
+            ];
+            // SAFETY: items ≤ max_items staged messages and topk rows; x rows wrap at x_rows
+            // and recv slots at recv_slots, both inside the `big`-byte src and dst; expert
+            // indices are < counters_n, the size of counters, finish, flags and expect; out
+            // holds 9 words per block; every block is resident (one 1,024-thread block per SM
+            // at most), so the tail's polls wait only on running blocks.
+            unsafe { dev.gpu.launch(f, blocks, 1024, &mut a) }
+        };
+        let us = time_us(devs, 0, 5, launch)?;
+        devs.finish("low-latency send chain probe")?;
+        let mut words = vec![0u64; blocks as usize * 9];
+        devs.list[0].gpu.download(out.ptr, &mut words)?;
+        let (per_block, cycles) = words.split_at(blocks as usize * 8);
+        let start = per_block.chunks(8).map(|b| b[5]).min().unwrap_or(0);
+        let loop_end = per_block.chunks(8).map(|b| b[6]).max().unwrap_or(0);
+        let tail_end = per_block.chunks(8).map(|b| b[7]).max().unwrap_or(0);
+        // Per block: ns per round and each step's share, cycles converted with the block's
+        // own loop (clock64 cycles against %globaltimer ns); means over blocks.
+        let mut steps = [0f64; 5];
+        let mut counted = 0f64;
+        for (b, c) in per_block.chunks(8).zip(cycles) {
+            if b[0] == 0 || *c == 0 {
+                continue;
+            }
+            let ns_per_cycle = (b[6] - b[5]) as f64 / *c as f64;
+            let r = b[0] as f64;
+            steps[0] += (b[6] - b[5]) as f64 / r;
+            for k in 1..5 {
+                steps[k] += b[k] as f64 * ns_per_cycle / r;
+            }
+            counted += 1.0;
+        }
+        let mean = |v: f64| round3(v / counted.max(1.0));
+        res.insert(
+            name.into(),
+            json!({
+                "launch_us": round3(us),
+                "loop_us": round3(loop_end.saturating_sub(start) as f64 / 1e3),
+                "tail_us": round3(tail_end.saturating_sub(loop_end) as f64 / 1e3),
+                "ns_per_round": mean(steps[0]),
+                "cast_barrier_ns": mean(steps[1]),
+                "index_atomic_ns": mean(steps[2]),
+                "copy_ns": mean(steps[3]),
+                "release_loop_ns": mean(steps[4]),
+            }),
+        );
+    }
+    m.insert("probe.ll_send_chain".into(), Value::Object(res));
     Ok(())
 }
 

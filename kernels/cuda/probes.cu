@@ -226,3 +226,150 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         if (lane == 0) st_release_gpu(producer ? tail : head, base + i + 1);
     }
 }
+
+DEVICE u64 clock_cycles() {
+    u64 c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+    return c;
+}
+
+// BF16 x8 (one int4) to floats, as the low-latency kernels unpack them.
+DEVICE void probe_unpack_bf16x8(int4 v, float* f) {
+    const u32 w[4] = {(u32)v.x, (u32)v.y, (u32)v.z, (u32)v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        f[2 * j] = bf16_to_f32((u16)(w[j] & 0xffffu));
+        f[2 * j + 1] = bf16_to_f32((u16)(w[j] >> 16));
+    }
+}
+
+#define LL_SEND_CAST 1
+#define LL_SEND_ATOMIC 2
+#define LL_SEND_RELEASE 4
+#define LL_SEND_TAIL 8
+
+// The low-latency dispatch's send loop alone (`ll_dispatch`, LL_PHASE_SEND, in
+// kernels/cuda/low_latency.cu), on synthetic data, with the steps of one sending warp timed.
+// Items (one token of one rank each) are dealt to the blocks as the kernel deals them (item
+// blockIdx.x, then + gridDim.x, ...); per item: all warps but the last cast the BF16 row
+// `x[it % x_rows]` (HBM) to FP8 with one scale per 128 channels into the item's staging message
+// (`msg_bytes` apart), named barrier, then warp k < topk_n: load the expert index
+// topk[it * topk_n + k], returning atomicAdd on counters[e] for the slot, header store, warp
+// copy of the message's `msg_int4 - 1` int4 after the header from the staging buffer (ld.cg) into
+// recv slot (e * slots_per_counter + slot) % recv_slots (st.na), __syncwarp, red.release.gpu on
+// finish[e]. `mode` bits drop steps to see what each costs under load: LL_SEND_CAST (without:
+// the staged message is not rewritten), LL_SEND_ATOMIC (without: the slot is the item's round),
+// LL_SEND_RELEASE (without: a relaxed add), LL_SEND_TAIL (the count signalling: after
+// __syncthreads each block polls the finish counters it owns, [b * per, (b + 1) * per) with
+// per = ceil(counters_n / gridDim.x), until each holds expect[e] * launch_no, then stores a
+// .gpu release flag — as the kernel does). Lane 0 of warp 0 sums clock64 cycles per step:
+// out[b * 8 + 0..8] = {rounds, cast+barrier, index load + atomic, copy, release and loop back,
+// %globaltimer at loop start, at loop end, after the tail}, plus the loop's clock64 cycles in
+// out[gridDim.x * 8 + b] to convert cycles to ns.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    probe_ll_send(const int4* __restrict__ x, u8* staging, u8* recv, const int* topk,
+                  int* counters, int* finish, int* flags, const int* expect, int row_int4,
+                  int msg_int4, int msg_bytes, int topk_n, int counters_n, int items, u64 x_rows,
+                  int slots_per_counter, u64 recv_slots, int mode, int launch_no, u64* out,
+                  ErrorRecord* err, u64 timeout_ns) {
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int cast_threads = blockDim.x - 32;
+    const int hidden = row_int4 * 8;
+    u64 s_cast = 0, s_atomic = 0, s_copy = 0, s_rest = 0, rounds = 0;
+    const u64 g0 = globaltimer_ns();
+    const u64 c_begin = clock_cycles();
+    u64 c3 = c_begin;
+    if (warp < (int)(blockDim.x / 32) - 1) {
+        for (int it = blockIdx.x; it < items; it += gridDim.x) {
+            const u64 c0 = clock_cycles();
+            if (rounds > 0) s_rest += c0 - c3;
+            u8* msg = staging + (u64)it * msg_bytes;
+            if (mode & LL_SEND_CAST) {
+                const int4* xr = x + (it % x_rows) * (u64)row_int4;
+                for (int i = tid; i < row_int4; i += cast_threads) {
+                    const int4 v = ld_nc_v4(xr + i);
+                    float f[8];
+                    probe_unpack_bf16x8(v, f);
+                    float amax = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+#pragma unroll
+                    for (int m = 8; m > 0; m >>= 1)
+                        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+                    amax = fmaxf(amax, 1e-4f);
+                    const float scale = 448.0f / amax, scale_inv = amax / 448.0f;
+                    const u32 w0 = (u32)f32x2_to_e4m3x2(f[0] * scale, f[1] * scale) |
+                                   ((u32)f32x2_to_e4m3x2(f[2] * scale, f[3] * scale) << 16);
+                    const u32 w1 = (u32)f32x2_to_e4m3x2(f[4] * scale, f[5] * scale) |
+                                   ((u32)f32x2_to_e4m3x2(f[6] * scale, f[7] * scale) << 16);
+                    *(uint2*)(msg + 16 + i * 8) = make_uint2(w0, w1);
+                    if (lane % 16 == 0) ((float*)(msg + 16 + hidden))[i / 16] = scale_inv;
+                }
+            }
+            named_barrier(1, cast_threads);
+            const u64 c1 = clock_cycles();
+            u64 c2 = c1;
+            if (warp < topk_n) {
+                const int e = topk[(u64)it * topk_n + warp];
+                int slot = 0;
+                if (mode & LL_SEND_ATOMIC) {
+                    if (lane == 0) slot = atomicAdd(counters + e, 1);
+                } else {
+                    slot = it / (int)gridDim.x + e;
+                }
+                slot = __shfl_sync(0xffffffffu, slot, 0);
+                c2 = clock_cycles();
+                u8* dst = recv + (((u64)e * slots_per_counter + (u64)(slot % slots_per_counter)) %
+                                  recv_slots) * msg_bytes;
+                if (lane == 0) *(int4*)dst = make_int4(it, warp, 0, 0);
+                UNROLLED_WARP_COPY(7, lane, msg_int4 - 1, (int4*)dst + 1, (const int4*)msg + 1,
+                                   ld_cg_v4, st_na_v4);
+                __syncwarp();
+                c3 = clock_cycles();
+                if (lane == 0) {
+                    if (mode & LL_SEND_RELEASE) red_add_release_gpu(finish + e, 1);
+                    else atomicAdd(finish + e, 1);
+                }
+            } else {
+                c3 = c2;
+            }
+            s_cast += c1 - c0;
+            s_atomic += c2 - c1;
+            s_copy += c3 - c2;
+            ++rounds;
+        }
+    }
+    const u64 c_end = clock_cycles();
+    if (rounds > 0) s_rest += c_end - c3;
+    const u64 g1 = globaltimer_ns();
+    __syncthreads();
+    if (mode & LL_SEND_TAIL) {
+        const int per = (counters_n + (int)gridDim.x - 1) / (int)gridDim.x;
+        const int lo = min((int)blockIdx.x * per, counters_n), hi = min(lo + per, counters_n);
+        for (int j = lo + tid; j < hi; j += blockDim.x) {
+            const int want = expect[j] * launch_no;
+            int v;
+            while ((v = ld_acquire_gpu(finish + j)) < want) {
+                if (globaltimer_ns() - g0 > timeout_ns || error_raised(err)) {
+                    record_timeout(err, WAIT_PROBE_FLAG, blockIdx.x, -1, -1, j, want, v);
+                    break;
+                }
+            }
+            st_release_gpu(flags + j, launch_no);
+        }
+        __syncthreads();
+    }
+    const u64 g2 = globaltimer_ns();
+    if (tid == 0) {
+        u64* o = out + (u64)blockIdx.x * 8;
+        o[0] = rounds;
+        o[1] = s_cast;
+        o[2] = s_atomic;
+        o[3] = s_copy;
+        o[4] = s_rest;
+        o[5] = g0;
+        o[6] = g1;
+        o[7] = g2;
+        out[(u64)gridDim.x * 8 + blockIdx.x] = c_end - c_begin;
+    }
+}

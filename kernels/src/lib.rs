@@ -80,6 +80,7 @@ pub static MODULES: &[KernelModule] = &[
             "probe_op_latency",
             "probe_pingpong_gpu",
             "probe_ring_handoff",
+            "probe_ll_send",
         ],
         required_defines: &[],
     },
