@@ -448,14 +448,15 @@ fn ll_send_chain_probe(
     let recv_slots = (big / LL_MSG_STRIDE) as u64;
     let slots_per_counter = (recv_slots / counters_n as u64) as i32;
     // The full chain first: the variants without the cast copy the messages it staged.
-    let shapes: [(&str, u32, usize, i32); 7] = [
-        ("1x1024", 1, 64, ALL),
-        ("132x1024_1024items", sms, 1024, ALL),
-        ("132x1024", sms, max_items, ALL),
-        ("132x1024_no_atomic", sms, max_items, ALL & !ATOMIC),
-        ("132x1024_no_release", sms, max_items, ALL & !RELEASE),
-        ("132x1024_no_cast", sms, max_items, ALL & !CAST),
-        ("132x1024_copy_only", sms, max_items, 0),
+    let full = format!("{sms}x1024");
+    let shapes: [(String, u32, usize, i32); 7] = [
+        ("1x1024".into(), 1, 64, ALL),
+        (format!("{full}_1024items"), sms, 1024, ALL),
+        (full.clone(), sms, max_items, ALL),
+        (format!("{full}_no_atomic"), sms, max_items, ALL & !ATOMIC),
+        (format!("{full}_no_release"), sms, max_items, ALL & !RELEASE),
+        (format!("{full}_no_cast"), sms, max_items, ALL & !CAST),
+        (format!("{full}_copy_only"), sms, max_items, 0),
     ];
     let mut res = serde_json::Map::new();
     for (name, blocks, items, mode) in shapes {
@@ -536,7 +537,7 @@ fn ll_send_chain_probe(
         }
         let mean = |v: f64| round3(v / counted.max(1.0));
         res.insert(
-            name.into(),
+            name,
             json!({
                 "launch_us": round3(us),
                 "loop_us": round3(loop_end.saturating_sub(start) as f64 / 1e3),
