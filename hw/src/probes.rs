@@ -444,9 +444,14 @@ fn ll_send_chain_probe(
     let topk_host = ll_probe_topk(max_items);
     g.upload(&topk, &topk_host)?;
     g.memset_u8(staging.ptr, 0, staging.bytes)?;
-    let x_rows = (big / (LL_HIDDEN * 2)) as u64;
-    let recv_slots = (big / LL_MSG_STRIDE) as u64;
-    let slots_per_counter = (recv_slots / counters_n as u64) as i32;
+    // Every item reads its own row and every message has its own slot (no index wraps).
+    if max_items * LL_HIDDEN * 2 > big {
+        return Err(HwError::Setup {
+            context: "low-latency send chain probe".into(),
+            message: format!("{max_items} rows of {} B do not fit {big} B", LL_HIDDEN * 2),
+        });
+    }
+    let slots_per_counter = (big / LL_MSG_STRIDE / counters_n as usize) as i32;
     // The full chain first: the variants without the cast copy the messages it staged.
     let full = format!("{sms}x1024");
     let shapes: [(String, u32, usize, i32); 7] = [
@@ -495,18 +500,17 @@ fn ll_send_chain_probe(
                 topk_n,
                 counters_n,
                 items_i,
-                x_rows,
                 slots_per_counter,
-                recv_slots,
                 mode,
                 launch_no,
                 o,
                 err,
                 to
             ];
-            // SAFETY: items ≤ max_items staged messages and topk rows; x rows wrap at x_rows
-            // and recv slots at recv_slots, both inside the `big`-byte src and dst; expert
-            // indices are < counters_n, the size of counters, finish, flags and expect; out
+            // SAFETY: items ≤ max_items staged messages, topk rows and x rows (asserted to fit
+            // the `big`-byte src); recv slots are < counters_n × slots_per_counter, inside the
+            // `big`-byte dst; expert indices are < counters_n, the size of counters, finish,
+            // flags and expect; out
             // holds 9 words per block; every block is resident (one 1,024-thread block per SM
             // at most), so the tail's polls wait only on running blocks.
             unsafe { dev.gpu.launch(f, blocks, 1024, &mut a) }

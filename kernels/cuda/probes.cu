@@ -252,12 +252,14 @@ DEVICE void probe_unpack_bf16x8(int4 v, float* f) {
 // kernels/cuda/low_latency.cu), on synthetic data, with the steps of one sending warp timed.
 // Items (one token of one rank each) are dealt to the blocks as the kernel deals them (item
 // blockIdx.x, then + gridDim.x, ...); per item: all warps but the last cast the BF16 row
-// `x[it % x_rows]` (HBM) to FP8 with one scale per 128 channels into the item's staging message
+// `x[it]` (HBM) to FP8 with one scale per 128 channels into the item's staging message
 // (`msg_bytes` apart), named barrier, then warp k < topk_n: load the expert index
 // topk[it * topk_n + k], returning atomicAdd on counters[e] for the slot, header store, warp
 // copy of the message's `msg_int4 - 1` int4 after the header from the staging buffer (ld.cg) into
-// recv slot (e * slots_per_counter + slot) % recv_slots (st.na), __syncwarp, red.release.gpu on
-// finish[e]. `mode` bits drop steps to see what each costs under load: LL_SEND_CAST (without:
+// recv slot e * slots_per_counter + slot % slots_per_counter (st.na), __syncwarp,
+// red.release.gpu on finish[e]. The host sizes x (items rows), staging (items messages) and recv
+// (counters_n * slots_per_counter messages) so that no index wraps (a 64-bit modulo would add a
+// long instruction sequence the kernel does not have). `mode` bits drop steps to see what each costs under load: LL_SEND_CAST (without:
 // the staged message is not rewritten), LL_SEND_ATOMIC (without: the slot is the item's round),
 // LL_SEND_RELEASE (without: a relaxed add), LL_SEND_TAIL (the count signalling: after
 // __syncthreads each block polls the finish counters it owns, [b * per, (b + 1) * per) with
@@ -269,8 +271,8 @@ DEVICE void probe_unpack_bf16x8(int4 v, float* f) {
 extern "C" __global__ void __launch_bounds__(1024, 1)
     probe_ll_send(const int4* __restrict__ x, u8* staging, u8* recv, const int* topk,
                   int* counters, int* finish, int* flags, const int* expect, int row_int4,
-                  int msg_int4, int msg_bytes, int topk_n, int counters_n, int items, u64 x_rows,
-                  int slots_per_counter, u64 recv_slots, int mode, int launch_no, u64* out,
+                  int msg_int4, int msg_bytes, int topk_n, int counters_n, int items,
+                  int slots_per_counter, int mode, int launch_no, u64* out,
                   ErrorRecord* err, u64 timeout_ns) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int cast_threads = blockDim.x - 32;
@@ -285,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
             if (rounds > 0) s_rest += c0 - c3;
             u8* msg = staging + (u64)it * msg_bytes;
             if (mode & LL_SEND_CAST) {
-                const int4* xr = x + (it % x_rows) * (u64)row_int4;
+                const int4* xr = x + (u64)it * row_int4;
                 for (int i = tid; i < row_int4; i += cast_threads) {
                     const int4 v = ld_nc_v4(xr + i);
                     float f[8];
@@ -319,8 +321,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                 }
                 slot = __shfl_sync(0xffffffffu, slot, 0);
                 c2 = clock_cycles();
-                u8* dst = recv + (((u64)e * slots_per_counter + (u64)(slot % slots_per_counter)) %
-                                  recv_slots) * msg_bytes;
+                u8* dst = recv + ((u64)e * slots_per_counter + (u64)(slot % slots_per_counter)) *
+                                     msg_bytes;
                 if (lane == 0) *(int4*)dst = make_int4(it, warp, 0, 0);
                 UNROLLED_WARP_COPY(7, lane, msg_int4 - 1, (int4*)dst + 1, (const int4*)msg + 1,
                                    ld_cg_v4, st_na_v4);
