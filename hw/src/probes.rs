@@ -454,17 +454,18 @@ fn ll_send_chain_probe(
     let slots_per_counter = (big / LL_MSG_STRIDE / counters_n as usize) as i32;
     // The full chain first: the variants without the cast copy the messages it staged.
     let full = format!("{sms}x1024");
-    let shapes: [(String, u32, usize, i32); 7] = [
-        ("1x1024".into(), 1, 64, ALL),
-        (format!("{full}_1024items"), sms, 1024, ALL),
-        (full.clone(), sms, max_items, ALL),
-        (format!("{full}_no_atomic"), sms, max_items, ALL & !ATOMIC),
-        (format!("{full}_no_release"), sms, max_items, ALL & !RELEASE),
-        (format!("{full}_no_cast"), sms, max_items, ALL & !CAST),
-        (format!("{full}_copy_only"), sms, max_items, 0),
+    // (name, blocks, items, steps, then the receive loop on the messages just sent).
+    let shapes: [(String, u32, usize, i32, bool); 7] = [
+        ("1x1024".into(), 1, 64, ALL, false),
+        (format!("{full}_1024items"), sms, 1024, ALL, true),
+        (full.clone(), sms, max_items, ALL, true),
+        (format!("{full}_no_atomic"), sms, max_items, ALL & !ATOMIC, false),
+        (format!("{full}_no_release"), sms, max_items, ALL & !RELEASE, false),
+        (format!("{full}_no_cast"), sms, max_items, ALL & !CAST, false),
+        (format!("{full}_copy_only"), sms, max_items, 0, false),
     ];
     let mut res = serde_json::Map::new();
-    for (name, blocks, items, mode) in shapes {
+    for (name, blocks, items, mode, with_recv) in shapes {
         let mut expect = vec![0i32; counters_n as usize];
         for &e in &topk_host[..items * LL_TOPK] {
             expect[e as usize] += 1;
@@ -541,7 +542,7 @@ fn ll_send_chain_probe(
         }
         let mean = |v: f64| round3(v / counted.max(1.0));
         res.insert(
-            name,
+            name.clone(),
             json!({
                 "launch_us": round3(us),
                 "loop_us": round3(loop_end.saturating_sub(start) as f64 / 1e3),
@@ -553,9 +554,182 @@ fn ll_send_chain_probe(
                 "release_loop_ns": mean(steps[4]),
             }),
         );
+        if with_recv {
+            let r = ll_recv_after_send(
+                devs,
+                LlSendBufs {
+                    x: src,
+                    staging: staging.ptr,
+                    recv: dst,
+                    topk: topk.ptr,
+                    ctrs: ctrs.ptr,
+                },
+                &expect,
+                blocks,
+                items,
+                slots_per_counter,
+                src + (256 << 20),
+                big - (256 << 20),
+                us,
+            )?;
+            res.insert(format!("{name}_then_recv"), r);
+        }
     }
     m.insert("probe.ll_send_chain".into(), Value::Object(res));
     Ok(())
+}
+
+/// Device buffers of the send chain probe (one counters region: slot counters, finish
+/// counters, count flags, `LL_RANKS · LL_EXPERTS` ints each).
+#[derive(Clone, Copy)]
+struct LlSendBufs {
+    x: u64,
+    staging: u64,
+    recv: u64,
+    topk: u64,
+    ctrs: u64,
+}
+
+/// The low-latency dispatch's receive loop (`probe_ll_recv`) right after a full send launch
+/// (`probe_ll_send`, every step, with the count signalling) of `items` items, as hook mode
+/// runs the two kernels: both launches timed together (CUDA events, L2 flushed before), the
+/// receive's part as that less `send_us` (the send alone, same shape), the receive launch's
+/// own span (%globaltimer), and one receive group's poll and message time per item. `packed`
+/// is `packed_bytes` of scratch for the packed rows.
+#[allow(clippy::too_many_arguments)]
+fn ll_recv_after_send(
+    devs: &mut Devices,
+    b: LlSendBufs,
+    expect: &[i32],
+    blocks: u32,
+    items: usize,
+    slots_per_counter: i32,
+    packed: u64,
+    packed_bytes: usize,
+    send_us: f64,
+) -> Result<Value, HwError> {
+    let local = LL_EXPERTS / LL_RANKS;
+    let counters_n = (LL_RANKS * LL_EXPERTS) as i32;
+    let payload_int4 = (LL_HIDDEN / 16) as i32;
+    let num_scales = (LL_HIDDEN / 128) as i32;
+    // Packed rows per local expert: what every source sends it.
+    let mut capacity = 0usize;
+    for lr in 0..LL_RANKS {
+        for le in 0..local {
+            let rows: i32 = (0..LL_RANKS).map(|s| expect[s * LL_EXPERTS + lr * local + le]).sum();
+            capacity = capacity.max(rows as usize);
+        }
+    }
+    let rows = LL_RANKS * local * capacity;
+    if rows * LL_HIDDEN > packed_bytes {
+        return Err(HwError::Setup {
+            context: "low-latency receive probe".into(),
+            message: format!("{rows} packed rows of {LL_HIDDEN} B do not fit {packed_bytes} B"),
+        });
+    }
+    let (side, rout) = {
+        let g = &devs.list[0].gpu;
+        let side = g.alloc(rows * (LL_HIDDEN / 128 * 4 + 8))?;
+        let rout = g.alloc(blocks as usize * 8 * 8)?;
+        g.memset_u8(b.ctrs, 0, 3 * counters_n as usize * 4)?;
+        (side, rout)
+    };
+    devs.clear_errors()?;
+    let g = &devs.list[0].gpu;
+    let expect_buf = g.alloc(counters_n as usize * 4)?;
+    g.upload(&expect_buf, expect)?;
+    let (counters, finish, flags) =
+        (b.ctrs, b.ctrs + counters_n as u64 * 4, b.ctrs + 2 * counters_n as u64 * 4);
+    let (scales, info) = (side.ptr, side.ptr + (rows * (LL_HIDDEN / 128 * 4)) as u64);
+    let (ex, err, to) = (expect_buf.ptr, devs.list[0].err.ptr, devs.timeout_ns());
+    let send_out = g.alloc(blocks as usize * 9 * 8)?;
+    let (so, ro) = (send_out.ptr, rout.ptr);
+    let (row_int4, msg_int4, msg_bytes) = (LL_ROW_INT4, LL_MSG_INT4, LL_MSG_STRIDE as i32);
+    let (topk_n, items_i, mode) = (LL_TOPK as i32, items as i32, 15i32);
+    let (ranks, local_i, cap, wpg, discard) =
+        (LL_RANKS as i32, local as i32, capacity as i32, 4i32, 1i32);
+    let mut launch_no = 0i32;
+    let both = |dev: &Device| {
+        launch_no += 1;
+        let f = dev.module("probes")?.function("probe_ll_send");
+        let mut a = kernel_args![
+            b.x,
+            b.staging,
+            b.recv,
+            b.topk,
+            counters,
+            finish,
+            flags,
+            ex,
+            row_int4,
+            msg_int4,
+            msg_bytes,
+            topk_n,
+            counters_n,
+            items_i,
+            slots_per_counter,
+            mode,
+            launch_no,
+            so,
+            err,
+            to
+        ];
+        // SAFETY: as in ll_send_chain_probe (same buffers, items and grid).
+        unsafe { dev.gpu.launch(f, blocks, 1024, &mut a)? };
+        let f = dev.module("probes")?.function("probe_ll_recv");
+        let mut a = kernel_args![
+            b.recv,
+            flags,
+            packed,
+            scales,
+            info,
+            msg_bytes,
+            payload_int4,
+            num_scales,
+            ranks,
+            local_i,
+            slots_per_counter,
+            cap,
+            wpg,
+            discard,
+            launch_no,
+            ro,
+            err,
+            to
+        ];
+        // SAFETY: the messages read are the slots the send launch just filled (counter ×
+        // slots_per_counter + slot, inside recv); packed rows < LL_RANKS × local × capacity fit
+        // `packed_bytes` (checked) and the side buffer holds their scales and two info ints;
+        // rout holds 8 words per block; the flags the receive polls were all set by the send
+        // launch before it, on the same stream.
+        unsafe { dev.gpu.launch(f, blocks, 1024, &mut a) }
+    };
+    let us = time_us(devs, 0, 5, both)?;
+    devs.finish("low-latency receive probe")?;
+    let mut words = vec![0u64; blocks as usize * 8];
+    devs.list[0].gpu.download(rout.ptr, &mut words)?;
+    let start = words.chunks(8).map(|w| w[4]).min().unwrap_or(0);
+    let end = words.chunks(8).map(|w| w[5]).max().unwrap_or(0);
+    let (mut poll_ns, mut msg_ns, mut n_items, mut n_msgs) = (0f64, 0f64, 0f64, 0f64);
+    for w in words.chunks(8) {
+        if w[0] == 0 || w[6] == 0 {
+            continue;
+        }
+        let ns_per_cycle = (w[5] - w[4]) as f64 / w[6] as f64;
+        poll_ns += w[2] as f64 * ns_per_cycle;
+        msg_ns += w[3] as f64 * ns_per_cycle;
+        n_items += w[0] as f64;
+        n_msgs += w[1] as f64;
+    }
+    let per_item = |v: f64| round3(v / n_items.max(1.0));
+    Ok(json!({
+        "launch_us": round3(us),
+        "recv_us": round3(us - send_us),
+        "recv_loop_us": round3(end.saturating_sub(start) as f64 / 1e3),
+        "poll_ns_per_item": per_item(poll_ns),
+        "messages_ns_per_item": per_item(msg_ns),
+        "messages_per_item": per_item(n_msgs),
+    }))
 }
 
 /// Peer copy bandwidth and flag latency for every pair of GPUs in use.
@@ -697,5 +871,25 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(Vec::new()), 0.0);
+    }
+
+    #[test]
+    fn ll_probe_routing_is_top8_of_the_items_rank() {
+        let items = 1024;
+        let topk = ll_probe_topk(items);
+        assert_eq!(topk.len(), items * LL_TOPK);
+        for (it, row) in topk.chunks(LL_TOPK).enumerate() {
+            let rank = it % LL_RANKS;
+            let mut experts: Vec<usize> =
+                row.iter().map(|&c| c as usize - rank * LL_EXPERTS).collect();
+            assert!(experts.iter().all(|&e| e < LL_EXPERTS), "item {it}: {row:?}");
+            experts.sort_unstable();
+            experts.dedup();
+            assert_eq!(experts.len(), LL_TOPK, "item {it}: distinct experts");
+        }
+        // The message stride the kernels use (hw/src/low_latency.rs), and the probe's sizes.
+        assert_eq!(LL_MSG_STRIDE as u64, crate::low_latency::msg_stride(LL_HIDDEN as u32, true));
+        assert_eq!(LL_MSG_INT4 * 16, 16 + 7168 + 224);
+        assert_eq!(LL_ROW_INT4, 896);
     }
 }

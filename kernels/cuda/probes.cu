@@ -247,6 +247,7 @@ DEVICE void probe_unpack_bf16x8(int4 v, float* f) {
 #define LL_SEND_ATOMIC 2
 #define LL_SEND_RELEASE 4
 #define LL_SEND_TAIL 8
+#define LL_PROBE_COUNT_BASE 65536
 
 // The low-latency dispatch's send loop alone (`ll_dispatch`, LL_PHASE_SEND, in
 // kernels/cuda/low_latency.cu), on synthetic data, with the steps of one sending warp timed.
@@ -264,7 +265,8 @@ DEVICE void probe_unpack_bf16x8(int4 v, float* f) {
 // LL_SEND_RELEASE (without: a relaxed add), LL_SEND_TAIL (the count signalling: after
 // __syncthreads each block polls the finish counters it owns, [b * per, (b + 1) * per) with
 // per = ceil(counters_n / gridDim.x), until each holds expect[e] * launch_no, then stores a
-// .gpu release flag — as the kernel does). Lane 0 of warp 0 sums clock64 cycles per step:
+// .gpu release flag carrying the launch and the count, launch_no * LL_PROBE_COUNT_BASE +
+// expect[e] — as the kernel signals the count). Lane 0 of warp 0 sums clock64 cycles per step:
 // out[b * 8 + 0..8] = {rounds, cast+barrier, index load + atomic, copy, release and loop back,
 // %globaltimer at loop start, at loop end, after the tail}, plus the loop's clock64 cycles in
 // out[gridDim.x * 8 + b] to convert cycles to ns.
@@ -357,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                     break;
                 }
             }
-            st_release_gpu(flags + j, launch_no);
+            st_release_gpu(flags + j, launch_no * LL_PROBE_COUNT_BASE + expect[j]);
         }
         __syncthreads();
     }
@@ -373,5 +375,108 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         o[6] = g1;
         o[7] = g2;
         out[(u64)gridDim.x * 8 + blockIdx.x] = c_end - c_begin;
+    }
+}
+
+// The low-latency dispatch's receive loop alone (`ll_dispatch`, LL_PHASE_RECV), reading the
+// messages a `probe_ll_send` launch (number `launch_no`, with LL_SEND_TAIL) just stored, as
+// the kernel's receive does in one launch or right after the send kernel in hook mode. Items
+// (receiving rank lr, source src, local expert le) are dealt to groups of `wpg` warps as the
+// kernel deals them; per item the group's first lane polls the count flags of sources
+// 0..=src (acquire; flag = launch_no * LL_PROBE_COUNT_BASE + count), the packed position being
+// the prefix of lower sources' counts, then the group's warps take its messages in turn: the
+// header (ld.cg), its two fields stored, the FP8 payload (`payload_int4` int4) copied into the
+// packed rows (ld.cg, st.na), the `num_scales` scales, and with `use_discard` the message
+// dropped from L2. The send probe put message i of counter c = src * experts + lr * local + le
+// of that launch in slot ((launch_no - 1) * count + i) % slots_per_counter of the counter.
+// The first lane of each block's first group sums clock64 cycles of its polls and of its
+// messages (to the group's second barrier): out[b * 8 + 0..6] = {items, messages, poll
+// cycles, message cycles, %globaltimer at start, at end}, out[b * 8 + 6] = clock64 cycles of
+// the whole loop, to convert cycles to ns.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    probe_ll_recv(const u8* recv, const int* flags, int4* packed, float* scales, int* info,
+                  int msg_bytes, int payload_int4, int num_scales, int ranks, int local,
+                  int slots_per_counter, int capacity, int wpg, int use_discard, int launch_no,
+                  u64* out, ErrorRecord* err, u64 timeout_ns) {
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int G = gridDim.x;
+    const int groups = (int)(blockDim.x / 32) / wpg;
+    const int group = warp / wpg, sub_warp = warp % wpg;
+    const int experts = ranks * local;
+    const int recv_items = ranks * local * ranks;
+    __shared__ int shared_n[32], shared_begin[32];
+    const bool timed = group == 0 && sub_warp == 0 && lane == 0;
+    u64 s_poll = 0, s_msgs = 0, n_items = 0, n_msgs = 0;
+    const u64 g0 = globaltimer_ns();
+    const u64 c_begin = clock_cycles();
+    for (int base = blockIdx.x * groups; base < recv_items; base += G * groups) {
+        const int item = base + group;
+        if (group >= groups || item >= recv_items) continue;
+        const int lr = item % ranks, rest = item / ranks;
+        const int src = rest % ranks, le = rest / ranks;
+        const u64 c0 = clock_cycles();
+        if (sub_warp == 0 && lane == 0) {
+            int begin = 0, n = 0;
+            for (int s = 0; s <= src; ++s) {
+                const int* f = flags + s * experts + lr * local + le;
+                const u64 t0 = globaltimer_ns();
+                int v;
+                while ((v = ld_acquire_gpu(f)) / LL_PROBE_COUNT_BASE < launch_no) {
+                    if (globaltimer_ns() - t0 > timeout_ns || error_raised(err)) {
+                        record_timeout(err, WAIT_PROBE_FLAG, lr, -1, s, lr * local + le, launch_no, v);
+                        v = launch_no * LL_PROBE_COUNT_BASE;
+                        break;
+                    }
+                }
+                const int c = v % LL_PROBE_COUNT_BASE;
+                if (s < src) begin += c; else n = c;
+            }
+            if (begin + n > capacity) n = 0, begin = 0;
+            shared_n[group] = n;
+            shared_begin[group] = begin;
+        }
+        named_barrier(2 + group, wpg * 32);
+        const u64 c1 = clock_cycles();
+        const int n = shared_n[group], begin = shared_begin[group];
+        const u64 cnt = (u64)src * experts + lr * local + le;
+        for (int i = sub_warp; i < n; i += wpg) {
+            const int slot = ((launch_no - 1) * n + i) % slots_per_counter;
+            const u8* m = recv + (cnt * slots_per_counter + slot) * (u64)msg_bytes;
+            const int4 hdr = ld_cg_v4((const int4*)m);
+            const u64 row = (u64)(lr * local + le) * capacity + begin + i;
+            if (lane == 0) {
+                info[2 * row] = hdr.x;
+                info[2 * row + 1] = hdr.y;
+            }
+            UNROLLED_WARP_COPY(7, lane, payload_int4, packed + row * payload_int4,
+                               (const int4*)(m + 16), ld_cg_v4, st_na_v4);
+            for (int j = lane; j < num_scales; j += 32)
+                scales[row * num_scales + j] = ld_cg_f32((const float*)(m + 16 + payload_int4 * 16) + j);
+            if (use_discard) {
+                __syncwarp();
+                warp_discard(m, msg_bytes, lane);
+            }
+        }
+        named_barrier(2 + group, wpg * 32);
+        if (timed) {
+            const u64 c2 = clock_cycles();
+            s_poll += c1 - c0;
+            s_msgs += c2 - c1;
+            n_items += 1;
+            n_msgs += n;
+        }
+    }
+    const u64 c_end = clock_cycles();
+    const u64 g1 = globaltimer_ns();
+    if (tid == 0) {
+        u64* o = out + (u64)blockIdx.x * 8;
+        o[0] = n_items;
+        o[1] = n_msgs;
+        o[2] = s_poll;
+        o[3] = s_msgs;
+        o[4] = g0;
+        o[5] = g1;
+        o[6] = c_end - c_begin;
+        o[7] = 0;
     }
 }

@@ -81,6 +81,7 @@ pub static MODULES: &[KernelModule] = &[
             "probe_pingpong_gpu",
             "probe_ring_handoff",
             "probe_ll_send",
+            "probe_ll_recv",
         ],
         required_defines: &[],
     },
