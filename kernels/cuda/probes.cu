@@ -260,9 +260,10 @@ DEVICE void probe_unpack_bf16x8(int4 v, float* f) {
 // recv slot e * slots_per_counter + slot % slots_per_counter (st.na), __syncwarp,
 // red.release.gpu on finish[e]. The host sizes x (items rows), staging (items messages) and recv
 // (counters_n * slots_per_counter messages) so that no index wraps (a 64-bit modulo would add a
-// long instruction sequence the kernel does not have). `mode` bits drop steps to see what each costs under load: LL_SEND_CAST (without:
-// the staged message is not rewritten), LL_SEND_ATOMIC (without: the slot is the item's round),
-// LL_SEND_RELEASE (without: a relaxed add), LL_SEND_TAIL (the count signalling: after
+// long instruction sequence the kernel does not have). `mode` bits drop steps to see what each
+// costs under load: LL_SEND_CAST (without: the staged message is not rewritten), LL_SEND_ATOMIC
+// (without: the slot is the item's round), LL_SEND_RELEASE (without: a relaxed add),
+// LL_SEND_TAIL (the count signalling: after
 // __syncthreads each block polls the finish counters it owns, [b * per, (b + 1) * per) with
 // per = ceil(counters_n / gridDim.x), until each holds expect[e] * launch_no, then stores a
 // .gpu release flag carrying the launch and the count, launch_no * LL_PROBE_COUNT_BASE +
@@ -423,7 +424,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
                 int v;
                 while ((v = ld_acquire_gpu(f)) / LL_PROBE_COUNT_BASE < launch_no) {
                     if (globaltimer_ns() - t0 > timeout_ns || error_raised(err)) {
-                        record_timeout(err, WAIT_PROBE_FLAG, lr, -1, s, lr * local + le, launch_no, v);
+                        record_timeout(err, WAIT_PROBE_FLAG, lr, -1, s, lr * local + le, launch_no,
+                                       v);
                         v = launch_no * LL_PROBE_COUNT_BASE;
                         break;
                     }
@@ -451,7 +453,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
             UNROLLED_WARP_COPY(7, lane, payload_int4, packed + row * payload_int4,
                                (const int4*)(m + 16), ld_cg_v4, st_na_v4);
             for (int j = lane; j < num_scales; j += 32)
-                scales[row * num_scales + j] = ld_cg_f32((const float*)(m + 16 + payload_int4 * 16) + j);
+                scales[row * num_scales + j] =
+                    ld_cg_f32((const float*)(m + 16 + payload_int4 * 16) + j);
             if (use_discard) {
                 __syncwarp();
                 warp_discard(m, msg_bytes, lane);
