@@ -226,3 +226,260 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         if (lane == 0) st_release_gpu(producer ? tail : head, base + i + 1);
     }
 }
+
+DEVICE u64 clock_cycles() {
+    u64 c;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+    return c;
+}
+
+// BF16 x8 (one int4) to floats, as the low-latency kernels unpack them.
+DEVICE void probe_unpack_bf16x8(int4 v, float* f) {
+    const u32 w[4] = {(u32)v.x, (u32)v.y, (u32)v.z, (u32)v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        f[2 * j] = bf16_to_f32((u16)(w[j] & 0xffffu));
+        f[2 * j + 1] = bf16_to_f32((u16)(w[j] >> 16));
+    }
+}
+
+#define LL_SEND_CAST 1
+#define LL_SEND_ATOMIC 2
+#define LL_SEND_RELEASE 4
+#define LL_SEND_TAIL 8
+#define LL_PROBE_COUNT_BASE 65536
+
+// The low-latency dispatch's send loop alone (`ll_dispatch`, LL_PHASE_SEND, in
+// kernels/cuda/low_latency.cu), on synthetic data, with the steps of one sending warp timed.
+// Items (one token of one rank each) are dealt to the blocks as the kernel deals them (item
+// blockIdx.x, then + gridDim.x, ...); per item: all warps but the last cast the BF16 row
+// `x[it]` (HBM) to FP8 with one scale per 128 channels into the item's staging message
+// (`msg_bytes` apart), named barrier, then warp k < topk_n: load the expert index
+// topk[it * topk_n + k], returning atomicAdd on counters[e] for the slot, header store, warp
+// copy of the message's `msg_int4 - 1` int4 after the header from the staging buffer (ld.cg) into
+// recv slot e * slots_per_counter + slot % slots_per_counter (st.na), __syncwarp,
+// red.release.gpu on finish[e]. The host sizes x (items rows), staging (items messages) and recv
+// (counters_n * slots_per_counter messages) so that no index wraps (a 64-bit modulo would add a
+// long instruction sequence the kernel does not have). `mode` bits drop steps to see what each
+// costs under load: LL_SEND_CAST (without: the staged message is not rewritten), LL_SEND_ATOMIC
+// (without: the slot is the item's round), LL_SEND_RELEASE (without: a relaxed add),
+// LL_SEND_TAIL (the count signalling: after
+// __syncthreads each block polls the finish counters it owns, [b * per, (b + 1) * per) with
+// per = ceil(counters_n / gridDim.x), until each holds expect[e] * launch_no, then stores a
+// .gpu release flag carrying the launch and the count, launch_no * LL_PROBE_COUNT_BASE +
+// expect[e] — as the kernel signals the count). Lane 0 of warp 0 sums clock64 cycles per step:
+// out[b * 8 + 0..8] = {rounds, cast+barrier, index load + atomic, copy, release and loop back,
+// %globaltimer at loop start, at loop end, after the tail}, plus the loop's clock64 cycles in
+// out[gridDim.x * 8 + b] to convert cycles to ns.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    probe_ll_send(const int4* __restrict__ x, u8* staging, u8* recv, const int* topk,
+                  int* counters, int* finish, int* flags, const int* expect, int row_int4,
+                  int msg_int4, int msg_bytes, int topk_n, int counters_n, int items,
+                  int slots_per_counter, int mode, int launch_no, u64* out,
+                  ErrorRecord* err, u64 timeout_ns) {
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int cast_threads = blockDim.x - 32;
+    const int hidden = row_int4 * 8;
+    u64 s_cast = 0, s_atomic = 0, s_copy = 0, s_rest = 0, rounds = 0;
+    const u64 g0 = globaltimer_ns();
+    const u64 c_begin = clock_cycles();
+    u64 c3 = c_begin;
+    if (warp < (int)(blockDim.x / 32) - 1) {
+        for (int it = blockIdx.x; it < items; it += gridDim.x) {
+            const u64 c0 = clock_cycles();
+            if (rounds > 0) s_rest += c0 - c3;
+            u8* msg = staging + (u64)it * msg_bytes;
+            if (mode & LL_SEND_CAST) {
+                const int4* xr = x + (u64)it * row_int4;
+                for (int i = tid; i < row_int4; i += cast_threads) {
+                    const int4 v = ld_nc_v4(xr + i);
+                    float f[8];
+                    probe_unpack_bf16x8(v, f);
+                    float amax = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+#pragma unroll
+                    for (int m = 8; m > 0; m >>= 1)
+                        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+                    amax = fmaxf(amax, 1e-4f);
+                    const float scale = 448.0f / amax, scale_inv = amax / 448.0f;
+                    const u32 w0 = (u32)f32x2_to_e4m3x2(f[0] * scale, f[1] * scale) |
+                                   ((u32)f32x2_to_e4m3x2(f[2] * scale, f[3] * scale) << 16);
+                    const u32 w1 = (u32)f32x2_to_e4m3x2(f[4] * scale, f[5] * scale) |
+                                   ((u32)f32x2_to_e4m3x2(f[6] * scale, f[7] * scale) << 16);
+                    *(uint2*)(msg + 16 + i * 8) = make_uint2(w0, w1);
+                    if (lane % 16 == 0) ((float*)(msg + 16 + hidden))[i / 16] = scale_inv;
+                }
+            }
+            named_barrier(1, cast_threads);
+            const u64 c1 = clock_cycles();
+            u64 c2 = c1;
+            if (warp < topk_n) {
+                const int e = topk[(u64)it * topk_n + warp];
+                int slot = 0;
+                if (mode & LL_SEND_ATOMIC) {
+                    if (lane == 0) slot = atomicAdd(counters + e, 1);
+                } else {
+                    slot = it / (int)gridDim.x + e;
+                }
+                slot = __shfl_sync(0xffffffffu, slot, 0);
+                c2 = clock_cycles();
+                u8* dst = recv + ((u64)e * slots_per_counter + (u64)(slot % slots_per_counter)) *
+                                     msg_bytes;
+                if (lane == 0) *(int4*)dst = make_int4(it, warp, 0, 0);
+                UNROLLED_WARP_COPY(7, lane, msg_int4 - 1, (int4*)dst + 1, (const int4*)msg + 1,
+                                   ld_cg_v4, st_na_v4);
+                __syncwarp();
+                c3 = clock_cycles();
+                if (lane == 0) {
+                    if (mode & LL_SEND_RELEASE) red_add_release_gpu(finish + e, 1);
+                    else atomicAdd(finish + e, 1);
+                }
+            } else {
+                c3 = c2;
+            }
+            s_cast += c1 - c0;
+            s_atomic += c2 - c1;
+            s_copy += c3 - c2;
+            ++rounds;
+        }
+    }
+    const u64 c_end = clock_cycles();
+    if (rounds > 0) s_rest += c_end - c3;
+    const u64 g1 = globaltimer_ns();
+    __syncthreads();
+    if (mode & LL_SEND_TAIL) {
+        const int per = (counters_n + (int)gridDim.x - 1) / (int)gridDim.x;
+        const int lo = min((int)blockIdx.x * per, counters_n), hi = min(lo + per, counters_n);
+        for (int j = lo + tid; j < hi; j += blockDim.x) {
+            const int want = expect[j] * launch_no;
+            int v;
+            while ((v = ld_acquire_gpu(finish + j)) < want) {
+                if (globaltimer_ns() - g0 > timeout_ns || error_raised(err)) {
+                    record_timeout(err, WAIT_PROBE_FLAG, blockIdx.x, -1, -1, j, want, v);
+                    break;
+                }
+            }
+            st_release_gpu(flags + j, launch_no * LL_PROBE_COUNT_BASE + expect[j]);
+        }
+        __syncthreads();
+    }
+    const u64 g2 = globaltimer_ns();
+    if (tid == 0) {
+        u64* o = out + (u64)blockIdx.x * 8;
+        o[0] = rounds;
+        o[1] = s_cast;
+        o[2] = s_atomic;
+        o[3] = s_copy;
+        o[4] = s_rest;
+        o[5] = g0;
+        o[6] = g1;
+        o[7] = g2;
+        out[(u64)gridDim.x * 8 + blockIdx.x] = c_end - c_begin;
+    }
+}
+
+// The low-latency dispatch's receive loop alone (`ll_dispatch`, LL_PHASE_RECV), reading the
+// messages a `probe_ll_send` launch (number `launch_no`, with LL_SEND_TAIL) just stored, as
+// the kernel's receive does in one launch or right after the send kernel in hook mode. Items
+// (receiving rank lr, source src, local expert le) are dealt to groups of `wpg` warps as the
+// kernel deals them; per item the group's first lane polls the count flags of sources
+// 0..=src (acquire; flag = launch_no * LL_PROBE_COUNT_BASE + count), the packed position being
+// the prefix of lower sources' counts, then the group's warps take its messages in turn: the
+// header (ld.cg), its two fields stored, the FP8 payload (`payload_int4` int4) copied into the
+// packed rows (ld.cg, st.na), the `num_scales` scales, and with `use_discard` the message
+// dropped from L2. The send probe put message i of counter c = src * experts + lr * local + le
+// of that launch in slot ((launch_no - 1) * count + i) % slots_per_counter of the counter.
+// The first lane of each block's first group sums clock64 cycles of its polls and of its
+// messages (to the group's second barrier): out[b * 8 + 0..6] = {items, messages, poll
+// cycles, message cycles, %globaltimer at start, at end}, out[b * 8 + 6] = clock64 cycles of
+// the whole loop, to convert cycles to ns.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    probe_ll_recv(const u8* recv, const int* flags, int4* packed, float* scales, int* info,
+                  int msg_bytes, int payload_int4, int num_scales, int ranks, int local,
+                  int slots_per_counter, int capacity, int wpg, int use_discard, int launch_no,
+                  u64* out, ErrorRecord* err, u64 timeout_ns) {
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int G = gridDim.x;
+    const int groups = (int)(blockDim.x / 32) / wpg;
+    const int group = warp / wpg, sub_warp = warp % wpg;
+    const int experts = ranks * local;
+    const int recv_items = ranks * local * ranks;
+    __shared__ int shared_n[32], shared_begin[32];
+    const bool timed = group == 0 && sub_warp == 0 && lane == 0;
+    u64 s_poll = 0, s_msgs = 0, n_items = 0, n_msgs = 0;
+    const u64 g0 = globaltimer_ns();
+    const u64 c_begin = clock_cycles();
+    for (int base = blockIdx.x * groups; base < recv_items; base += G * groups) {
+        const int item = base + group;
+        if (group >= groups || item >= recv_items) continue;
+        const int lr = item % ranks, rest = item / ranks;
+        const int src = rest % ranks, le = rest / ranks;
+        const u64 c0 = clock_cycles();
+        if (sub_warp == 0 && lane == 0) {
+            int begin = 0, n = 0;
+            for (int s = 0; s <= src; ++s) {
+                const int* f = flags + s * experts + lr * local + le;
+                const u64 t0 = globaltimer_ns();
+                int v;
+                while ((v = ld_acquire_gpu(f)) / LL_PROBE_COUNT_BASE < launch_no) {
+                    if (globaltimer_ns() - t0 > timeout_ns || error_raised(err)) {
+                        record_timeout(err, WAIT_PROBE_FLAG, lr, -1, s, lr * local + le, launch_no,
+                                       v);
+                        v = launch_no * LL_PROBE_COUNT_BASE;
+                        break;
+                    }
+                }
+                const int c = v % LL_PROBE_COUNT_BASE;
+                if (s < src) begin += c; else n = c;
+            }
+            if (begin + n > capacity) n = 0, begin = 0;
+            shared_n[group] = n;
+            shared_begin[group] = begin;
+        }
+        named_barrier(2 + group, wpg * 32);
+        const u64 c1 = clock_cycles();
+        const int n = shared_n[group], begin = shared_begin[group];
+        const u64 cnt = (u64)src * experts + lr * local + le;
+        for (int i = sub_warp; i < n; i += wpg) {
+            const int slot = ((launch_no - 1) * n + i) % slots_per_counter;
+            const u8* m = recv + (cnt * slots_per_counter + slot) * (u64)msg_bytes;
+            const int4 hdr = ld_cg_v4((const int4*)m);
+            const u64 row = (u64)(lr * local + le) * capacity + begin + i;
+            if (lane == 0) {
+                info[2 * row] = hdr.x;
+                info[2 * row + 1] = hdr.y;
+            }
+            UNROLLED_WARP_COPY(7, lane, payload_int4, packed + row * payload_int4,
+                               (const int4*)(m + 16), ld_cg_v4, st_na_v4);
+            for (int j = lane; j < num_scales; j += 32)
+                scales[row * num_scales + j] =
+                    ld_cg_f32((const float*)(m + 16 + payload_int4 * 16) + j);
+            if (use_discard) {
+                __syncwarp();
+                warp_discard(m, msg_bytes, lane);
+            }
+        }
+        named_barrier(2 + group, wpg * 32);
+        if (timed) {
+            const u64 c2 = clock_cycles();
+            s_poll += c1 - c0;
+            s_msgs += c2 - c1;
+            n_items += 1;
+            n_msgs += n;
+        }
+    }
+    const u64 c_end = clock_cycles();
+    const u64 g1 = globaltimer_ns();
+    if (tid == 0) {
+        u64* o = out + (u64)blockIdx.x * 8;
+        o[0] = n_items;
+        o[1] = n_msgs;
+        o[2] = s_poll;
+        o[3] = s_msgs;
+        o[4] = g0;
+        o[5] = g1;
+        o[6] = c_end - c_begin;
+        o[7] = 0;
+    }
+}

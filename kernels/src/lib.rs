@@ -83,6 +83,8 @@ pub static MODULES: &[KernelModule] = &[
             "probe_op_latency",
             "probe_pingpong_gpu",
             "probe_ring_handoff",
+            "probe_ll_send",
+            "probe_ll_recv",
         ],
         required_defines: &[],
     },
