@@ -627,6 +627,36 @@ impl NormalJob {
             unsafe { dev.gpu.launch(f, dev.ranks.len() as u32, 1024, &mut a)? };
         }
         timer.mark(devs, "notify")?;
+        if dispatch && cluster_dispatch() {
+            let dev = &devs.list[0];
+            let p = self.params(devs, 0, cfg, dispatch);
+            let row = p.hidden_int4 as u64 * 16;
+            let scales = p.num_scales as u64;
+            if !(scales * 4).is_multiple_of(16) || !(self.topk * 4).is_multiple_of(16) {
+                return Err(HwError::Unsupported(format!(
+                    "EPTWIN_NORMAL_DISPATCH=cluster: {scales} scales or top-{} per row are not \
+                     16-byte multiples (bulk copies)",
+                    self.topk
+                )));
+            }
+            let slot_bytes = cluster_slot_bytes(row, scales, self.topk as u64);
+            let slots = cluster_slots();
+            let n = self.n as u64;
+            // Rings, their mbarriers, the heads, the sender's token-index staging.
+            let smem = n * slots as u64 * (slot_bytes + 8 + 16) + n * 4;
+            let f = dev.module("intranode_cluster")?.function("intranode_dispatch_cluster");
+            dev.gpu.set_max_dynamic_smem(f, smem as u32)?;
+            let (args, err) = (self.args[0].ptr, dev.err.ptr);
+            let (sl, sb) = (slots as i32, slot_bytes as i32);
+            let mut a = kernel_args![args, p, err, sl, sb];
+            let grid = self.channels * self.n;
+            // SAFETY: args match intranode_dispatch_cluster(args, params, err, sm_slots,
+            // slot_bytes); the dynamic shared memory is what its layout needs for `slots`; the
+            // grid is whole clusters of n blocks (one per channel), which need not be co-resident
+            // (channels never wait on each other).
+            unsafe { dev.gpu.launch_with_smem(f, grid, 64 * self.n, smem as u32, &mut a)? };
+            return timer.mark(devs, "end");
+        }
         for (i, dev) in devs.list.iter().enumerate() {
             let p = self.params(devs, i, cfg, dispatch);
             let (args, err) = (self.args[i].ptr, dev.err.ptr);
@@ -974,6 +1004,44 @@ impl NormalJob {
 }
 
 /// Whether dispatch drops consumed ring lines from L2 (`EPTWIN_L2_DISCARD_DISPATCH=0`: no).
+/// `EPTWIN_NORMAL_DISPATCH=cluster`: dispatch with the rings in cluster shared memory
+/// (`intranode_cluster.cu`) instead of the global-memory rings. Opt-in while it is measured.
+pub fn cluster_dispatch() -> bool {
+    std::env::var("EPTWIN_NORMAL_DISPATCH").as_deref() == Ok("cluster")
+}
+
+/// Ring slots per (channel, source) in shared memory (`EPTWIN_CLUSTER_SLOTS`, default 3: three
+/// 7,472-byte FP8 slots from each of 8 sources fill 179 KB of the 227 KB a block may have).
+pub fn cluster_slots() -> u32 {
+    std::env::var("EPTWIN_CLUSTER_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1)
+}
+
+/// Why the cluster dispatch cannot run here (None when it can or is not asked for).
+pub fn cluster_dispatch_refusal(devs: &Devices, ranks: u32) -> Option<String> {
+    if !cluster_dispatch() {
+        return None;
+    }
+    let dev = &devs.list[0];
+    if devs.list.len() != 1 || dev.ranks.len() as u32 != ranks {
+        return Some("EPTWIN_NORMAL_DISPATCH=cluster needs every rank on one GPU".into());
+    }
+    if ranks > 8 {
+        return Some(format!(
+            "EPTWIN_NORMAL_DISPATCH=cluster: {ranks} ranks > 8 (one cluster per channel)"
+        ));
+    }
+    if dev.gpu.compute_capability.0 < 9 {
+        return Some("EPTWIN_NORMAL_DISPATCH=cluster needs thread-block clusters (sm_90)".into());
+    }
+    None
+}
+
+/// Bytes of one shared-memory slot of the cluster dispatch: row, scales, top-k experts, top-k
+/// weights (each copied in bulk, so each a 16-byte multiple) and a 16-byte source index.
+fn cluster_slot_bytes(row_bytes: u64, scales: u64, topk: u64) -> u64 {
+    row_bytes + scales * 4 + 8 * topk + 16
+}
+
 pub fn discard_in_dispatch() -> bool {
     std::env::var("EPTWIN_L2_DISCARD_DISPATCH").as_deref() != Ok("0")
 }

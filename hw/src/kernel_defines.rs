@@ -102,6 +102,7 @@ pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
             vec![low_latency(7168, 1024, FlagScope::Gpu), low_latency(4096, 1024, FlagScope::Sys)]
         }
         ModuleId::Cluster => vec![cluster(512), cluster(1024)],
+        ModuleId::IntranodeCluster => vec![vec![("NUM_RANKS", "8".to_string())]],
         _ => vec![Vec::new()],
     }
 }

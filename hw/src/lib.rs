@@ -52,6 +52,10 @@ use crate::probes::round3;
 /// `EPTWIN_KERNEL_TIMEOUT_MS` (bound of every in-kernel wait, default 10000),
 /// `EPTWIN_L2_DISCARD=0` (keep consumed ring lines in L2 instead of dropping them),
 /// `EPTWIN_PROBES=0` (skip the copy probes), `EPTWIN_NCCL_BASELINE=0` (skip NCCL).
+/// Measurement knobs read where they act: `EPTWIN_NORMAL_DISPATCH=cluster` (normal dispatch
+/// with the rings in cluster shared memory, `EPTWIN_CLUSTER_SLOTS` slots per source),
+/// `EPTWIN_NORMAL_SMS=N` (normal kernels on N SMs per rank instead of the scenario's Config),
+/// `EPTWIN_CLUSTER_PROBE=1` (the cluster handoff probe), `EPTWIN_FLAG_SCOPE=sys`.
 #[derive(Debug, Clone)]
 pub struct HwOptions {
     pub kernel_timeout_ms: u64,
@@ -341,7 +345,19 @@ fn prepare(
             job.name
         )));
     };
-    let d = d.as_ref();
+    // `EPTWIN_NORMAL_SMS=N` runs the normal kernels with N SMs per rank (N / 2 channels) instead
+    // of the scenario's Config, for both dispatch and combine (they share the channel layout):
+    // a measurement knob, recorded in the result.
+    let sms_override: Option<u32> =
+        std::env::var("EPTWIN_NORMAL_SMS").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 2);
+    let mut d = d.as_ref().clone();
+    if let Some(sms) = sms_override {
+        for c in [&mut d.dispatch_config, &mut d.combine_config].into_iter().flatten() {
+            c.num_sms = sms;
+        }
+        m.insert("hw.num_sms_override".into(), json!(sms));
+    }
+    let d = &d;
     if d.mode == EpMode::Internode {
         return Err(HwError::Unsupported(format!("job {:?}: {}", job.name, internode_reason())));
     }
@@ -407,6 +423,19 @@ fn prepare(
                     break;
                 }
                 refused.push(format!("{threads} threads: {resident} blocks per SM"));
+            }
+            if let Some(why) = intranode::cluster_dispatch_refusal(&devs, n) {
+                return Err(HwError::Unsupported(format!("job {:?}: {why}", job.name)));
+            }
+            if intranode::cluster_dispatch() {
+                let defines = vec![("NUM_RANKS", n.to_string())];
+                load(
+                    &compiler,
+                    &mut devs,
+                    ModuleId::IntranodeCluster,
+                    "intranode_cluster",
+                    &defines,
+                )?;
             }
             if normal_shape.is_none() {
                 return Err(HwError::Setup {
@@ -498,6 +527,11 @@ fn prepare(
                     "effective_sms_per_rank": round3(sm_count as f64 / max_local as f64),
                     "registers_per_thread": launch.registers,
                     "local_memory_bytes_per_thread": launch.local_bytes,
+                    "dispatch_rings": if intranode::cluster_dispatch() {
+                        json!({"in": "cluster shared memory", "slots": intranode::cluster_slots()})
+                    } else {
+                        json!({"in": "global memory"})
+                    },
                 }),
             );
             Runtime::Normal(NormalJob::prepare(

@@ -23,6 +23,7 @@
 // Compile-time parameters (NVRTC -D): CLUSTER_SIZE (blocks per cluster, ≤ 8 is portable),
 // CL_THREADS (threads per block), CL_UNROLL (16-byte loads in flight per lane).
 #include "common.cuh"
+#include "cluster.cuh"
 
 #ifndef CLUSTER_SIZE
 #define CLUSTER_SIZE 8
@@ -39,49 +40,6 @@ constexpr int kClProducers = kClWarps / 2;
 constexpr int kClPerDest = kClProducers / CLUSTER_SIZE;
 static_assert(kClPerDest >= 1 && kClProducers % CLUSTER_SIZE == 0,
               "half the warps must split evenly over the cluster's blocks");
-
-DEVICE u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-DEVICE u32 cluster_ctarank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-// The shared::cluster address of `addr` (a shared::cta address) in block `rank` of the cluster.
-DEVICE u32 map_to_rank(u32 addr, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-
-// Every thread of every block of the cluster; orders shared-memory accesses across it.
-DEVICE void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-                 ::: "memory");
-}
-
-DEVICE void st_cluster_v4(u32 addr, int4 v) {
-    asm volatile("st.shared::cluster.v4.s32 [%0], {%1, %2, %3, %4};"
-                 ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
-DEVICE int4 ld_shared_v4(u32 addr) {
-    int4 v;
-    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
-    return v;
-}
-
-DEVICE void st_release_cluster(u32 addr, int v) {
-    asm volatile("st.release.cluster.shared::cluster.s32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-
-DEVICE int ld_acquire_cluster(u32 addr) {
-    int v;
-    asm volatile("ld.acquire.cluster.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-    return v;
-}
 
 // Lane 0 waits until the flag at `addr` reaches `need`; false (after recording it) on timeout.
 DEVICE bool cluster_wait(u32 addr, int need, int lane, u64 t0, u64 timeout_ns, ErrorRecord* err,
@@ -199,49 +157,6 @@ extern "C" __global__ void __cluster_dims__(CLUSTER_SIZE, 1, 1) __launch_bounds_
 // re-arms the slot's mbarrier and returns the slot to the producer (head flag, release store at
 // cluster scope, in the producer's shared memory). DeepEP's intranode kernels on Hopper move
 // rows with the same TMA bulk copies (`tma_load_1d` / `tma_store_1d`).
-
-DEVICE void mbar_init(u32 addr, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(addr), "r"(count) : "memory");
-}
-
-DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-
-// One arrival that also expects `bytes` more to land (the phase completes when both are in).
-DEVICE void mbar_arrive_expect_tx(u32 addr, u32 bytes) {
-    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}"
-                 ::"r"(addr), "r"(bytes) : "memory");
-}
-
-DEVICE bool mbar_try_wait(u32 addr, u32 parity) {
-    u32 ok;
-    asm volatile(
-        "{\n\t.reg .pred P;\n\tmbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, P;\n\t}"
-        : "=r"(ok) : "r"(addr), "r"(parity) : "memory");
-    return ok != 0;
-}
-
-// Global → shared memory of a block of this cluster (dst and mbar are shared::cluster addresses).
-DEVICE void tma_load_to_cluster(u32 dst, const void* src, u32 bytes, u32 mbar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
-}
-
-DEVICE void tma_store_from_shared(void* dst, u32 src, u32 bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                 ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-
-// The bulk stores of this thread have read their shared-memory sources, all but the newest one.
-DEVICE void tma_store_wait_read_all_but_one() {
-    asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-}
-
-DEVICE void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
-DEVICE void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Same arguments, grid and byte accounting as probe_cluster_handoff. Dynamic shared memory: the
 // rings, then one 8-byte mbarrier per (ring, slot), then one head flag per ring. (A one-block

@@ -23,6 +23,9 @@ pub enum ModuleId {
     Probes,
     /// Stand-in experts and output digests used by the correctness checks.
     TestData,
+    /// Normal intranode dispatch with the rings in cluster shared memory (sm_90+, all ranks on
+    /// one GPU; needs `NUM_RANKS` ≤ 8).
+    IntranodeCluster,
     /// The ring handoff through thread-block-cluster shared memory (sm_90+ only; optional
     /// `CLUSTER_SIZE`, `CL_THREADS`, `CL_UNROLL`).
     Cluster,
@@ -40,7 +43,11 @@ pub struct KernelModule {
 }
 
 /// Shared headers, by the name the sources `#include "..."` them with.
-pub static HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../cuda/common.cuh"))];
+pub static HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../cuda/common.cuh")),
+    ("normal.cuh", include_str!("../cuda/normal.cuh")),
+    ("cluster.cuh", include_str!("../cuda/cluster.cuh")),
+];
 
 /// Every kernel module.
 pub static MODULES: &[KernelModule] = &[
@@ -94,6 +101,13 @@ pub static MODULES: &[KernelModule] = &[
         source: include_str!("../cuda/testdata.cu"),
         entry_points: &["make_expert_output_normal", "make_expert_output_ll", "digest_rows"],
         required_defines: &[],
+    },
+    KernelModule {
+        id: ModuleId::IntranodeCluster,
+        file: "intranode_cluster.cu",
+        source: include_str!("../cuda/intranode_cluster.cu"),
+        entry_points: &["intranode_dispatch_cluster"],
+        required_defines: &["NUM_RANKS"],
     },
     KernelModule {
         id: ModuleId::Cluster,
@@ -283,6 +297,7 @@ mod tests {
             ModuleId::LowLatency,
             ModuleId::Probes,
             ModuleId::TestData,
+            ModuleId::IntranodeCluster,
             ModuleId::Cluster,
         ] {
             assert_eq!(module(id).id, id);

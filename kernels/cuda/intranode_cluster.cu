@@ -1,0 +1,191 @@
+// Normal intranode dispatch with the rings in the receiving block's shared memory (sm_90+,
+// every rank of the job on this GPU). The same protocol and outputs as `intranode_dispatch`
+// (DeepEP V1): per (channel, source) a ring of `sm_slots` token slots in the receiver's memory,
+// the sender pushes each token into the ring of every rank it goes to, the receiver drains the
+// ring in order into its output and hands the slots back with a head counter. What differs is
+// where the ring lives and how bytes move (results/h200/README.md, "Rings in shared memory"):
+//
+// * one cluster of NUM_RANKS blocks per channel, block r = rank r (the channel's sender and
+//   receiver of that rank in one block): rings are in the receiver block's shared memory, so the
+//   only L2/HBM traffic is the input read and the output write;
+// * the sender's warp for destination d stages the token's metadata in its own shared memory
+//   and one lane issues three bulk copies into the slot of the destination block: the row and
+//   its scales from global memory (TMA), the metadata from the staging area; all three count
+//   their bytes on the slot's mbarrier, which is the ring's tail;
+// * the receiver's warp for source s waits on the slot's mbarrier (acquire), copies the metadata
+//   out, issues TMA bulk stores of row and scales to its output and, once the stores have read
+//   the slot, re-arms its mbarrier and returns it (head, a release store into the sender block).
+//
+// The per-channel counts and the output offsets come from the source ranks' channel prefix
+// matrices, which the notify kernel wrote before this launch (all ranks share the GPU, so the
+// receiver reads them directly instead of waiting for the sender to publish start/end).
+//
+// Compile-time parameters (NVRTC -D): NUM_RANKS (≤ 8: one portable cluster).
+#include "common.cuh"
+#include "cluster.cuh"
+#include "normal.cuh"
+
+#ifndef NUM_RANKS
+#error "NUM_RANKS must be defined"
+#endif
+static_assert(NUM_RANKS <= 8, "one portable cluster of NUM_RANKS blocks per channel");
+
+constexpr int kClusterThreads = 2 * NUM_RANKS * 32;  // a sender and a receiver warp per peer
+
+// Shared-memory slot: row, scales, then metadata (top-k global experts, top-k weights, source
+// token index in a 16-byte word), each part a 16-byte multiple for the bulk copies.
+DEVICE u32 slot_meta_offset(int row_bytes, int scale_bytes) { return (u32)(row_bytes + scale_bytes); }
+
+extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kClusterThreads, 1)
+    intranode_dispatch_cluster(const NormalRankArgs* args, NormalParams p, ErrorRecord* err,
+                               int sm_slots, int slot_bytes) {
+    extern __shared__ __align__(128) u8 ring_smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int me = (int)cluster_ctarank();
+    const int channel = blockIdx.x / NUM_RANKS;
+    const int rank = p.rank_base + me;
+    const int C = p.num_channels, K = p.num_topk, S = p.num_scales, R = sm_slots;
+    const int L = p.num_experts / NUM_RANKS;
+    const int row_bytes = p.hidden_int4 * 16, scale_bytes = S * 4;
+    const u32 meta_off = slot_meta_offset(row_bytes, scale_bytes);
+    const u32 tx_bytes = (u32)slot_bytes;
+    const NormalRankArgs& a = args[rank];
+
+    // Layout: slots [source][R], then mbarriers u64 [source][R], then heads int [destination],
+    // then the sender's token-index staging [destination][R] of 16 bytes.
+    const u32 rings = smem_addr(ring_smem);
+    const u32 bars = rings + (u32)(NUM_RANKS * R) * (u32)slot_bytes;
+    int* heads = (int*)(ring_smem + (u64)NUM_RANKS * R * slot_bytes + (u64)NUM_RANKS * R * 8);
+    const u32 stage = smem_addr(heads + NUM_RANKS);
+    for (int i = threadIdx.x; i < NUM_RANKS; i += blockDim.x) heads[i] = 0;
+    // One arrival completes a slot's phase: the receiver's re-arm, which announces the bytes the
+    // three bulk copies will bring.
+    for (int i = threadIdx.x; i < NUM_RANKS * R; i += blockDim.x) mbar_init(bars + 8u * i, 1);
+    mbar_init_fence();
+    cluster_sync_all();
+    const u64 t0 = globaltimer_ns();
+
+    int ts, te;
+    channel_task_range(a.num_tokens, C, channel, ts, te);
+    if (warp < NUM_RANKS) {
+        // Sender for destination d: this rank's tokens of the channel, in order.
+        const int d = warp;
+        const u32 d_slots = map_to_rank(rings + (u32)(me * R) * (u32)slot_bytes, d);
+        const u32 d_bars = map_to_rank(bars + 8u * (u32)(me * R), d);
+        const u32 my_head = map_to_rank(smem_addr(heads + d), me);
+        int sent = 0;
+        bool ok = true;
+        for (int w0 = ts; w0 < te && ok; w0 += 32) {
+            const int t_lane = w0 + lane;
+            const bool in = t_lane < te && a.is_token_in_rank[(u64)t_lane * NUM_RANKS + d] != 0;
+            const unsigned mask = __ballot_sync(0xffffffffu, in);
+            if (t_lane < te)
+                a.send_head[(u64)t_lane * NUM_RANKS + d] =
+                    in ? sent + __popc(mask & ((1u << lane) - 1u)) : -1;
+            for (unsigned m = mask; m != 0 && ok; m &= m - 1) {
+                const int t = w0 + __ffs(m) - 1;
+                const int j = sent++;
+                const int slot = j % R;
+                if (j >= R) {
+                    int v = 0;
+                    if (lane == 0) {
+                        while ((v = ld_acquire_cluster(my_head)) < j - R + 1) {
+                            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                                record_timeout(err, WAIT_DISPATCH_RING_SPACE, rank, channel, d, -1,
+                                               j - R + 1, v);
+                                v = -1;
+                                break;
+                            }
+                        }
+                    }
+                    if (__shfl_sync(0xffffffffu, v, 0) < 0) {
+                        ok = false;
+                        break;
+                    }
+                    // Lane 0's acquire of the head orders every lane's stores into the slot.
+                    __syncwarp();
+                }
+                const u32 s_addr = d_slots + (u32)slot * (u32)slot_bytes;
+                // The metadata travels by bulk copies too: the token's top-k experts and weights
+                // straight from global memory (the receiver keeps its own experts), its index
+                // from a staging word (free since head > j - R: the copy that last read it has
+                // landed). No global load sits on the sender's per-token path.
+                const u32 st_addr = stage + ((u32)(d * R + slot)) * 16u;
+                if (lane == 0) {
+                    st_shared_u32(st_addr, (u32)t);
+                    fence_proxy_async_shared();
+                    const u32 bar = d_bars + 8u * (u32)slot;
+                    tma_load_to_cluster(s_addr, a.x + (u64)t * p.hidden_int4, (u32)row_bytes, bar);
+                    if (scale_bytes > 0)
+                        tma_load_to_cluster(s_addr + (u32)row_bytes, a.x_scales + (u64)t * S,
+                                            (u32)scale_bytes, bar);
+                    tma_load_to_cluster(s_addr + meta_off, a.topk_idx + (u64)t * K, 4u * K, bar);
+                    tma_load_to_cluster(s_addr + meta_off + 4u * K, a.topk_weights + (u64)t * K,
+                                        4u * K, bar);
+                    bulk_copy_smem_to_cluster(s_addr + meta_off + 8u * K, st_addr, 16u, bar);
+                }
+            }
+        }
+    } else {
+        // Receiver for source s: its tokens of this channel, into rows after the lower sources'.
+        const int s = warp - NUM_RANKS;
+        const int* cpm = args[p.rank_base + s].channel_prefix_matrix + me * C;
+        const int start = channel > 0 ? cpm[channel - 1] : 0;
+        const int n = cpm[channel] - start;
+        const int base_row = start + (s > 0 ? a.rank_prefix[s - 1] : 0);
+        if (lane == 0) a.recv_channel_offset[s * C + channel] = start;
+        const u32 s_slots = rings + (u32)(s * R) * (u32)slot_bytes;
+        const u32 s_bars = bars + 8u * (u32)(s * R);
+        const u32 s_head = map_to_rank(smem_addr(heads + me), s);
+        if (lane == 0)
+            for (int k = 0; k < R && k < n; ++k) mbar_arrive_expect_tx(s_bars + 8u * k, tx_bytes);
+        for (int j = 0; j < n; ++j) {
+            const int slot = j % R;
+            const u32 bar = s_bars + 8u * (u32)slot;
+            int ok = 1;
+            if (lane == 0) {
+                while (!mbar_try_wait_cluster(bar, (u32)(j / R) & 1u)) {
+                    if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                        record_timeout(err, WAIT_DISPATCH_TAIL, rank, channel, s, -1, j + 1, j);
+                        ok = 0;
+                        break;
+                    }
+                }
+            }
+            if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+            // Lane 0's acquire orders every lane's reads of the slot's metadata.
+            __syncwarp();
+            const u32 s_addr = s_slots + (u32)slot * (u32)slot_bytes;
+            const int row = base_row + j;
+            if (lane == 0) a.recv_src_idx[row] = (int)ld_shared_u32(s_addr + meta_off + 8u * K);
+            if (lane < K) {
+                // Global expert ids: keep this rank's, as local indices; -1 and weight 0 else.
+                const int e = (int)ld_shared_u32(s_addr + meta_off + 4u * lane);
+                const int le = (e >= me * L && e < (me + 1) * L) ? e - me * L : -1;
+                const float w = __uint_as_float(ld_shared_u32(s_addr + meta_off + 4u * (K + lane)));
+                a.recv_topk_idx[(u64)row * K + lane] = le;
+                a.recv_topk_weights[(u64)row * K + lane] = le >= 0 ? w : 0.0f;
+            }
+            __syncwarp();
+            if (lane == 0) {
+                fence_proxy_async_shared();
+                tma_store_nocommit(a.recv_x + (u64)row * p.hidden_int4, s_addr, (u32)row_bytes);
+                if (scale_bytes > 0)
+                    tma_store_nocommit(a.recv_x_scales + (u64)row * S, s_addr + (u32)row_bytes,
+                                       (u32)scale_bytes);
+                tma_commit();
+                if (j >= 1) {
+                    // Token j - 1's slot has been read out: re-arm it, hand it back.
+                    tma_store_wait_read_all_but_one();
+                    const int sp = (j - 1) % R;
+                    if (j - 1 + R < n) mbar_arrive_expect_tx(s_bars + 8u * (u32)sp, tx_bytes);
+                    st_release_cluster(s_head, j);
+                }
+            }
+        }
+        if (lane == 0) tma_store_wait_all();
+    }
+    __syncwarp();
+    // No block leaves while a peer may still copy into its shared memory or signal its heads.
+    cluster_sync_all();
+}
