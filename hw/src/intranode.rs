@@ -657,6 +657,32 @@ impl NormalJob {
             unsafe { dev.gpu.launch_with_smem(f, grid, 64 * self.n, smem as u32, &mut a)? };
             return timer.mark(devs, "end");
         }
+        if !dispatch && cluster_combine() {
+            let dev = &devs.list[0];
+            let p = self.params(devs, 0, cfg, dispatch);
+            if !(self.topk * 4).is_multiple_of(16) {
+                return Err(HwError::Unsupported(format!(
+                    "EPTWIN_NORMAL_COMBINE=cluster: top-{} weights per row are not a 16-byte \
+                     multiple (bulk copies)",
+                    self.topk
+                )));
+            }
+            let slot_bytes = p.combine_hidden_int4 as u64 * 16 + 4 * self.topk as u64;
+            let slots = 2u64;
+            let n = self.n as u64;
+            // Rings, their mbarriers, the heads.
+            let smem = n * slots * (slot_bytes + 8) + n * 4;
+            let f = dev.module("intranode_cluster")?.function("intranode_combine_cluster");
+            dev.gpu.set_max_dynamic_smem(f, smem as u32)?;
+            let (args, err) = (self.args[0].ptr, dev.err.ptr);
+            let (sl, sb) = (slots as i32, slot_bytes as i32);
+            let mut a = kernel_args![args, p, err, sl, sb];
+            let grid = self.channels * self.n;
+            // SAFETY: args match intranode_combine_cluster(args, params, err, sm_slots,
+            // slot_bytes); shared memory as its layout needs; whole clusters, one per channel.
+            unsafe { dev.gpu.launch_with_smem(f, grid, 64 * self.n, smem as u32, &mut a)? };
+            return timer.mark(devs, "end");
+        }
         for (i, dev) in devs.list.iter().enumerate() {
             let p = self.params(devs, i, cfg, dispatch);
             let (args, err) = (self.args[i].ptr, dev.err.ptr);
@@ -1010,6 +1036,17 @@ pub fn cluster_dispatch() -> bool {
     std::env::var("EPTWIN_NORMAL_DISPATCH").as_deref() == Ok("cluster")
 }
 
+/// `EPTWIN_NORMAL_COMBINE=cluster`: the combine's counterpart (two 14,368-byte BF16 slots per
+/// source fill 230 KB of shared memory).
+pub fn cluster_combine() -> bool {
+    std::env::var("EPTWIN_NORMAL_COMBINE").as_deref() == Ok("cluster")
+}
+
+/// Either normal kernel runs with cluster rings.
+pub fn cluster_kernels() -> bool {
+    cluster_dispatch() || cluster_combine()
+}
+
 /// Ring slots per (channel, source) in shared memory (`EPTWIN_CLUSTER_SLOTS`, default 3: three
 /// 7,472-byte FP8 slots from each of 8 sources fill 179 KB of the 227 KB a block may have).
 pub fn cluster_slots() -> u32 {
@@ -1018,20 +1055,22 @@ pub fn cluster_slots() -> u32 {
 
 /// Why the cluster dispatch cannot run here (None when it can or is not asked for).
 pub fn cluster_dispatch_refusal(devs: &Devices, ranks: u32) -> Option<String> {
-    if !cluster_dispatch() {
+    if !cluster_kernels() {
         return None;
     }
     let dev = &devs.list[0];
     if devs.list.len() != 1 || dev.ranks.len() as u32 != ranks {
-        return Some("EPTWIN_NORMAL_DISPATCH=cluster needs every rank on one GPU".into());
+        return Some("EPTWIN_NORMAL_DISPATCH/COMBINE=cluster needs every rank on one GPU".into());
     }
     if ranks > 8 {
         return Some(format!(
-            "EPTWIN_NORMAL_DISPATCH=cluster: {ranks} ranks > 8 (one cluster per channel)"
+            "EPTWIN_NORMAL_DISPATCH/COMBINE=cluster: {ranks} ranks > 8 (one cluster per channel)"
         ));
     }
     if dev.gpu.compute_capability.0 < 9 {
-        return Some("EPTWIN_NORMAL_DISPATCH=cluster needs thread-block clusters (sm_90)".into());
+        return Some(
+            "EPTWIN_NORMAL_DISPATCH/COMBINE=cluster needs thread-block clusters (sm_90)".into(),
+        );
     }
     None
 }

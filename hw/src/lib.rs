@@ -54,6 +54,7 @@ use crate::probes::round3;
 /// `EPTWIN_PROBES=0` (skip the copy probes), `EPTWIN_NCCL_BASELINE=0` (skip NCCL).
 /// Measurement knobs read where they act: `EPTWIN_NORMAL_DISPATCH=cluster` (normal dispatch
 /// with the rings in cluster shared memory, `EPTWIN_CLUSTER_SLOTS` slots per source),
+/// `EPTWIN_NORMAL_COMBINE=cluster` (the same for the combine),
 /// `EPTWIN_NORMAL_SMS=N` (normal kernels on N SMs per rank instead of the scenario's Config),
 /// `EPTWIN_CLUSTER_PROBE=1` (the cluster handoff probe), `EPTWIN_FLAG_SCOPE=sys`.
 #[derive(Debug, Clone)]
@@ -427,7 +428,7 @@ fn prepare(
             if let Some(why) = intranode::cluster_dispatch_refusal(&devs, n) {
                 return Err(HwError::Unsupported(format!("job {:?}: {why}", job.name)));
             }
-            if intranode::cluster_dispatch() {
+            if intranode::cluster_kernels() {
                 let defines = vec![("NUM_RANKS", n.to_string())];
                 load(
                     &compiler,
@@ -529,6 +530,11 @@ fn prepare(
                     "local_memory_bytes_per_thread": launch.local_bytes,
                     "dispatch_rings": if intranode::cluster_dispatch() {
                         json!({"in": "cluster shared memory", "slots": intranode::cluster_slots()})
+                    } else {
+                        json!({"in": "global memory"})
+                    },
+                    "combine_rings": if intranode::cluster_combine() {
+                        json!({"in": "cluster shared memory", "slots": 2})
                     } else {
                         json!({"in": "global memory"})
                     },

@@ -393,23 +393,6 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     }
 }
 
-DEVICE void accumulate_bf16x8(float* acc, int4 v) {
-    const u32 w[4] = {(u32)v.x, (u32)v.y, (u32)v.z, (u32)v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        acc[2 * j] += bf16_to_f32((u16)(w[j] & 0xffffu));
-        acc[2 * j + 1] += bf16_to_f32((u16)(w[j] >> 16));
-    }
-}
-
-DEVICE int4 pack_bf16x8(const float* acc) {
-    u32 w[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        w[j] = (u32)f32_to_bf16(acc[2 * j]) | ((u32)f32_to_bf16(acc[2 * j + 1]) << 16);
-    return make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
-}
-
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
     intranode_combine(const NormalRankArgs* args, NormalParams p, ErrorRecord* err) {
     constexpr int kNumWarps = NUM_THREADS / 32;

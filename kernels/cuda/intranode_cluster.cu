@@ -189,3 +189,146 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     // No block leaves while a peer may still copy into its shared memory or signal its heads.
     cluster_sync_all();
 }
+
+// Normal intranode combine, same layout (one cluster of NUM_RANKS blocks per channel, rings in
+// the receiving block's shared memory). Sender warp d of block r returns, in arrival order, the
+// expert outputs of the rows rank r received from rank d in this channel: one TMA bulk copy of
+// the BF16 row and one of its top-k weights from global memory into slot j % R of ring r in
+// block d, counted on the slot's mbarrier. The receiver warps of block r (the tokens' source)
+// take the channel's tokens in order; for each, the leader lanes wait on the slot of every rank
+// the token went to (`send_head` gives its index in that ring), all receiver warps sum the
+// partials out of shared memory in FP32 and write the combined row, then the slots are re-armed
+// and handed back (head, a release store into the sender block).
+extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kClusterThreads, 1)
+    intranode_combine_cluster(const NormalRankArgs* args, NormalParams p, ErrorRecord* err,
+                              int sm_slots, int slot_bytes) {
+    extern __shared__ __align__(128) u8 ring_smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int me = (int)cluster_ctarank();
+    const int channel = blockIdx.x / NUM_RANKS;
+    const int rank = p.rank_base + me;
+    const int C = p.num_channels, K = p.num_topk, R = sm_slots;
+    const int hidden_int4 = p.combine_hidden_int4;
+    const u32 row_bytes = (u32)hidden_int4 * 16u;
+    const u32 tx_bytes = row_bytes + 4u * K;
+    const NormalRankArgs& a = args[rank];
+
+    // Layout: slots [source][R], then mbarriers u64 [source][R], then heads int [destination].
+    const u32 rings = smem_addr(ring_smem);
+    const u32 bars = rings + (u32)(NUM_RANKS * R) * (u32)slot_bytes;
+    int* heads = (int*)(ring_smem + (u64)NUM_RANKS * R * slot_bytes + (u64)NUM_RANKS * R * 8);
+    __shared__ int expected[NUM_RANKS];
+    __shared__ int abort_flag;
+    if (threadIdx.x == 0) abort_flag = 0;
+    for (int i = threadIdx.x; i < NUM_RANKS; i += blockDim.x) heads[i] = 0;
+    for (int i = threadIdx.x; i < NUM_RANKS * R; i += blockDim.x) mbar_init(bars + 8u * i, 1);
+    mbar_init_fence();
+    cluster_sync_all();
+    const u64 t0 = globaltimer_ns();
+
+    if (warp < NUM_RANKS) {
+        const int d = warp;
+        const int rank_offset = d > 0 ? a.rank_prefix[d - 1] : 0;
+        const int num_rank_tokens = a.rank_prefix[d] - rank_offset;
+        const int channel_offset = a.recv_channel_offset[d * C + channel];
+        const int n = (channel == C - 1 ? num_rank_tokens : a.recv_channel_offset[d * C + channel + 1]) -
+                      channel_offset;
+        const int first = rank_offset + channel_offset;
+        const u32 d_slots = map_to_rank(rings + (u32)(me * R) * (u32)slot_bytes, d);
+        const u32 d_bars = map_to_rank(bars + 8u * (u32)(me * R), d);
+        const u32 my_head = map_to_rank(smem_addr(heads + d), me);
+        if (lane == 0) {
+            for (int j = 0; j < n; ++j) {
+                if (j >= R) {
+                    int v;
+                    bool ok = true;
+                    while ((v = ld_acquire_cluster(my_head)) < j - R + 1) {
+                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                            record_timeout(err, WAIT_COMBINE_RING_SPACE, rank, channel, d, -1,
+                                           j - R + 1, v);
+                            ok = false;
+                            break;
+                        }
+                    }
+                    if (!ok) break;
+                }
+                const int slot = j % R;
+                const u32 s_addr = d_slots + (u32)slot * (u32)slot_bytes;
+                const u32 bar = d_bars + 8u * (u32)slot;
+                const u64 row = (u64)(first + j);
+                tma_load_to_cluster(s_addr, a.combine_x + row * hidden_int4, row_bytes, bar);
+                tma_load_to_cluster(s_addr + row_bytes, a.combine_topk_weights + row * K, 4u * K, bar);
+            }
+        }
+    } else {
+        // Receivers: warps NUM_RANKS.. reduce together; lane 0 of receiver warp d leads ring d
+        // (one waiting lane per warp: lanes of one warp spinning on different mbarriers would
+        // serialise their potentially blocking try_waits).
+        const int rtid = threadIdx.x - NUM_RANKS * 32, rthreads = NUM_RANKS * 32;
+        const bool leader = lane == 0;
+        int ts, te;
+        channel_task_range(a.num_tokens, C, channel, ts, te);
+        const int d = warp - NUM_RANKS;  // the leader's ring
+        int n_d = 0;
+        u32 d_bars = 0, d_head = 0;
+        if (leader) {
+            const int* cpm = a.channel_prefix_matrix + d * C;
+            n_d = cpm[channel] - (channel > 0 ? cpm[channel - 1] : 0);
+            d_bars = bars + 8u * (u32)(d * R);
+            d_head = map_to_rank(smem_addr(heads + me), d);
+            for (int k = 0; k < R && k < n_d; ++k) mbar_arrive_expect_tx(d_bars + 8u * k, tx_bytes);
+        }
+        for (int t = ts; t < te; ++t) {
+            if (leader) {
+                const int e = a.send_head[(u64)t * NUM_RANKS + d];
+                if (e >= 0) {
+                    while (!mbar_try_wait_cluster(d_bars + 8u * (u32)(e % R), (u32)(e / R) & 1u)) {
+                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                            record_timeout(err, WAIT_COMBINE_TAIL, rank, channel, d, -1, e + 1, e);
+                            abort_flag = 1;
+                            break;
+                        }
+                    }
+                }
+                expected[d] = e;
+            }
+            named_barrier(1, rthreads);
+            if (abort_flag) break;
+            for (int i = rtid; i < hidden_int4; i += rthreads) {
+                int4 v[NUM_RANKS];
+#pragma unroll
+                for (int j = 0; j < NUM_RANKS; ++j) {
+                    const int e = expected[j];
+                    if (e >= 0)
+                        v[j] = ld_shared_v4(rings + (u32)(j * R + e % R) * (u32)slot_bytes + 16u * (u32)i);
+                }
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+                for (int j = 0; j < NUM_RANKS; ++j)
+                    if (expected[j] >= 0) accumulate_bf16x8(acc, v[j]);
+                st_na_v4(a.combined_x + (u64)t * hidden_int4 + i, pack_bf16x8(acc));
+            }
+            if (rtid < K) {
+                float w = 0.0f;
+                for (int j = 0; j < NUM_RANKS; ++j) {
+                    const int e = expected[j];
+                    if (e >= 0)
+                        w += __uint_as_float(ld_shared_u32(rings + (u32)(j * R + e % R) * (u32)slot_bytes +
+                                                           row_bytes + 4u * (u32)rtid));
+                }
+                a.combined_topk_weights[(u64)t * K + rtid] = w;
+            }
+            // Every receiver thread is done with this token's slots.
+            named_barrier(1, rthreads);
+            if (leader) {
+                const int e = expected[d];
+                if (e >= 0) {
+                    if (e + R < n_d) mbar_arrive_expect_tx(d_bars + 8u * (u32)(e % R), tx_bytes);
+                    st_release_cluster(d_head, e + 1);
+                }
+            }
+        }
+    }
+    __syncwarp();
+    cluster_sync_all();
+}

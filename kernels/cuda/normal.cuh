@@ -66,3 +66,22 @@ struct NormalParams {
 };
 
 DEVICE int* meta(u8* buffer, u64 off) { return (int*)(buffer + off); }
+
+// BF16 partials summed in FP32 (the combine's reduction).
+DEVICE void accumulate_bf16x8(float* acc, int4 v) {
+    const u32 w[4] = {(u32)v.x, (u32)v.y, (u32)v.z, (u32)v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        acc[2 * j] += bf16_to_f32((u16)(w[j] & 0xffffu));
+        acc[2 * j + 1] += bf16_to_f32((u16)(w[j] >> 16));
+    }
+}
+
+DEVICE int4 pack_bf16x8(const float* acc) {
+    u32 w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        w[j] = (u32)f32_to_bf16(acc[2 * j]) | ((u32)f32_to_bf16(acc[2 * j + 1]) << 16);
+    return make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+}
+
