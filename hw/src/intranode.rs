@@ -679,8 +679,9 @@ impl NormalJob {
             let mut a = kernel_args![args, p, err, sl, sb];
             let grid = self.channels * self.n;
             // SAFETY: args match intranode_combine_cluster(args, params, err, sm_slots,
-            // slot_bytes); shared memory as its layout needs; whole clusters, one per channel.
-            unsafe { dev.gpu.launch_with_smem(f, grid, 64 * self.n, smem as u32, &mut a)? };
+            // slot_bytes); shared memory as its layout needs; whole clusters, one per channel;
+            // a sender warp and three reducer warps per rank (kCombineClusterThreads).
+            unsafe { dev.gpu.launch_with_smem(f, grid, 128 * self.n, smem as u32, &mut a)? };
             return timer.mark(devs, "end");
         }
         for (i, dev) in devs.list.iter().enumerate() {

@@ -199,7 +199,11 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
 // the token went to (`send_head` gives its index in that ring), all receiver warps sum the
 // partials out of shared memory in FP32 and write the combined row, then the slots are re-armed
 // and handed back (head, a release store into the sender block).
-extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kClusterThreads, 1)
+// The combine's blocks: the sender warps, then three reducer warps per peer (the reduction of
+// one token at a time is on each channel's critical path).
+constexpr int kCombineClusterThreads = 4 * NUM_RANKS * 32;
+
+extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kCombineClusterThreads, 1)
     intranode_combine_cluster(const NormalRankArgs* args, NormalParams p, ErrorRecord* err,
                               int sm_slots, int slot_bytes) {
     extern __shared__ __align__(128) u8 ring_smem[];
@@ -261,11 +265,12 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
             }
         }
     } else {
-        // Receivers: warps NUM_RANKS.. reduce together; lane 0 of receiver warp d leads ring d
+        // Receivers: warps NUM_RANKS.. reduce together; lane 0 of receiver warp d < NUM_RANKS
+        // leads ring d
         // (one waiting lane per warp: lanes of one warp spinning on different mbarriers would
         // serialise their potentially blocking try_waits).
-        const int rtid = threadIdx.x - NUM_RANKS * 32, rthreads = NUM_RANKS * 32;
-        const bool leader = lane == 0;
+        const int rtid = threadIdx.x - NUM_RANKS * 32, rthreads = kCombineClusterThreads - NUM_RANKS * 32;
+        const bool leader = lane == 0 && warp < 2 * NUM_RANKS;
         int ts, te;
         channel_task_range(a.num_tokens, C, channel, ts, te);
         const int d = warp - NUM_RANKS;  // the leader's ring
