@@ -1020,7 +1020,10 @@ impl LlProgram {
         self.item[b as usize] += 1;
         let (lr, t) = (it % self.n, it / self.n);
         let bf16_int4 = self.hidden * 2 / 16;
-        let cast = bf16_int4.div_ceil(LL_CAST_THREADS) * self.m.load_hbm_busy;
+        let steps = self.m.ll_send;
+        let cast = steps
+            .cast
+            .unwrap_or_else(|| bf16_int4.div_ceil(LL_CAST_THREADS) * self.m.load_hbm_busy);
         let experts: Vec<i32> = self.routing.experts(lr, t).to_vec();
         let valid = experts.iter().filter(|&&e| e >= 0).count() as u64;
         let x = 2 * self.hidden;
@@ -1029,7 +1032,10 @@ impl LlProgram {
         // copy of it: data flows, which overlap with the wait for bandwidth. The slot atomic
         // before the copy and the release after it add to them.
         let (copy, sync) = if valid > 0 {
-            (warp_copy(self.msg_bytes / 16 - 1, self.m.row_l2), self.m.atomic + self.m.release)
+            (
+                steps.copy.unwrap_or_else(|| warp_copy(self.msg_bytes / 16 - 1, self.m.row_l2)),
+                steps.slot.unwrap_or(self.m.atomic) + steps.release.unwrap_or(self.m.release),
+            )
         } else {
             (0, 0)
         };
