@@ -1541,4 +1541,21 @@ iterations = 1
         let costly = run_one_gpu("normal", 256, 6000.0, extra);
         assert!(mean_us(&costly, "dispatch") > 1.1 * mean_us(&plain, "dispatch"));
     }
+
+    /// The send loop's steps measured under load replace the single-operation chain of the
+    /// low-latency dispatch only: a longer round lengthens the dispatch (64 tokens: 512 items,
+    /// about 4 rounds per block), the combine does not move.
+    #[test]
+    fn measured_send_steps_set_the_low_latency_send_round() {
+        let plain = run_one_gpu("ll", 64, 6000.0, "");
+        let slow = ", ll_send_cast_ns = 2000.0, ll_send_slot_ns = 1000.0, \
+                    ll_send_copy_ns = 3000.0, ll_send_release_ns = 2000.0";
+        let slow = run_one_gpu("ll", 64, 6000.0, slow);
+        assert_eq!(slow.verdict, eptwin_engine::result::Verdict::Ok, "{:?}", slow.failures);
+        // Single operations: 1,200 + 3 × 400 (copy) + 500 + 500 = 3,400 ns a round at most;
+        // measured: 8,000 ns. Four rounds of 4.6 us more, less what the L2 bound already took.
+        let more = mean_us(&slow, "dispatch") - mean_us(&plain, "dispatch");
+        assert!(more > 10.0, "{more}");
+        assert_eq!(mean_us(&slow, "combine"), mean_us(&plain, "combine"));
+    }
 }
