@@ -306,6 +306,71 @@ impl Gpu {
             .map_err(self.err("cuLaunchKernel"))
     }
 
+    /// Launch with `smem_bytes` of dynamic shared memory (see [`Gpu::set_max_dynamic_smem`]).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`]; the kernel must not use more dynamic shared memory than given.
+    pub unsafe fn launch_with_smem(
+        &self,
+        f: &Function,
+        grid: u32,
+        block: u32,
+        smem_bytes: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), HwError> {
+        self.bind()?;
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            result::launch_kernel(f.f, (grid, 1, 1), (block, 1, 1), smem_bytes, self.stream, params)
+        }
+        .map_err(self.err("cuLaunchKernel"))
+    }
+
+    /// Let `f` use up to `bytes` of dynamic shared memory (above the default 48 KiB).
+    pub fn set_max_dynamic_smem(&self, f: &Function, bytes: u32) -> Result<(), HwError> {
+        use sys::CUfunction_attribute as FA;
+        self.bind()?;
+        // SAFETY: valid function handle; the driver checks the value against the device.
+        unsafe {
+            result::function::set_function_attribute(
+                f.f,
+                FA::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(self.err("cuFuncSetAttribute"))
+    }
+
+    /// Clusters of `f` (whose cluster shape is compiled in with `__cluster_dims__`) that can be
+    /// resident at once with `block` threads and `smem_bytes` of dynamic shared memory.
+    pub fn max_active_clusters(
+        &self,
+        f: &Function,
+        grid: u32,
+        block: u32,
+        smem_bytes: u32,
+    ) -> Result<u32, HwError> {
+        self.bind()?;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem_bytes,
+            hStream: self.stream,
+            attrs: std::ptr::null_mut(),
+            numAttrs: 0,
+        };
+        let mut n = 0i32;
+        // SAFETY: valid function handle; the config outlives the call and names no attributes.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.f, &config) }
+            .result()
+            .map_err(self.err("cuOccupancyMaxActiveClusters"))?;
+        Ok(n.max(0) as u32)
+    }
+
     /// Resident blocks per SM of `f` at `block` threads (the occupancy API).
     pub fn occupancy(&self, f: &Function, block: u32) -> Result<u32, HwError> {
         self.bind()?;

@@ -82,6 +82,13 @@ pub fn low_latency(hidden: u32, threads: u32, scope: FlagScope) -> Vec<(&'static
     vec![("HIDDEN", hidden.to_string()), ("LL_THREADS", threads.to_string()), scope.define()]
 }
 
+/// The cluster handoff probe at `threads` per block: 16-byte loads in flight per lane chosen so
+/// that the registers fit one block of that size per SM (64 per thread at 1,024 threads).
+pub fn cluster(threads: u32) -> Vec<(&'static str, String)> {
+    let unroll = if threads > 512 { 7 } else { 14 };
+    vec![("CL_THREADS", threads.to_string()), ("CL_UNROLL", unroll.to_string())]
+}
+
 /// Define sets that cover what the backend compiles (for the compile test).
 pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
     match id {
@@ -94,6 +101,7 @@ pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
         ModuleId::LowLatency => {
             vec![low_latency(7168, 1024, FlagScope::Gpu), low_latency(4096, 1024, FlagScope::Sys)]
         }
+        ModuleId::Cluster => vec![cluster(512), cluster(1024)],
         _ => vec![Vec::new()],
     }
 }

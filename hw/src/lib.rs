@@ -12,6 +12,7 @@
 //! Architecture Invariant: every spin-wait in a kernel is bounded; a wait that gives up records
 //! who waited for what, and the op fails with that line (`error::ErrorRecord::describe`).
 
+pub mod cluster_probe;
 pub mod compile;
 pub mod cuda;
 pub mod data;
@@ -447,6 +448,18 @@ fn prepare(
             );
         }
         m.extend(p);
+    }
+    if std::env::var("EPTWIN_CLUSTER_PROBE").as_deref() == Ok("1") {
+        // Thread-block clusters need sm_90; the probe is opt-in and never gates a run's kernels.
+        if devs.list[0].gpu.compute_capability.0 >= 9 {
+            for (name, threads) in cluster_probe::MODULES {
+                let defines = kernel_defines::cluster(threads);
+                load(&compiler, &mut devs, ModuleId::Cluster, name, &defines)?;
+            }
+            m.extend(cluster_probe::run(&mut devs)?);
+        } else {
+            eprintln!("eptwin hw: EPTWIN_CLUSTER_PROBE ignored: thread-block clusters need sm_90");
+        }
     }
 
     let gpu_of_rank = placement.gpu_of_rank.clone();

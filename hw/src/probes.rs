@@ -23,7 +23,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Time `op` `reps` times on one device (L2 flushed before each), median in microseconds.
-fn time_us(
+pub(crate) fn time_us(
     devs: &mut Devices,
     idx: usize,
     reps: usize,

@@ -23,6 +23,9 @@ pub enum ModuleId {
     Probes,
     /// Stand-in experts and output digests used by the correctness checks.
     TestData,
+    /// The ring handoff through thread-block-cluster shared memory (sm_90+ only; optional
+    /// `CLUSTER_SIZE`, `CL_THREADS`, `CL_UNROLL`).
+    Cluster,
 }
 
 /// One `.cu` file: its id, name, embedded source and the entry points it defines.
@@ -90,6 +93,13 @@ pub static MODULES: &[KernelModule] = &[
         file: "testdata.cu",
         source: include_str!("../cuda/testdata.cu"),
         entry_points: &["make_expert_output_normal", "make_expert_output_ll", "digest_rows"],
+        required_defines: &[],
+    },
+    KernelModule {
+        id: ModuleId::Cluster,
+        file: "cluster.cu",
+        source: include_str!("../cuda/cluster.cu"),
+        entry_points: &["probe_cluster_handoff", "probe_cluster_tma_handoff"],
         required_defines: &[],
     },
 ];
@@ -176,12 +186,13 @@ pub fn entry_points_in(source: &str) -> Vec<String> {
     names
 }
 
-/// Index of the `(` that opens the parameter list, skipping `__launch_bounds__(...)`.
+/// Index of the `(` that opens the parameter list, skipping `__launch_bounds__(...)` and
+/// `__cluster_dims__(...)`.
 fn find_name_paren(s: &str) -> Option<usize> {
     let mut i = 0;
     let bytes = s.as_bytes();
     while i < bytes.len() {
-        if s[i..].starts_with("__launch_bounds__") {
+        if s[i..].starts_with("__launch_bounds__") || s[i..].starts_with("__cluster_dims__") {
             let open = s[i..].find('(')? + i;
             let close = s[open..].find(')')? + open;
             i = close + 1;
@@ -252,6 +263,9 @@ mod tests {
         let src = "extern \"C\" __global__ void __launch_bounds__(NUM_THREADS, 2)\n  foo(int a) {}\n\
                    extern \"C\" __global__ void bar() {}";
         assert_eq!(entry_points_in(src), vec!["foo", "bar"]);
+        let clustered = "extern \"C\" __global__ void __cluster_dims__(8, 1, 1)\n    \
+                         __launch_bounds__(512, 1) baz(int x) {}";
+        assert_eq!(entry_points_in(clustered), vec!["baz"]);
     }
 
     #[test]
@@ -269,6 +283,7 @@ mod tests {
             ModuleId::LowLatency,
             ModuleId::Probes,
             ModuleId::TestData,
+            ModuleId::Cluster,
         ] {
             assert_eq!(module(id).id, id);
         }
