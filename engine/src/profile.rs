@@ -134,6 +134,11 @@ pub struct GpuMemory {
     pub ll_send_copy_ns: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ll_send_release_ns: Option<f64>,
+    /// One count poll of the low-latency dispatch's receive groups (an acquire load of a flag
+    /// already set) while every SM receives, ns (the backend's
+    /// `probe.ll_send_chain.*_then_recv`). Absent: `load_l2_ns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ll_recv_poll_ns: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

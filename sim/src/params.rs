@@ -111,6 +111,9 @@ pub struct OneGpu {
     /// The low-latency dispatch's send loop per (token, rank) item with every SM sending
     /// (`ll_send_*_ns`; absent: built from the single operations).
     pub ll_send: LlSendSteps,
+    /// One count poll of a low-latency receive group with every SM receiving
+    /// (`ll_recv_poll_ns`; absent: `load_l2`).
+    pub ll_recv_poll: Option<Time>,
 }
 
 /// Steps of one item of the low-latency dispatch's send loop, each measured with every SM
@@ -199,6 +202,7 @@ impl Params {
                     copy: m.ll_send_copy_ns.map(ns_f),
                     release: m.ll_send_release_ns.map(ns_f),
                 },
+                ll_recv_poll: m.ll_recv_poll_ns.map(ns_f),
             }),
             profile: p.clone(),
         }
@@ -253,6 +257,7 @@ mod tests {
             atomic: 1,
             release: 1,
             ll_send: LlSendSteps::default(),
+            ll_recv_poll: None,
         }
     }
 

@@ -12,7 +12,8 @@ Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send
   of RESULT. Without it and without the probe in RESULT, the ring and discard keys are left out.
   --ll-send FILE: the same for probe.ll_send_chain (the low-latency dispatch's send loop with
   every SM sending, shape "<sm_count>x1024"); its four steps per item become the
-  ll_send_{cast,slot,copy,release}_ns keys, averaged over the occurrences.
+  ll_send_{cast,slot,copy,release}_ns keys, and the receive's count polls after a send of
+  1,024 items ll_recv_poll_ns, averaged over the occurrences.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
 kernel_launch_ns and flag_latency_ns in [gpu] with the two lines printed first.
 
@@ -151,6 +152,16 @@ def main():
             lines.append(
                 f"{key} = {sum(vals) / len(vals):.0f} # probe.ll_send_chain.{shape}.{step} "
                 f"(mean of {len(vals)}: {', '.join(f'{v:.0f}' for v in vals)}) {csrc}"
+            )
+        # The receive group's count polls after a send of the LL 128 item count: sources
+        # 0..src of 8 are polled in turn, 4.5 per item on average.
+        recv = f"{shape}_1024items_then_recv"
+        if all(recv in c for c in chains):
+            vals = [c[recv]["poll_ns_per_item"] for c in chains]
+            lines.append(
+                f"ll_recv_poll_ns = {sum(vals) / len(vals) / 4.5:.0f} # probe.ll_send_chain.{recv}"
+                f".poll_ns_per_item / 4.5 polls per item (mean of {len(vals)}: "
+                f"{', '.join(f'{v:.0f}' for v in vals)}) {csrc}"
             )
     print("\n".join(lines))
 

@@ -1133,7 +1133,9 @@ impl LlProgram {
                 self.want[i]
             ));
         }
-        let polls = (src + 1) as u64 * self.m.load_l2;
+        // One acquire load per source, each waiting for the last (measured with every SM
+        // receiving where the profile has it).
+        let polls = (src + 1) as u64 * self.m.ll_recv_poll.unwrap_or(self.m.load_l2);
         // Header, payload (the warps' copy loop), scales: the header load comes first (its
         // source index is stored before the copy) and the scales after it.
         let payload =
@@ -1557,5 +1559,9 @@ iterations = 1
         let more = mean_us(&slow, "dispatch") - mean_us(&plain, "dispatch");
         assert!(more > 10.0, "{more}");
         assert_eq!(mean_us(&slow, "combine"), mean_us(&plain, "combine"));
+        // Slower count polls (4.5 a receive item on average) lengthen the receive only.
+        let polls = run_one_gpu("ll", 64, 6000.0, ", ll_recv_poll_ns = 3000.0");
+        assert!(mean_us(&polls, "dispatch") > mean_us(&plain, "dispatch") + 5.0);
+        assert_eq!(mean_us(&polls, "combine"), mean_us(&plain, "combine"));
     }
 }
