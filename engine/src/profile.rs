@@ -120,6 +120,25 @@ pub struct GpuMemory {
     pub atomic_ns: u64,
     /// What a `red.release.gpu` after a warp's row copy adds to the copy, ns.
     pub release_ns: u64,
+    /// The low-latency dispatch's send loop as one block runs it while every SM does the same
+    /// (the backend's `probe.ll_send_chain`), per (token, rank) item, ns: the FP8 cast (one
+    /// 16-byte HBM load per thread, the staged stores) and the named barrier; the expert index
+    /// load and the slot's returning atomic; one warp's copy of the message into its slot;
+    /// the release add and back to the loop. Each absent one is built from the single
+    /// operations above (`load_hbm_busy_ns`, `atomic_ns`, `warp_row_l2_ns`, `release_ns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ll_send_cast_ns: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ll_send_slot_ns: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ll_send_copy_ns: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ll_send_release_ns: Option<f64>,
+    /// One count poll of the low-latency dispatch's receive groups (an acquire load of a flag
+    /// already set) while every SM receives, ns (the backend's
+    /// `probe.ll_send_chain.*_then_recv`). Absent: `load_l2_ns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ll_recv_poll_ns: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -108,6 +108,26 @@ pub struct OneGpu {
     pub load_hbm_busy: Time,
     pub atomic: Time,
     pub release: Time,
+    /// The low-latency dispatch's send loop per (token, rank) item with every SM sending
+    /// (`ll_send_*_ns`; absent: built from the single operations).
+    pub ll_send: LlSendSteps,
+    /// One count poll of a low-latency receive group with every SM receiving
+    /// (`ll_recv_poll_ns`; absent: `load_l2`).
+    pub ll_recv_poll: Option<Time>,
+}
+
+/// Steps of one item of the low-latency dispatch's send loop, each measured with every SM
+/// sending, or `None` where the profile leaves it to the single-operation latencies.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LlSendSteps {
+    /// The FP8 cast by 31 warps and the named barrier.
+    pub cast: Option<Time>,
+    /// The expert index load and the slot's returning atomic.
+    pub slot: Option<Time>,
+    /// One warp's copy of the message from the staging buffer into its slot.
+    pub copy: Option<Time>,
+    /// The release add after the copy and back to the loop.
+    pub release: Option<Time>,
 }
 
 impl OneGpu {
@@ -176,6 +196,13 @@ impl Params {
                 load_hbm_busy: ns(m.load_hbm_busy_ns),
                 atomic: ns(m.atomic_ns),
                 release: ns(m.release_ns),
+                ll_send: LlSendSteps {
+                    cast: m.ll_send_cast_ns.map(ns_f),
+                    slot: m.ll_send_slot_ns.map(ns_f),
+                    copy: m.ll_send_copy_ns.map(ns_f),
+                    release: m.ll_send_release_ns.map(ns_f),
+                },
+                ll_recv_poll: m.ll_recv_poll_ns.map(ns_f),
             }),
             profile: p.clone(),
         }
@@ -229,6 +256,8 @@ mod tests {
             load_hbm_busy: 1,
             atomic: 1,
             release: 1,
+            ll_send: LlSendSteps::default(),
+            ll_recv_poll: None,
         }
     }
 

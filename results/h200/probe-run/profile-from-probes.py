@@ -5,11 +5,15 @@ hw` with the probes of hw/src/probes.rs). Every value is a probe value or a fixe
 combination of probe values (docs/calibration.md, "h200-single"); nothing is fitted to the
 dispatch/combine latencies.
 
-Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]...
+Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send FILE]...
   LABEL names the file in the source comments (default: the path given).
   --handoff FILE: take probe.ring_handoff_bw_gbps from FILE (a result JSON, or a log with
   "# measured probe.ring_handoff_bw_gbps: {...}" lines; every occurrence is averaged) instead
   of RESULT. Without it and without the probe in RESULT, the ring and discard keys are left out.
+  --ll-send FILE: the same for probe.ll_send_chain (the low-latency dispatch's send loop with
+  every SM sending, shape "<sm_count>x1024"); its four steps per item become the
+  ll_send_{cast,slot,copy,release}_ns keys, and the receive's count polls after a send of
+  1,024 items ll_recv_poll_ns, averaged over the occurrences.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
 kernel_launch_ns and flag_latency_ns in [gpu] with the two lines printed first.
 
@@ -37,13 +41,18 @@ COPY_BYTES_132X1024 = 4224 * 32 * ROW_BYTES
 HANDOFF_BYTES_192X512 = 1536 * 64 * ROW_BYTES
 
 
-def handoffs(path):
-    """Every probe.ring_handoff_bw_gbps in a result JSON or a log."""
+def probe_values(path, key):
+    """Every probe.<key> in a result JSON or a log ("# measured probe.<key>: {...}" lines)."""
     text = open(path).read()
     if path.endswith(".json"):
-        return [json.loads(text)["measurements"]["probe.ring_handoff_bw_gbps"]]
-    pat = r"# measured probe\.ring_handoff_bw_gbps: (\{.*\})"
+        return [json.loads(text)["measurements"][f"probe.{key}"]]
+    pat = r"# measured probe\." + re.escape(key) + r": (\{.*\})"
     return [json.loads(x) for x in re.findall(pat, text)]
+
+
+def handoffs(path):
+    """Every probe.ring_handoff_bw_gbps in a result JSON or a log."""
+    return probe_values(path, "ring_handoff_bw_gbps")
 
 
 def l2_rates(m, l2_bytes):
@@ -60,8 +69,10 @@ def l2_rates(m, l2_bytes):
 
 def main():
     args = sys.argv[1:]
+    opts = ("--handoff", "--ll-send")
     handoff_files = [args[i + 1] for i, a in enumerate(args) if a == "--handoff"]
-    pos = [a for i, a in enumerate(args) if a != "--handoff" and (i == 0 or args[i - 1] != "--handoff")]
+    ll_send_files = [args[i + 1] for i, a in enumerate(args) if a == "--ll-send"]
+    pos = [a for i, a in enumerate(args) if a not in opts and (i == 0 or args[i - 1] not in opts)]
     path = pos[0]
     label = pos[1] if len(pos) > 1 else path
     doc = json.load(open(path))
@@ -125,6 +136,33 @@ def main():
             f"l2_discard_bw_gbps = {x / dt / 1e3:.0f} # X / (T(192x512_discard) - T(192x512)) "
             f"(means of {len(runs)}: {discard:.1f}, {plain:.1f}) {hsrc}",
         ]
+    chains = [c for f in ll_send_files for c in probe_values(f, "ll_send_chain")]
+    if not ll_send_files and "probe.ll_send_chain" in m:
+        chains = [m["probe.ll_send_chain"]]
+    if chains:
+        shape = f"{doc['backend']['sm_count']}x1024"
+        csrc = f"({', '.join(ll_send_files) or label})"
+        for key, step in [
+            ("ll_send_cast_ns", "cast_barrier_ns"),
+            ("ll_send_slot_ns", "index_atomic_ns"),
+            ("ll_send_copy_ns", "copy_ns"),
+            ("ll_send_release_ns", "release_loop_ns"),
+        ]:
+            vals = [c[shape][step] for c in chains]
+            lines.append(
+                f"{key} = {sum(vals) / len(vals):.0f} # probe.ll_send_chain.{shape}.{step} "
+                f"(mean of {len(vals)}: {', '.join(f'{v:.0f}' for v in vals)}) {csrc}"
+            )
+        # The receive group's count polls after a send of the LL 128 item count: sources
+        # 0..src of 8 are polled in turn, 4.5 per item on average.
+        recv = f"{shape}_1024items_then_recv"
+        if all(recv in c for c in chains):
+            vals = [c[recv]["poll_ns_per_item"] for c in chains]
+            lines.append(
+                f"ll_recv_poll_ns = {sum(vals) / len(vals) / 4.5:.0f} # probe.ll_send_chain.{recv}"
+                f".poll_ns_per_item / 4.5 polls per item (mean of {len(vals)}: "
+                f"{', '.join(f'{v:.0f}' for v in vals)}) {csrc}"
+            )
     print("\n".join(lines))
 
 

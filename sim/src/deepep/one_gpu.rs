@@ -1020,7 +1020,10 @@ impl LlProgram {
         self.item[b as usize] += 1;
         let (lr, t) = (it % self.n, it / self.n);
         let bf16_int4 = self.hidden * 2 / 16;
-        let cast = bf16_int4.div_ceil(LL_CAST_THREADS) * self.m.load_hbm_busy;
+        let steps = self.m.ll_send;
+        let cast = steps
+            .cast
+            .unwrap_or_else(|| bf16_int4.div_ceil(LL_CAST_THREADS) * self.m.load_hbm_busy);
         let experts: Vec<i32> = self.routing.experts(lr, t).to_vec();
         let valid = experts.iter().filter(|&&e| e >= 0).count() as u64;
         let x = 2 * self.hidden;
@@ -1029,7 +1032,10 @@ impl LlProgram {
         // copy of it: data flows, which overlap with the wait for bandwidth. The slot atomic
         // before the copy and the release after it add to them.
         let (copy, sync) = if valid > 0 {
-            (warp_copy(self.msg_bytes / 16 - 1, self.m.row_l2), self.m.atomic + self.m.release)
+            (
+                steps.copy.unwrap_or_else(|| warp_copy(self.msg_bytes / 16 - 1, self.m.row_l2)),
+                steps.slot.unwrap_or(self.m.atomic) + steps.release.unwrap_or(self.m.release),
+            )
         } else {
             (0, 0)
         };
@@ -1127,7 +1133,9 @@ impl LlProgram {
                 self.want[i]
             ));
         }
-        let polls = (src + 1) as u64 * self.m.load_l2;
+        // One acquire load per source, each waiting for the last (measured with every SM
+        // receiving where the profile has it).
+        let polls = (src + 1) as u64 * self.m.ll_recv_poll.unwrap_or(self.m.load_l2);
         // Header, payload (the warps' copy loop), scales: the header load comes first (its
         // source index is stored before the copy) and the scales after it.
         let payload =
@@ -1534,5 +1542,26 @@ iterations = 1
         let plain = run_one_gpu("normal", 256, 6000.0, "");
         let costly = run_one_gpu("normal", 256, 6000.0, extra);
         assert!(mean_us(&costly, "dispatch") > 1.1 * mean_us(&plain, "dispatch"));
+    }
+
+    /// The send loop's steps measured under load replace the single-operation chain of the
+    /// low-latency dispatch only: a longer round lengthens the dispatch (64 tokens: 512 items,
+    /// about 4 rounds per block), the combine does not move.
+    #[test]
+    fn measured_send_steps_set_the_low_latency_send_round() {
+        let plain = run_one_gpu("ll", 64, 6000.0, "");
+        let slow = ", ll_send_cast_ns = 2000.0, ll_send_slot_ns = 1000.0, \
+                    ll_send_copy_ns = 3000.0, ll_send_release_ns = 2000.0";
+        let slow = run_one_gpu("ll", 64, 6000.0, slow);
+        assert_eq!(slow.verdict, eptwin_engine::result::Verdict::Ok, "{:?}", slow.failures);
+        // Single operations: 1,200 + 3 × 400 (copy) + 500 + 500 = 3,400 ns a round at most;
+        // measured: 8,000 ns. Four rounds of 4.6 us more, less what the L2 bound already took.
+        let more = mean_us(&slow, "dispatch") - mean_us(&plain, "dispatch");
+        assert!(more > 10.0, "{more}");
+        assert_eq!(mean_us(&slow, "combine"), mean_us(&plain, "combine"));
+        // Slower count polls (4.5 a receive item on average) lengthen the receive only.
+        let polls = run_one_gpu("ll", 64, 6000.0, ", ll_recv_poll_ns = 3000.0");
+        assert!(mean_us(&polls, "dispatch") > mean_us(&plain, "dispatch") + 5.0);
+        assert_eq!(mean_us(&polls, "combine"), mean_us(&plain, "combine"));
     }
 }
