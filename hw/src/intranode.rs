@@ -640,21 +640,18 @@ impl NormalJob {
                 )));
             }
             let slot_bytes = cluster_slot_bytes(row, scales, self.topk as u64);
-            let slots = cluster_slots();
+            let slots = cluster_slots() as u64;
             let n = self.n as u64;
-            // Rings, their mbarriers, the heads, the sender's token-index staging.
-            let smem = n * slots as u64 * (slot_bytes + 8 + 16) + n * 4;
-            let f = dev.module("intranode_cluster")?.function("intranode_dispatch_cluster");
-            dev.gpu.set_max_dynamic_smem(f, smem as u32)?;
-            let (args, err) = (self.args[0].ptr, dev.err.ptr);
-            let (sl, sb) = (slots as i32, slot_bytes as i32);
-            let mut a = kernel_args![args, p, err, sl, sb];
-            let grid = self.channels * self.n;
-            // SAFETY: args match intranode_dispatch_cluster(args, params, err, sm_slots,
-            // slot_bytes); the dynamic shared memory is what its layout needs for `slots`; the
-            // grid is whole clusters of n blocks (one per channel), which need not be co-resident
-            // (channels never wait on each other).
-            unsafe { dev.gpu.launch_with_smem(f, grid, 64 * self.n, smem as u32, &mut a)? };
+            let smem = cluster_dispatch_smem(n, slots, slot_bytes);
+            if smem > MAX_DYNAMIC_SMEM_BYTES {
+                return Err(HwError::Unsupported(format!(
+                    "EPTWIN_CLUSTER_SLOTS={slots}: {smem} bytes of rings exceed the \
+                     {MAX_DYNAMIC_SMEM_BYTES} bytes of shared memory a block may have"
+                )));
+            }
+            // A sender and a receiver warp per rank (kClusterThreads).
+            let shape = (slots, slot_bytes, smem, 64 * self.n);
+            self.launch_cluster(dev, "intranode_dispatch_cluster", p, shape)?;
             return timer.mark(devs, "end");
         }
         if !dispatch && cluster_combine() {
@@ -670,18 +667,10 @@ impl NormalJob {
             let slot_bytes = p.combine_hidden_int4 as u64 * 16 + 4 * self.topk as u64;
             let slots = 2u64;
             let n = self.n as u64;
-            // Rings, their mbarriers, the heads.
-            let smem = n * slots * (slot_bytes + 8) + n * 4;
-            let f = dev.module("intranode_cluster")?.function("intranode_combine_cluster");
-            dev.gpu.set_max_dynamic_smem(f, smem as u32)?;
-            let (args, err) = (self.args[0].ptr, dev.err.ptr);
-            let (sl, sb) = (slots as i32, slot_bytes as i32);
-            let mut a = kernel_args![args, p, err, sl, sb];
-            let grid = self.channels * self.n;
-            // SAFETY: args match intranode_combine_cluster(args, params, err, sm_slots,
-            // slot_bytes); shared memory as its layout needs; whole clusters, one per channel;
-            // a sender warp and three reducer warps per rank (kCombineClusterThreads).
-            unsafe { dev.gpu.launch_with_smem(f, grid, 128 * self.n, smem as u32, &mut a)? };
+            let smem = cluster_combine_smem(n, slots, slot_bytes);
+            // A sender warp and three reducer warps per rank (kCombineClusterThreads).
+            let shape = (slots, slot_bytes, smem, 128 * self.n);
+            self.launch_cluster(dev, "intranode_combine_cluster", p, shape)?;
             return timer.mark(devs, "end");
         }
         for (i, dev) in devs.list.iter().enumerate() {
@@ -694,6 +683,30 @@ impl NormalJob {
             unsafe { dev.gpu.launch(f, grid, self.launch.threads, &mut a)? };
         }
         timer.mark(devs, "end")
+    }
+
+    /// Launch a kernel of `intranode_cluster.cu` (args, params, err, sm_slots, slot_bytes) with
+    /// `shape` = (ring slots per source, bytes per slot, dynamic shared memory, threads per
+    /// block): one cluster of n blocks per channel.
+    fn launch_cluster(
+        &self,
+        dev: &crate::exec::Device,
+        kernel: &str,
+        p: NormalParams,
+        shape: (u64, u64, u64, u32),
+    ) -> Result<(), HwError> {
+        let (slots, slot_bytes, smem, threads) = shape;
+        let f = dev.module("intranode_cluster")?.function(kernel);
+        dev.gpu.set_max_dynamic_smem(f, smem as u32)?;
+        let (args, err) = (self.args[0].ptr, dev.err.ptr);
+        let (sl, sb) = (slots as i32, slot_bytes as i32);
+        let mut a = kernel_args![args, p, err, sl, sb];
+        let grid = self.channels * self.n;
+        // SAFETY: args match the cluster kernels' (args, params, err, sm_slots, slot_bytes);
+        // the dynamic shared memory is what their layout needs for `slots` of `slot_bytes`; the
+        // grid is whole clusters of n blocks (one per channel), which need not be co-resident
+        // (channels never wait on each other); `threads` is the kernel's compiled block size.
+        unsafe { dev.gpu.launch_with_smem(f, grid, threads, smem as u32, &mut a) }
     }
 
     pub fn combine(
@@ -1051,8 +1064,14 @@ pub fn cluster_kernels() -> bool {
 /// Ring slots per (channel, source) in shared memory (`EPTWIN_CLUSTER_SLOTS`, default 3: three
 /// 7,472-byte FP8 slots from each of 8 sources fill 179 KB of the 227 KB a block may have).
 pub fn cluster_slots() -> u32 {
-    std::env::var("EPTWIN_CLUSTER_SLOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1)
+    std::env::var("EPTWIN_CLUSTER_SLOTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CLUSTER_DEFAULT_SLOTS)
+        .max(1)
 }
+
+pub const CLUSTER_DEFAULT_SLOTS: u32 = 3;
 
 /// Why the cluster dispatch cannot run here (None when it can or is not asked for).
 pub fn cluster_dispatch_refusal(devs: &Devices, ranks: u32) -> Option<String> {
@@ -1081,6 +1100,20 @@ pub fn cluster_dispatch_refusal(devs: &Devices, ranks: u32) -> Option<String> {
 fn cluster_slot_bytes(row_bytes: u64, scales: u64, topk: u64) -> u64 {
     row_bytes + scales * 4 + 8 * topk + 16
 }
+
+/// Dynamic shared memory of the cluster dispatch: rings, their mbarriers, the heads, the
+/// sender's token-index staging (16 bytes per slot).
+fn cluster_dispatch_smem(ranks: u64, slots: u64, slot_bytes: u64) -> u64 {
+    ranks * slots * (slot_bytes + 8 + 16) + ranks * 4
+}
+
+/// Dynamic shared memory of the cluster combine: rings, their mbarriers, the heads.
+fn cluster_combine_smem(ranks: u64, slots: u64, slot_bytes: u64) -> u64 {
+    ranks * slots * (slot_bytes + 8) + ranks * 4
+}
+
+/// What a block may have on sm_90 (227 KiB).
+pub const MAX_DYNAMIC_SMEM_BYTES: u64 = 232_448;
 
 pub fn discard_in_dispatch() -> bool {
     std::env::var("EPTWIN_L2_DISCARD_DISPATCH").as_deref() != Ok("0")
@@ -1158,6 +1191,20 @@ mod tests {
         }
         assert_eq!(l.src_idx - l.x, 12 * 8 * 256 * 14336);
         assert!(l.total >= l.scales + 12 * 8 * 256 * 56 * 4);
+    }
+
+    #[test]
+    fn cluster_rings_fit_shared_memory_at_deepseek_shapes() {
+        // FP8 dispatch of 7,168 channels with 56 scales and top-8; BF16 combine of the same.
+        let d = cluster_slot_bytes(7168, 56, 8);
+        assert_eq!(d, 7472);
+        assert_eq!(d % 16, 0, "bulk copies move 16-byte multiples");
+        let ds = cluster_dispatch_smem(8, CLUSTER_DEFAULT_SLOTS as u64, d);
+        assert!(ds <= MAX_DYNAMIC_SMEM_BYTES, "{ds}");
+        assert!(cluster_dispatch_smem(8, 4, d) > MAX_DYNAMIC_SMEM_BYTES, "3 slots is the most");
+        let c = 7168 * 2 + 4 * 8;
+        assert!(cluster_combine_smem(8, 2, c) <= MAX_DYNAMIC_SMEM_BYTES);
+        assert!(cluster_combine_smem(8, 3, c) > MAX_DYNAMIC_SMEM_BYTES, "2 slots is the most");
     }
 
     #[test]
