@@ -293,6 +293,12 @@ impl<T: Copy> CalendarQueue<T> {
     pub fn peek_current(&self) -> Option<&T> {
         self.cur.get(self.head).map(|e| &e.1)
     }
+
+    /// The event after the next one, when it is in the current bucket too.
+    #[inline(always)]
+    pub fn peek_current2(&self) -> Option<&T> {
+        self.cur.get(self.head + 1).map(|e| &e.1)
+    }
 }
 
 impl<T: Copy> EventQueue<T> for CalendarQueue<T> {
@@ -377,6 +383,12 @@ impl<T: Copy> Queue<T> {
     #[inline(always)]
     pub fn peek_current(&self) -> Option<&T> {
         if let Queue::Calendar(q) = self { q.peek_current() } else { None }
+    }
+
+    /// The event after the next one (see [`CalendarQueue::peek_current2`]).
+    #[inline(always)]
+    pub fn peek_current2(&self) -> Option<&T> {
+        if let Queue::Calendar(q) = self { q.peek_current2() } else { None }
     }
 }
 
