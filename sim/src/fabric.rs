@@ -746,6 +746,43 @@ impl Core {
         }
     }
 
+    /// What the next event will read (a delivery's packet, QP and message; the packet a last
+    /// switch hop hands to its NIC; the queue pair at the head of a NIC port's queue), where
+    /// the records that name them are already at hand. No effect on any result.
+    #[inline(always)]
+    pub(crate) fn prefetch_near(&self, ev: Ev) {
+        match ev {
+            Ev::NicDeliver { pkt, qp, msg } => self.prefetch_delivery(pkt, qp, msg),
+            Ev::SwitchArrive { pkt, lane, .. } if lane & LAST_HOP != 0 => {
+                prefetch(&self.net.pkts[pkt])
+            }
+            Ev::PortDone(p) => {
+                if let Some(lane) = self.net.single_lane {
+                    let l = &self.net.lanes[self.net.li(p as usize, lane as usize)];
+                    if let Some(head) = l.q.front()
+                        && head.item & QP_ITEM != 0
+                    {
+                        prefetch(&self.net.qp_tx[(head.item & !QP_ITEM) as usize]);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// What the event after the next will read first: the queue entry a port's next start
+    /// takes (one port's lane queue is a ring of its own, written long before it is read).
+    /// No effect on any result.
+    #[inline(always)]
+    pub(crate) fn prefetch_far(&self, ev: Ev) {
+        let Some(lane) = self.net.single_lane else { return };
+        if let Ev::PortDone(p) = ev
+            && let Some(head) = self.net.lanes[self.net.li(p as usize, lane as usize)].q.front()
+        {
+            prefetch(head);
+        }
+    }
+
     /// The NIC a packet came from (the trace shows it; packets do not carry it).
     fn src_nic(&self, pkt: &Pkt) -> u32 {
         match pkt.kind {

@@ -77,9 +77,13 @@ pub struct QpTx {
     pub send_ready: Time,
     /// Next message to packetize (NONE: none).
     pub send: u32,
+    /// The message after `send` (NONE: none posted yet): a message boundary reads the next
+    /// message's record only, and it can be fetched ahead.
+    pub send_next: u32,
     pub send_left: u32,
-    pub next_wire: u32,
     pub peer_nic: u32,
+    /// Wire bytes of the next packet (at most an MTU plus headers, well under 64 KiB).
+    pub next_wire: u16,
     pub send_prog: ProgId,
     pub send_atomic: bool,
     /// In its NIC port's round robin.
@@ -125,36 +129,43 @@ impl Core {
             // Ports skip arbitration when the jobs use a single lane: a QP elsewhere breaks it.
             self.violation(format!("QP {nic} -> {peer_nic} on lane {lane}, not a job's lane"));
         }
-        self.net.qps.push(Qp {
-            nic,
-            peer_nic,
-            depth,
-            head: NONE,
-            tail: NONE,
-            db: NONE,
-            posted: 0,
-            rung: 0,
-            in_flight: 0,
-            completed: 0,
-            exec: NONE,
-            exec_seq: 0,
-            ack_pkt: NONE,
-            prog,
-            lane,
-            check_depth,
-        });
+        crate::slab::push_huge(
+            &mut self.net.qps,
+            Qp {
+                nic,
+                peer_nic,
+                depth,
+                head: NONE,
+                tail: NONE,
+                db: NONE,
+                posted: 0,
+                rung: 0,
+                in_flight: 0,
+                completed: 0,
+                exec: NONE,
+                exec_seq: 0,
+                ack_pkt: NONE,
+                prog,
+                lane,
+                check_depth,
+            },
+        );
         self.net.qp_labels.push(label);
-        self.net.qp_tx.push(QpTx {
-            send_ready: Time::MAX,
-            send: NONE,
-            send_left: 0,
-            next_wire: 0,
-            peer_nic,
-            send_prog: 0,
-            send_atomic: false,
-            active: false,
-            ready_pending: false,
-        });
+        crate::slab::push_huge(
+            &mut self.net.qp_tx,
+            QpTx {
+                send_ready: Time::MAX,
+                send: NONE,
+                send_next: NONE,
+                send_left: 0,
+                next_wire: 0,
+                peer_nic,
+                send_prog: 0,
+                send_atomic: false,
+                active: false,
+                ready_pending: false,
+            },
+        );
         (self.net.qps.len() - 1) as u32
     }
 
@@ -195,6 +206,10 @@ impl Core {
         if q.tail != NONE {
             let tail = q.tail;
             self.net.msgs[tail].next = m;
+            let tx = &mut self.net.qp_tx[qp as usize];
+            if tx.send == tail {
+                tx.send_next = m;
+            }
         }
         let q = &mut self.net.qps[qp as usize];
         q.tail = m;
@@ -278,7 +293,7 @@ impl Core {
         }
         if ready <= self.now {
             tx.active = true;
-            let wire = tx.next_wire;
+            let wire = tx.next_wire as u32;
             let q = &self.net.qps[qp as usize];
             let (port, lane, dst) = (self.net.nics[q.nic as usize].tx_port, q.lane, q.peer_nic);
             self.enqueue(port, lane, QEntry { item: QP_ITEM | qp, wire, from: NONE, dst });
@@ -290,24 +305,26 @@ impl Core {
 
     /// Make message `m` (or none) the QP's send cursor, caching what packetizing needs.
     fn load_send(&mut self, qp: u32, m: u32) {
-        let (bytes, atomic, prog, ready) = if m == NONE {
-            (0, false, 0, Time::MAX)
+        let (bytes, atomic, prog, ready, next) = if m == NONE {
+            (0, false, 0, Time::MAX, NONE)
         } else {
             let msg = &self.net.msgs[m];
-            (msg.bytes, msg.atomic, msg.prog, msg.ready_at)
+            (msg.bytes, msg.atomic, msg.prog, msg.ready_at, msg.next)
         };
         let next_wire = if atomic {
             self.params.hdr.atomic_req
         } else {
             self.params.data_wire(bytes.min(self.params.mtu), true)
         };
+        debug_assert!(next_wire <= u16::MAX as u32, "packet of {next_wire} wire bytes");
         let q = &mut self.net.qp_tx[qp as usize];
         q.send = m;
+        q.send_next = next;
         q.send_left = bytes;
         q.send_atomic = atomic;
         q.send_prog = prog;
         q.send_ready = ready;
-        q.next_wire = next_wire;
+        q.next_wire = next_wire as u16;
     }
 
     /// The QP at the head of `port`'s `lane` queue sends one packet (returned with its wire
@@ -317,7 +334,7 @@ impl Core {
         let now = self.now;
         let mtu = self.params.mtu;
         let q = &self.net.qp_tx[qp as usize];
-        let (wire, m, prog, dst) = (q.next_wire, q.send, q.send_prog, q.peer_nic);
+        let (wire, m, prog, dst) = (q.next_wire as u32, q.send, q.send_prog, q.peer_nic);
         let (payload, kind, last) = if q.send_atomic {
             (0, PktKind::AtomicReq, true)
         } else {
@@ -341,18 +358,24 @@ impl Core {
         ob.wire += wire as u64;
         ob.rdma_payload += payload as u64;
         if last {
-            // Only a message boundary touches the message records.
-            let next = self.net.msgs[m].next;
+            // Only a message boundary touches a message record: the next one's.
+            let next = self.net.qp_tx[qp as usize].send_next;
             self.load_send(qp, next);
         } else {
             let q = &mut self.net.qp_tx[qp as usize];
             q.send_left -= payload;
-            q.next_wire = q.send_left.min(mtu) + self.params.hdr.data;
+            q.next_wire = (q.send_left.min(mtu) + self.params.hdr.data) as u16;
+        }
+        // The boundary after this one reads the next message: fetch it while the QP waits
+        // for its next turn (slab ids stay in range: always an address).
+        let next = self.net.qp_tx[qp as usize].send_next;
+        if next != NONE {
+            prefetch(&self.net.msgs[next]);
         }
         // Pop the QP from the lane queue; back of the round robin if it has more ready.
         let q = &mut self.net.qp_tx[qp as usize];
         let more = q.send != NONE && q.send_ready <= now;
-        let qp_wire = q.next_wire;
+        let qp_wire = q.next_wire as u32;
         if !more {
             q.active = false;
             if q.send != NONE && q.send_ready != Time::MAX && !q.ready_pending {

@@ -3,6 +3,62 @@
 
 pub const NONE: u32 = u32::MAX;
 
+/// Buffers from this size on are worth backing with 2 MiB pages.
+const HUGE_BYTES: usize = 2 << 20;
+
+/// Ask the kernel to back `v`'s buffer with transparent huge pages (no effect on any result).
+///
+/// The hot records (messages, queue pairs, packets) are tens of MB touched at random: with
+/// 4 KiB pages nearly every such access also misses the TLB (a page walk on top of the cache
+/// miss). Hosts whose THP mode is `madvise` (the default on many distributions) give huge
+/// pages only to regions that ask. Pages already touched stay as they are; call it when the
+/// buffer has just been (re)allocated.
+pub fn huge_pages<T>(v: &Vec<T>) {
+    let bytes = v.capacity() * std::mem::size_of::<T>();
+    if bytes < HUGE_BYTES {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        const MADV_HUGEPAGE: i32 = 14;
+        unsafe extern "C" {
+            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+        }
+        let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
+        let end = (v.as_ptr() as usize + bytes) & !(PAGE - 1);
+        if end > start {
+            // SAFETY: madvise with MADV_HUGEPAGE only changes how the kernel backs the range
+            // (inside the vector's live allocation, page-aligned); it never changes contents.
+            // Its result is ignored: a host without THP simply keeps 4 KiB pages.
+            unsafe {
+                madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE);
+            }
+        }
+    }
+}
+
+/// Push onto a vector that may grow large, doubling its buffer explicitly so a new buffer is
+/// hinted for huge pages before it is touched.
+#[inline]
+pub fn push_huge<T>(v: &mut Vec<T>, value: T) {
+    if v.len() == v.capacity() {
+        grow_huge(v);
+    }
+    v.push(value);
+}
+
+#[cold]
+#[inline(never)]
+fn grow_huge<T>(v: &mut Vec<T>) {
+    // A fresh buffer hinted before the copy touches it (a reallocation would move the old
+    // pages, small ones, into the new buffer).
+    let mut bigger = Vec::with_capacity(2 * v.capacity().max(32));
+    huge_pages(&bigger);
+    bigger.append(v);
+    *v = bigger;
+}
+
 #[derive(Debug, Clone)]
 pub struct Slab<T> {
     items: Vec<T>,
@@ -26,7 +82,7 @@ impl<T> Slab<T> {
                 id
             }
             None => {
-                self.items.push(value);
+                push_huge(&mut self.items, value);
                 (self.items.len() - 1) as u32
             }
         }

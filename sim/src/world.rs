@@ -5,7 +5,7 @@ use eptwin_engine::ids::JobId;
 use eptwin_engine::scenario::schema::OpKind;
 use eptwin_engine::transport::OpSample;
 
-use crate::core::{Core, Ev, ProgId};
+use crate::core::{Core, ProgId};
 use crate::queue::EventQueue;
 use crate::time::{Time, fmt_us};
 
@@ -187,16 +187,13 @@ impl World {
                     self.stuck_report()
                 )));
             }
-            // No effect on any result: the next event's cold records (a delivery's packet, QP
-            // and message; the packet a last switch hop hands to its NIC) are fetched now.
-            match self.core.queue.peek_current() {
-                Some(&Ev::NicDeliver { pkt, qp, msg }) => self.core.prefetch_delivery(pkt, qp, msg),
-                Some(&Ev::SwitchArrive { pkt, lane, .. })
-                    if lane & crate::fabric::LAST_HOP != 0 =>
-                {
-                    crate::core::prefetch(&self.core.net.pkts[pkt])
-                }
-                _ => {}
+            // No effect on any result: the next events' cold records are fetched now, in two
+            // steps (a port's queue head two events ahead, what it names one event ahead).
+            if let Some(&next) = self.core.queue.peek_current() {
+                self.core.prefetch_near(next);
+            }
+            if let Some(&after) = self.core.queue.peek_current2() {
+                self.core.prefetch_far(after);
             }
             self.core.handle(ev);
             if !self.core.pending_wakes.is_empty() {
