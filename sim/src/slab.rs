@@ -18,7 +18,8 @@ pub fn huge_pages<T>(v: &Vec<T>) {
     if bytes < HUGE_BYTES {
         return;
     }
-    #[cfg(target_os = "linux")]
+    // MADV_HUGEPAGE is 14 in the generic Linux ABI (x86_64, aarch64); other ABIs skip the hint.
+    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         const PAGE: usize = 4096;
         const MADV_HUGEPAGE: i32 = 14;
