@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use eptwin_engine::Plan;
 use eptwin_engine::deepep::config::EpMode;
 use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::JobKind;
+use eptwin_engine::plan::{DeepEpJob, JobKind};
 use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
@@ -351,14 +351,16 @@ fn prepare(
     // a measurement knob, recorded in the result.
     let sms_override: Option<u32> =
         std::env::var("EPTWIN_NORMAL_SMS").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 2);
-    let mut d = d.as_ref().clone();
+    // Copied (routing table included) only when overridden.
+    let mut d = std::borrow::Cow::Borrowed(d.as_ref());
     if let Some(sms) = sms_override {
-        for c in [&mut d.dispatch_config, &mut d.combine_config].into_iter().flatten() {
+        let job = d.to_mut();
+        for c in [&mut job.dispatch_config, &mut job.combine_config].into_iter().flatten() {
             c.num_sms = sms;
         }
         m.insert("hw.num_sms_override".into(), json!(sms));
     }
-    let d = &d;
+    let d: &DeepEpJob = &d;
     if d.mode == EpMode::Internode {
         return Err(HwError::Unsupported(format!("job {:?}: {}", job.name, internode_reason())));
     }

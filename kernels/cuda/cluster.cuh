@@ -74,12 +74,6 @@ DEVICE void tma_load_to_cluster(u32 dst, const void* src, u32 bytes, u32 mbar) {
         ::"r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
 }
 
-DEVICE void tma_store_from_shared(void* dst, u32 src, u32 bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                 ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-
 // The bulk stores of this thread have read their shared-memory sources, all but the newest one.
 DEVICE void tma_store_wait_read_all_but_one() {
     asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
@@ -89,21 +83,10 @@ DEVICE void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::
 
 DEVICE void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-
-DEVICE void st_cluster_u32(u32 addr, u32 v) {
-    asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-
 DEVICE u32 ld_shared_u32(u32 addr) {
     u32 v;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
     return v;
-}
-
-// One arrival on an mbarrier of another block of the cluster, ordering this thread's earlier
-// writes (and those it has observed) before it.
-DEVICE void mbar_arrive_remote_release(u32 addr) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(addr) : "memory");
 }
 
 // try_wait with acquire at cluster scope: what the producers in other blocks wrote before
@@ -117,8 +100,6 @@ DEVICE bool mbar_try_wait_cluster(u32 addr, u32 parity) {
     return ok != 0;
 }
 
-DEVICE void fence_acq_rel_cluster() { asm volatile("fence.acq_rel.cluster;" ::: "memory"); }
-
 // A bulk store without committing its group (commit once after several).
 DEVICE void tma_store_nocommit(void* dst, u32 src, u32 bytes) {
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
@@ -126,6 +107,12 @@ DEVICE void tma_store_nocommit(void* dst, u32 src, u32 bytes) {
 }
 
 DEVICE void tma_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// One bulk store in a group of its own.
+DEVICE void tma_store_from_shared(void* dst, u32 src, u32 bytes) {
+    tma_store_nocommit(dst, src, bytes);
+    tma_commit();
+}
 
 // Shared memory of this block → shared memory of a block of the cluster (dst and mbar are
 // shared::cluster addresses), counted on that block's mbarrier.

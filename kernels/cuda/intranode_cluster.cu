@@ -34,8 +34,6 @@ constexpr int kClusterThreads = 2 * NUM_RANKS * 32;  // a sender and a receiver 
 
 // Shared-memory slot: row, scales, then metadata (top-k global experts, top-k weights, source
 // token index in a 16-byte word), each part a 16-byte multiple for the bulk copies.
-DEVICE u32 slot_meta_offset(int row_bytes, int scale_bytes) { return (u32)(row_bytes + scale_bytes); }
-
 extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kClusterThreads, 1)
     intranode_dispatch_cluster(const NormalRankArgs* args, NormalParams p, ErrorRecord* err,
                                int sm_slots, int slot_bytes) {
@@ -47,7 +45,7 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     const int C = p.num_channels, K = p.num_topk, S = p.num_scales, R = sm_slots;
     const int L = p.num_experts / NUM_RANKS;
     const int row_bytes = p.hidden_int4 * 16, scale_bytes = S * 4;
-    const u32 meta_off = slot_meta_offset(row_bytes, scale_bytes);
+    const u32 meta_off = (u32)(row_bytes + scale_bytes);
     const u32 tx_bytes = (u32)slot_bytes;
     const NormalRankArgs& a = args[rank];
 
