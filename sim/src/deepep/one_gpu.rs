@@ -348,6 +348,65 @@ impl NormalProgram {
 
     /// The SM of block `k` of rank `r`: the launch's blocks fill the SMs in order, the ones
     /// beyond the SM count as second residents.
+    /// A sender block's L2/HBM traffic: `read` bytes of input, `stored` bytes into ring slots
+    /// (`spilled` of them written back to HBM; the ones that stay in L2 are handed to a
+    /// receiver on another SM), issued over `issue`. Returns when the stores are done.
+    fn ring_push(
+        &mut self,
+        core: &mut Core,
+        sm: u32,
+        read: u64,
+        stored: u64,
+        spilled: u64,
+        issue: Time,
+    ) -> Time {
+        let dram = read + spilled + self.flushed.take(read + stored);
+        let extra = self.m.l2_extra(stored - spilled, 0);
+        core.sm_traffic(
+            core.now,
+            self.gpu,
+            sm,
+            read + stored,
+            dram,
+            extra,
+            issue,
+            Action::None,
+            self.me,
+            stored,
+        )
+    }
+
+    /// A receiver block's traffic: `l2_bytes` through L2, `from_slots` bytes loaded from ring
+    /// slots (`spilled` of them from HBM; the rest are the L2 handoff's other half, and every
+    /// consumed slot's payload lines are discarded), `out` bytes written to the output.
+    #[allow(clippy::too_many_arguments)]
+    fn ring_drain(
+        &mut self,
+        core: &mut Core,
+        sm: u32,
+        l2_bytes: u64,
+        from_slots: u64,
+        spilled: u64,
+        out: u64,
+        issue: Time,
+    ) -> Time {
+        let dram = spilled + out + self.flushed.take(spilled + out);
+        let discarded = from_slots / self.tok_bytes * self.discard_bytes;
+        let extra = self.m.l2_extra(from_slots - spilled, discarded);
+        core.sm_traffic(
+            core.now,
+            self.gpu,
+            sm,
+            l2_bytes,
+            dram,
+            extra,
+            issue,
+            Action::None,
+            self.me,
+            0,
+        )
+    }
+
     fn sm_of(&self, r: u32, k: u32) -> u32 {
         (r * self.blocks_per_rank + k) % self.sm_count
     }
@@ -483,21 +542,8 @@ impl NormalProgram {
         let lead = self.m.load_hbm;
         let body = self.m.load_hbm + passes * rounds * self.m.row_hbm / PROBE_ROW_ROUNDS;
         let read = nw as u64 * self.in_bytes;
-        let end = lead
-            + self.m.release
-            + core.sm_traffic(
-                core.now,
-                self.gpu,
-                self.sm_of(src, 2 * c),
-                read + stored,
-                read + spilled + self.flushed.take(read + stored),
-                // The slots that stay in L2 are handed to a receiver on another SM.
-                self.m.l2_extra(stored - spilled, 0),
-                body,
-                Action::None,
-                self.me,
-                stored,
-            );
+        let sm = self.sm_of(src, 2 * c);
+        let end = lead + self.m.release + self.ring_push(core, sm, read, stored, spilled, body);
         for d in 0..self.n {
             let k = per_dst[d as usize];
             if k > 0 {
@@ -545,21 +591,8 @@ impl NormalProgram {
         let bytes = avail as u64 * self.tok_bytes;
         let out = avail as u64 * self.out_bytes;
         // The head is a release store after the batch's stores: it waits for them.
-        let end = self.m.release
-            + core.sm_traffic(
-                core.now,
-                self.gpu,
-                self.sm_of(dst, 2 * c + 1),
-                2 * bytes,
-                spilled + out + self.flushed.take(spilled + out),
-                // Loads of slots still in L2 are the handoff's other half; every consumed slot's
-                // payload lines are discarded.
-                self.m.l2_extra(bytes - spilled, avail as u64 * self.discard_bytes),
-                issue,
-                Action::None,
-                self.me,
-                0,
-            );
+        let sm = self.sm_of(dst, 2 * c + 1);
+        let end = self.m.release + self.ring_drain(core, sm, 2 * bytes, bytes, spilled, out, issue);
         self.batch[i] = (avail, bytes);
         core.wake_at(end, self.me, actor);
     }
@@ -597,19 +630,8 @@ impl NormalProgram {
         let bytes = k as u64 * self.tok_bytes;
         let read = k as u64 * self.in_bytes;
         // The tail is a release store after the chunk's stores.
-        let end = self.m.release
-            + core.sm_traffic(
-                core.now,
-                self.gpu,
-                self.sm_of(h, 2 * c),
-                read + bytes,
-                read + spilled + self.flushed.take(read + bytes),
-                self.m.l2_extra(bytes - spilled, 0),
-                issue,
-                Action::None,
-                self.me,
-                bytes,
-            );
+        let sm = self.sm_of(h, 2 * c);
+        let end = self.m.release + self.ring_push(core, sm, read, bytes, spilled, issue);
         let tail = Action::Add { counter: self.rings[ri].tail, delta: k };
         core.act_at(end + self.flag, tail);
         core.wake_at(end, self.me, actor);
@@ -689,18 +711,8 @@ impl NormalProgram {
         let per_token = self.m.load_l2 + rounds * self.m.row_l2 / PROBE_ROW_ROUNDS;
         let issue = reduced.div_ceil(groups) as u64 * per_token;
         let out = reduced as u64 * self.out_bytes;
-        let end = core.sm_traffic(
-            core.now,
-            self.gpu,
-            self.sm_of(r, 2 * c + 1),
-            read + out,
-            spilled + out + self.flushed.take(spilled + out),
-            self.m.l2_extra(read - spilled, read / self.tok_bytes * self.discard_bytes),
-            issue,
-            Action::None,
-            self.me,
-            0,
-        );
+        let sm = self.sm_of(r, 2 * c + 1);
+        let end = self.ring_drain(core, sm, read + out, read, spilled, out, issue);
         core.wake_at(end.max(core.now + 1), self.me, actor);
     }
 }
