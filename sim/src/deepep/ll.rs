@@ -585,9 +585,6 @@ impl LlProgram {
             ));
         }
         let start = core.now + if self.hook { 0 } else { self.costs.grid_sync };
-        if std::env::var("DBG").is_ok() && r < 2 {
-            eprintln!("rank {r}: send done {} flags at {} ", self.send_done[r as usize], core.now);
-        }
         let mut end = start;
         let mut block_end = vec![start; self.blocks as usize];
         let mut bytes_total = 0;
@@ -621,9 +618,6 @@ impl LlProgram {
         let end = end.max(hbm_end);
         if self.hook {
             self.ranks.phase("recv", r, end - start, self.n);
-        }
-        if std::env::var("DBG").is_ok() && r < 2 {
-            eprintln!("rank {r}: reduce end {end} (hbm {hbm_end})");
         }
         self.ranks.touch(r, end);
         core.wake_at(end, self.me, self.a_final(r));
