@@ -1073,8 +1073,8 @@ pub fn cluster_slots() -> u32 {
 
 pub const CLUSTER_DEFAULT_SLOTS: u32 = 3;
 
-/// Why the cluster dispatch cannot run here (None when it can or is not asked for).
-pub fn cluster_dispatch_refusal(devs: &Devices, ranks: u32) -> Option<String> {
+/// Why the cluster kernels cannot run here (None when they can or are not asked for).
+pub fn cluster_kernels_refusal(devs: &Devices, ranks: u32) -> Option<String> {
     if !cluster_kernels() {
         return None;
     }

@@ -427,7 +427,7 @@ fn prepare(
                 }
                 refused.push(format!("{threads} threads: {resident} blocks per SM"));
             }
-            if let Some(why) = intranode::cluster_dispatch_refusal(&devs, n) {
+            if let Some(why) = intranode::cluster_kernels_refusal(&devs, n) {
                 return Err(HwError::Unsupported(format!("job {:?}: {why}", job.name)));
             }
             if intranode::cluster_kernels() {
