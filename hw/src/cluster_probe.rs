@@ -2,8 +2,9 @@
 //! how fast DeepEP's two-copy intranode handoff (source → ring slot → output) can go on one GPU
 //! when the ring slots live in the receiving block's shared memory instead of global memory, so
 //! that only the input read and the output write touch L2 and HBM. Opt-in
-//! (`EPTWIN_CLUSTER_PROBE=1`, sm_90 or newer): it is a design probe for the normal kernels, not
-//! a calibration input of the simulator.
+//! (`EPTWIN_CLUSTER_PROBE=1`, sm_90 or newer): the design probe of the cluster kernels
+//! (`intranode_cluster.cu`) and where the simulator's model of them takes its rates and chain
+//! latencies from (docs/calibration.md, "h200-single").
 //!
 //! Two kernels: warps copy each chunk through registers into the peer block's shared memory, or
 //! one thread per ring issues TMA bulk copies (global → peer shared memory with the consumer's
@@ -100,6 +101,13 @@ pub fn shapes() -> Vec<ClusterShape> {
         tma("cluster_512", 512, 64, 2, 14336),
         tma("cluster_512", 512, 128, 2, 14336),
         tma("cluster_1024", 1024, 64, 2, 7168),
+        // One cluster alone (no other SM touches memory): the per-chunk chain with one slot
+        // (no pipelining), and one pair's pipelined rate with the kernels' slot shapes (3 FP8
+        // dispatch slots of 7,472 B, 2 BF16 combine slots of 14,368 B).
+        tma("cluster_512", 512, 1, 1, 7168),
+        tma("cluster_512", 512, 1, 4, 7168),
+        tma("cluster_512", 512, 1, 3, 7472),
+        tma("cluster_512", 512, 1, 2, 14368),
     ]
 }
 
@@ -110,7 +118,24 @@ fn selected(fit: u32) -> Vec<ClusterShape> {
     let kind = |s: &ClusterShape| if s.tma() { "tma" } else { "warp" };
     let mut v = shapes();
     v.extend(waves(fit));
+    v.extend(kernel_slots(fit));
     v.into_iter().filter(|s| only.is_empty() || only.split(',').any(|k| k == kind(s))).collect()
+}
+
+/// One whole wave with the normal cluster kernels' slot shapes (dispatch 3 x 7,472 B, combine
+/// 2 x 14,368 B per source).
+fn kernel_slots(fit: u32) -> Vec<ClusterShape> {
+    [(3, 7472), (2, 14368)]
+        .into_iter()
+        .map(|(slots, chunk_bytes)| ClusterShape {
+            kernel: "probe_cluster_tma_handoff",
+            module: "cluster_512",
+            threads: 512,
+            clusters: fit.max(1),
+            slots,
+            chunk_bytes,
+        })
+        .collect()
 }
 
 /// The TMA handoff with whole waves: `fit` (the clusters resident at once) times 1, 2, 4, 8.
@@ -230,7 +255,7 @@ mod tests {
 
     #[test]
     fn every_shape_fits_shared_memory_and_the_buffers() {
-        for s in shapes().into_iter().chain(waves(16)).chain(waves(0)) {
+        for s in shapes().into_iter().chain(waves(16)).chain(waves(0)).chain(kernel_slots(15)) {
             // 227 KiB of dynamic shared memory per block on sm_90.
             assert!(s.smem_bytes() <= 232_448, "{s:?}: {} bytes", s.smem_bytes());
             let warps = s.clusters * CLUSTER_SIZE * s.producers_per_block();

@@ -257,6 +257,8 @@ pub struct NormalLaunch {
     pub resident_blocks_per_sm: u32,
     pub registers: i32,
     pub local_bytes: i32,
+    /// Where the rings live (`ClusterRings::choose`).
+    pub rings: ClusterRings,
 }
 
 pub struct NormalJob {
@@ -281,6 +283,9 @@ pub struct NormalJob {
     dispatched: bool,
     reference_digest: [Option<u64>; 2],
     pub launch: NormalLaunch,
+    /// `EPTWIN_CLUSTER_TIMES=1`: per block of the cluster kernels, its start and every warp's
+    /// finish (globaltimer ns), reported after the host-checked iteration.
+    warp_times: Option<DeviceBuffer>,
 }
 
 fn payload_bytes(hidden: u32, fp8: bool) -> u64 {
@@ -470,6 +475,15 @@ impl NormalJob {
             use_discard,
             dispatched: false,
             reference_digest: [None, None],
+            warp_times: if std::env::var("EPTWIN_CLUSTER_TIMES").as_deref() == Ok("1")
+                && launch.rings.any()
+            {
+                // Up to 4 warps per rank per block (the combine) plus the start, per block.
+                let words = (channels * n * (1 + 4 * n)) as usize;
+                Some(devs.list[0].gpu.alloc(words * 8)?)
+            } else {
+                None
+            },
             launch,
         })
     }
@@ -598,6 +612,9 @@ impl NormalJob {
         self.dispatched = true;
 
         let dg = self.digest_dispatch(devs, gpu_of_rank)?;
+        if !warmup && iteration == 0 && self.launch.rings.dispatch_slots.is_some() {
+            self.report_warp_times(devs, "dispatch", 2 * self.n)?;
+        }
         let host_check = if !warmup && iteration == 0 {
             Some(self.check_dispatch(devs, gpu_of_rank)?)
         } else {
@@ -627,50 +644,12 @@ impl NormalJob {
             unsafe { dev.gpu.launch(f, dev.ranks.len() as u32, 1024, &mut a)? };
         }
         timer.mark(devs, "notify")?;
-        if dispatch && cluster_dispatch() {
-            let dev = &devs.list[0];
+        let rings = self.launch.rings;
+        let slots = if dispatch { rings.dispatch_slots } else { rings.combine_slots };
+        if let Some(slots) = slots {
             let p = self.params(devs, 0, cfg, dispatch);
-            let row = p.hidden_int4 as u64 * 16;
-            let scales = p.num_scales as u64;
-            if !(scales * 4).is_multiple_of(16) || !(self.topk * 4).is_multiple_of(16) {
-                return Err(HwError::Unsupported(format!(
-                    "EPTWIN_NORMAL_DISPATCH=cluster: {scales} scales or top-{} per row are not \
-                     16-byte multiples (bulk copies)",
-                    self.topk
-                )));
-            }
-            let slot_bytes = cluster_slot_bytes(row, scales, self.topk as u64);
-            let slots = cluster_slots() as u64;
-            let n = self.n as u64;
-            let smem = cluster_dispatch_smem(n, slots, slot_bytes);
-            if smem > MAX_DYNAMIC_SMEM_BYTES {
-                return Err(HwError::Unsupported(format!(
-                    "EPTWIN_CLUSTER_SLOTS={slots}: {smem} bytes of rings exceed the \
-                     {MAX_DYNAMIC_SMEM_BYTES} bytes of shared memory a block may have"
-                )));
-            }
-            // A sender and a receiver warp per rank (kClusterThreads).
-            let shape = (slots, slot_bytes, smem, 64 * self.n);
-            self.launch_cluster(dev, "intranode_dispatch_cluster", p, shape)?;
-            return timer.mark(devs, "end");
-        }
-        if !dispatch && cluster_combine() {
-            let dev = &devs.list[0];
-            let p = self.params(devs, 0, cfg, dispatch);
-            if !(self.topk * 4).is_multiple_of(16) {
-                return Err(HwError::Unsupported(format!(
-                    "EPTWIN_NORMAL_COMBINE=cluster: top-{} weights per row are not a 16-byte \
-                     multiple (bulk copies)",
-                    self.topk
-                )));
-            }
-            let slot_bytes = p.combine_hidden_int4 as u64 * 16 + 4 * self.topk as u64;
-            let slots = 2u64;
-            let n = self.n as u64;
-            let smem = cluster_combine_smem(n, slots, slot_bytes);
-            // A sender warp and three reducer warps per rank (kCombineClusterThreads).
-            let shape = (slots, slot_bytes, smem, 128 * self.n);
-            self.launch_cluster(dev, "intranode_combine_cluster", p, shape)?;
+            let shape = cluster_shape(dispatch, self.n, self.hidden, self.fp8, self.topk, slots);
+            self.launch_cluster(&devs.list[0], p, &shape)?;
             return timer.mark(devs, "end");
         }
         for (i, dev) in devs.list.iter().enumerate() {
@@ -685,28 +664,76 @@ impl NormalJob {
         timer.mark(devs, "end")
     }
 
-    /// Launch a kernel of `intranode_cluster.cu` (args, params, err, sm_slots, slot_bytes) with
-    /// `shape` = (ring slots per source, bytes per slot, dynamic shared memory, threads per
-    /// block): one cluster of n blocks per channel.
+    /// Launch a kernel of `intranode_cluster.cu` (args, params, err, sm_slots, slot_bytes,
+    /// warp_ns): one cluster of n blocks per channel.
     fn launch_cluster(
         &self,
         dev: &crate::exec::Device,
-        kernel: &str,
         p: NormalParams,
-        shape: (u64, u64, u64, u32),
+        shape: &ClusterShape,
     ) -> Result<(), HwError> {
-        let (slots, slot_bytes, smem, threads) = shape;
-        let f = dev.module("intranode_cluster")?.function(kernel);
-        dev.gpu.set_max_dynamic_smem(f, smem as u32)?;
+        let f = dev.module("intranode_cluster")?.function(shape.kernel);
+        dev.gpu.set_max_dynamic_smem(f, shape.smem_bytes)?;
         let (args, err) = (self.args[0].ptr, dev.err.ptr);
-        let (sl, sb) = (slots as i32, slot_bytes as i32);
-        let mut a = kernel_args![args, p, err, sl, sb];
+        let (sl, sb) = (shape.slots as i32, shape.slot_bytes as i32);
+        let times = self.warp_times.as_ref().map(|b| b.ptr).unwrap_or(0);
+        let mut a = kernel_args![args, p, err, sl, sb, times];
         let grid = self.channels * self.n;
-        // SAFETY: args match the cluster kernels' (args, params, err, sm_slots, slot_bytes);
-        // the dynamic shared memory is what their layout needs for `slots` of `slot_bytes`; the
-        // grid is whole clusters of n blocks (one per channel), which need not be co-resident
-        // (channels never wait on each other); `threads` is the kernel's compiled block size.
-        unsafe { dev.gpu.launch_with_smem(f, grid, threads, smem as u32, &mut a) }
+        let (threads, smem) = (shape.threads, shape.smem_bytes);
+        // SAFETY: args match the cluster kernels' (args, params, err, sm_slots, slot_bytes,
+        // warp_ns); warp_ns is null or holds (1 + warps) words per block; the dynamic shared
+        // memory is what their layout needs for `slots` of `slot_bytes`; the grid is whole
+        // clusters of n blocks (one per channel), which need not be co-resident (channels never
+        // wait on each other); `threads` is the kernel's compiled block size.
+        unsafe { dev.gpu.launch_with_smem(f, grid, threads, smem, &mut a) }
+    }
+
+    /// `EPTWIN_CLUSTER_TIMES=1`: when the cluster kernel's warps finished (µs after the first
+    /// block started): senders (the first n warps of a block) and receivers, as percentiles, and
+    /// the clusters' finish times, to tell a uniform rate from a tail.
+    fn report_warp_times(&self, devs: &Devices, op: &str, warps: u32) -> Result<(), HwError> {
+        let Some(buf) = &self.warp_times else { return Ok(()) };
+        let per_block = (1 + warps) as usize;
+        let blocks = (self.channels * self.n) as usize;
+        let mut t = vec![0u64; blocks * per_block];
+        devs.list[0].gpu.download(buf.ptr, &mut t)?;
+        let start = (0..blocks).map(|b| t[b * per_block]).min().unwrap_or(0);
+        let us = |v: u64| v.saturating_sub(start) as f64 / 1e3;
+        let (mut senders, mut receivers, mut starts, mut clusters) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for b in 0..blocks {
+            starts.push(us(t[b * per_block]));
+            for w in 0..warps as usize {
+                let end = us(t[b * per_block + 1 + w]);
+                if w < self.n as usize { senders.push(end) } else { receivers.push(end) }
+            }
+        }
+        for c in 0..self.channels as usize {
+            let n = self.n as usize;
+            let ends = (c * n..(c + 1) * n).flat_map(|b| (0..warps as usize).map(move |w| (b, w)));
+            clusters.push(ends.map(|(b, w)| us(t[b * per_block + 1 + w])).fold(0.0, f64::max));
+        }
+        let pct = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+            format!(
+                "min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1}",
+                at(0.0),
+                at(0.1),
+                at(0.5),
+                at(0.9),
+                at(1.0)
+            )
+        };
+        eprintln!(
+            "eptwin hw: cluster {op} warp finish times (us after the first block's start): \
+             block starts {}; senders {}; receivers {}; clusters {}",
+            pct(&mut starts),
+            pct(&mut senders),
+            pct(&mut receivers),
+            pct(&mut clusters)
+        );
+        Ok(())
     }
 
     pub fn combine(
@@ -769,6 +796,9 @@ impl NormalJob {
                 ));
             }
             dg = dg.wrapping_add(digest(dev, &regions)?);
+        }
+        if !warmup && iteration == 0 && self.launch.rings.combine_slots.is_some() {
+            self.report_warp_times(devs, "combine", 4 * self.n)?;
         }
         let host_check = if !warmup && iteration == 0 {
             Some(self.check_combine(devs, gpu_of_rank)?)
@@ -1044,55 +1074,175 @@ impl NormalJob {
 }
 
 /// Whether dispatch drops consumed ring lines from L2 (`EPTWIN_L2_DISCARD_DISPATCH=0`: no).
-/// `EPTWIN_NORMAL_DISPATCH=cluster`: dispatch with the rings in cluster shared memory
-/// (`intranode_cluster.cu`) instead of the global-memory rings. Opt-in while it is measured.
-pub fn cluster_dispatch() -> bool {
-    std::env::var("EPTWIN_NORMAL_DISPATCH").as_deref() == Ok("cluster")
+/// Where the normal kernels' rings live: `Some(slots)` per (channel, source) in the receiving
+/// block's shared memory (`intranode_cluster.cu`, thread-block clusters), `None` in global
+/// memory (`intranode.cu`, DeepEP's layout). Cluster rings cut the L2/HBM traffic to the input
+/// read and the output write (results/h200/README.md, "Rings in shared memory"), so they are
+/// the default wherever they can run: every rank of the job on one GPU, at most 8 ranks (one
+/// portable cluster per channel), sm_90 or newer, rows in 16-byte pieces, and at least one slot
+/// per source in the shared memory a block may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClusterRings {
+    pub dispatch_slots: Option<u32>,
+    pub combine_slots: Option<u32>,
 }
 
-/// `EPTWIN_NORMAL_COMBINE=cluster`: the combine's counterpart (two 14,368-byte BF16 slots per
-/// source fill 230 KB of shared memory).
-pub fn cluster_combine() -> bool {
-    std::env::var("EPTWIN_NORMAL_COMBINE").as_deref() == Ok("cluster")
+/// What the choice depends on, from the job and the GPU it runs on.
+#[derive(Debug, Clone, Copy)]
+pub struct RingInputs {
+    pub ranks: u32,
+    /// Every rank of the job on the one GPU in use.
+    pub one_gpu: bool,
+    pub compute_major: i32,
+    pub hidden: u32,
+    pub fp8: bool,
+    pub topk: u32,
+    /// `num_max_nvl_chunked_recv_tokens` of the dispatch and combine Configs.
+    pub dispatch_recv_tokens: u32,
+    pub combine_recv_tokens: u32,
 }
 
-/// Either normal kernel runs with cluster rings.
-pub fn cluster_kernels() -> bool {
-    cluster_dispatch() || cluster_combine()
-}
-
-/// Ring slots per (channel, source) in shared memory (`EPTWIN_CLUSTER_SLOTS`, default 3: three
-/// 7,472-byte FP8 slots from each of 8 sources fill 179 KB of the 227 KB a block may have).
-pub fn cluster_slots() -> u32 {
-    std::env::var("EPTWIN_CLUSTER_SLOTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CLUSTER_DEFAULT_SLOTS)
-        .max(1)
-}
-
-pub const CLUSTER_DEFAULT_SLOTS: u32 = 3;
-
-/// Why the cluster kernels cannot run here (None when they can or are not asked for).
-pub fn cluster_kernels_refusal(devs: &Devices, ranks: u32) -> Option<String> {
-    if !cluster_kernels() {
-        return None;
+/// `EPTWIN_NORMAL_DISPATCH` / `EPTWIN_NORMAL_COMBINE` = `cluster` or `global` forces where that
+/// kernel's rings live (a measurement knob); unset, the default applies.
+fn rings_forced(var: &str) -> Result<Option<bool>, HwError> {
+    match std::env::var(var).as_deref() {
+        Ok("cluster") => Ok(Some(true)),
+        Ok("global") => Ok(Some(false)),
+        Ok("") | Err(_) => Ok(None),
+        Ok(other) => {
+            Err(HwError::Unsupported(format!("{var}={other}: expected cluster or global")))
+        }
     }
-    let dev = &devs.list[0];
-    if devs.list.len() != 1 || dev.ranks.len() as u32 != ranks {
-        return Some("EPTWIN_NORMAL_DISPATCH/COMBINE=cluster needs every rank on one GPU".into());
+}
+
+impl ClusterRings {
+    /// The rings of both kernels: cluster shared memory where possible unless forced to global
+    /// memory; an error where cluster rings are forced but cannot run.
+    pub fn choose(i: &RingInputs) -> Result<ClusterRings, HwError> {
+        let cap = std::env::var("EPTWIN_CLUSTER_SLOTS").ok().and_then(|v| v.parse::<u32>().ok());
+        let d =
+            Self::pick("EPTWIN_NORMAL_DISPATCH", rings_forced("EPTWIN_NORMAL_DISPATCH")?, || {
+                dispatch_slots(i, cap)
+            })?;
+        let c =
+            Self::pick("EPTWIN_NORMAL_COMBINE", rings_forced("EPTWIN_NORMAL_COMBINE")?, || {
+                combine_slots(i)
+            })?;
+        Ok(ClusterRings { dispatch_slots: d, combine_slots: c })
     }
-    if ranks > 8 {
-        return Some(format!(
-            "EPTWIN_NORMAL_DISPATCH/COMBINE=cluster: {ranks} ranks > 8 (one cluster per channel)"
+
+    fn pick(
+        var: &str,
+        forced: Option<bool>,
+        slots: impl Fn() -> Result<u32, String>,
+    ) -> Result<Option<u32>, HwError> {
+        match (forced, slots()) {
+            (Some(false), _) => Ok(None),
+            (_, Ok(s)) => Ok(Some(s)),
+            (None, Err(_)) => Ok(None),
+            (Some(true), Err(why)) => Err(HwError::Unsupported(format!("{var}=cluster: {why}"))),
+        }
+    }
+
+    pub fn any(&self) -> bool {
+        self.dispatch_slots.is_some() || self.combine_slots.is_some()
+    }
+}
+
+/// Why cluster rings cannot run for this job (common to both kernels).
+fn cluster_precondition(i: &RingInputs) -> Result<(), String> {
+    if !i.one_gpu {
+        return Err("needs every rank on one GPU".into());
+    }
+    if i.ranks > 8 {
+        return Err(format!("{} ranks > 8 (one portable cluster per channel)", i.ranks));
+    }
+    if i.compute_major < 9 {
+        return Err("needs thread-block clusters (sm_90 or newer)".into());
+    }
+    Ok(())
+}
+
+/// Dispatch slots per source: the Config's ring size, capped by `cap` and by shared memory.
+fn dispatch_slots(i: &RingInputs, cap: Option<u32>) -> Result<u32, String> {
+    cluster_precondition(i)?;
+    let scales = if i.fp8 { (i.hidden / 128) as u64 } else { 0 };
+    if !(scales * 4).is_multiple_of(16) || !(i.topk as u64 * 4).is_multiple_of(16) {
+        return Err(format!(
+            "{scales} scales or top-{} per row are not 16-byte multiples (bulk copies)",
+            i.topk
         ));
     }
-    if dev.gpu.compute_capability.0 < 9 {
-        return Some(
-            "EPTWIN_NORMAL_DISPATCH/COMBINE=cluster needs thread-block clusters (sm_90)".into(),
-        );
+    let slot = cluster_slot_bytes(payload_bytes(i.hidden, i.fp8), scales, i.topk as u64);
+    let want = i.dispatch_recv_tokens.min(cap.unwrap_or(u32::MAX)).max(1);
+    most_slots(want, |s| cluster_dispatch_smem(i.ranks as u64, s, slot))
+}
+
+/// Combine slots per source (BF16 rows and their top-k weights).
+fn combine_slots(i: &RingInputs) -> Result<u32, String> {
+    cluster_precondition(i)?;
+    if !(i.topk as u64 * 4).is_multiple_of(16) {
+        return Err(format!("top-{} weights per row are not a 16-byte multiple", i.topk));
     }
-    None
+    let slot = 2 * i.hidden as u64 + 4 * i.topk as u64;
+    most_slots(i.combine_recv_tokens.max(1), |s| cluster_combine_smem(i.ranks as u64, s, slot))
+}
+
+/// The most slots up to `want` whose layout fits a block's shared memory (at least one).
+fn most_slots(want: u32, smem: impl Fn(u64) -> u64) -> Result<u32, String> {
+    (1..=want).rev().find(|&s| smem(s as u64) <= MAX_DYNAMIC_SMEM_BYTES).ok_or_else(|| {
+        format!(
+            "one slot per source takes {} bytes of shared memory, more than the {} a block \
+                 may have",
+            smem(1),
+            MAX_DYNAMIC_SMEM_BYTES
+        )
+    })
+}
+
+/// How a cluster kernel is launched: its name, ring slots per source and their bytes, dynamic
+/// shared memory, threads per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterShape {
+    pub kernel: &'static str,
+    pub slots: u32,
+    pub slot_bytes: u64,
+    pub smem_bytes: u32,
+    pub threads: u32,
+}
+
+/// The launch shape of the cluster dispatch (`dispatch`) or combine for `ranks` ranks.
+pub fn cluster_shape(
+    dispatch: bool,
+    ranks: u32,
+    hidden: u32,
+    fp8: bool,
+    topk: u32,
+    slots: u32,
+) -> ClusterShape {
+    let (n, k) = (ranks as u64, topk as u64);
+    if dispatch {
+        let scales = if fp8 { (hidden / 128) as u64 } else { 0 };
+        let slot_bytes = cluster_slot_bytes(payload_bytes(hidden, fp8), scales, k);
+        ClusterShape {
+            kernel: "intranode_dispatch_cluster",
+            slots,
+            slot_bytes,
+            smem_bytes: cluster_dispatch_smem(n, slots as u64, slot_bytes) as u32,
+            // A sender and a receiver warp per rank (kClusterThreads).
+            threads: 64 * ranks,
+        }
+    } else {
+        let slot_bytes = 2 * hidden as u64 + 4 * k;
+        ClusterShape {
+            kernel: "intranode_combine_cluster",
+            slots,
+            slot_bytes,
+            smem_bytes: cluster_combine_smem(n, slots as u64, slot_bytes) as u32,
+            // A sender warp and three reducer warps per rank (kCombineClusterThreads).
+            threads: 128 * ranks,
+        }
+    }
 }
 
 /// Bytes of one shared-memory slot of the cluster dispatch: row, scales, top-k experts, top-k
@@ -1199,12 +1349,50 @@ mod tests {
         let d = cluster_slot_bytes(7168, 56, 8);
         assert_eq!(d, 7472);
         assert_eq!(d % 16, 0, "bulk copies move 16-byte multiples");
-        let ds = cluster_dispatch_smem(8, CLUSTER_DEFAULT_SLOTS as u64, d);
-        assert!(ds <= MAX_DYNAMIC_SMEM_BYTES, "{ds}");
-        assert!(cluster_dispatch_smem(8, 4, d) > MAX_DYNAMIC_SMEM_BYTES, "3 slots is the most");
-        let c = 7168 * 2 + 4 * 8;
-        assert!(cluster_combine_smem(8, 2, c) <= MAX_DYNAMIC_SMEM_BYTES);
-        assert!(cluster_combine_smem(8, 3, c) > MAX_DYNAMIC_SMEM_BYTES, "2 slots is the most");
+        let i = deepseek_inputs();
+        assert_eq!(dispatch_slots(&i, None), Ok(3), "three 7,472-byte slots per source fit");
+        assert!(cluster_dispatch_smem(8, 4, d) > MAX_DYNAMIC_SMEM_BYTES);
+        assert_eq!(combine_slots(&i), Ok(2), "two 14,368-byte slots per source fit");
+        assert!(cluster_combine_smem(8, 3, 7168 * 2 + 32) > MAX_DYNAMIC_SMEM_BYTES);
+        // The Config's ring size and the measurement cap bound the slots too.
+        assert_eq!(dispatch_slots(&RingInputs { dispatch_recv_tokens: 2, ..i }, None), Ok(2));
+        assert_eq!(dispatch_slots(&i, Some(1)), Ok(1));
+        // BF16 dispatch rows: 14,416-byte slots, two fit.
+        assert_eq!(dispatch_slots(&RingInputs { fp8: false, ..i }, None), Ok(2));
+    }
+
+    fn deepseek_inputs() -> RingInputs {
+        RingInputs {
+            ranks: 8,
+            one_gpu: true,
+            compute_major: 9,
+            hidden: 7168,
+            fp8: true,
+            topk: 8,
+            dispatch_recv_tokens: 12,
+            combine_recv_tokens: 8,
+        }
+    }
+
+    #[test]
+    fn cluster_rings_only_where_they_can_run() {
+        let i = deepseek_inputs();
+        for bad in [
+            RingInputs { one_gpu: false, ..i },
+            RingInputs { ranks: 16, ..i },
+            RingInputs { compute_major: 8, ..i },
+            // 16,384 BF16 channels: one 32 KB slot per source is more than a block may have.
+            RingInputs { hidden: 16384, fp8: false, ..i },
+        ] {
+            assert!(dispatch_slots(&bad, None).is_err() || combine_slots(&bad).is_err(), "{bad:?}");
+        }
+        assert!(combine_slots(&RingInputs { topk: 6, ..i }).is_err(), "24-byte weight rows");
+        let fits = || Ok(3);
+        let no = || Err("no".to_string());
+        assert_eq!(ClusterRings::pick("V", None, fits), Ok(Some(3)), "default: cluster");
+        assert_eq!(ClusterRings::pick("V", None, no), Ok(None), "default falls back to global");
+        assert_eq!(ClusterRings::pick("V", Some(false), fits), Ok(None), "forced global");
+        assert!(ClusterRings::pick("V", Some(true), no).is_err(), "forced cluster cannot run");
     }
 
     #[test]

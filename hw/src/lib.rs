@@ -52,9 +52,11 @@ use crate::probes::round3;
 /// `EPTWIN_KERNEL_TIMEOUT_MS` (bound of every in-kernel wait, default 10000),
 /// `EPTWIN_L2_DISCARD=0` (keep consumed ring lines in L2 instead of dropping them),
 /// `EPTWIN_PROBES=0` (skip the copy probes), `EPTWIN_NCCL_BASELINE=0` (skip NCCL).
-/// Measurement knobs read where they act: `EPTWIN_NORMAL_DISPATCH=cluster` (normal dispatch
-/// with the rings in cluster shared memory, `EPTWIN_CLUSTER_SLOTS` slots per source),
-/// `EPTWIN_NORMAL_COMBINE=cluster` (the same for the combine),
+/// Measurement knobs read where they act: `EPTWIN_NORMAL_DISPATCH=global|cluster` and
+/// `EPTWIN_NORMAL_COMBINE=global|cluster` (where the normal kernels' rings live; default:
+/// cluster shared memory wherever it can run, `intranode::ClusterRings`), `EPTWIN_CLUSTER_SLOTS`
+/// (at most that many cluster slots per source), `EPTWIN_CLUSTER_TIMES=1` (print when the
+/// cluster kernels' warps finished),
 /// `EPTWIN_NORMAL_SMS=N` (normal kernels on N SMs per rank instead of the scenario's Config),
 /// `EPTWIN_CLUSTER_PROBE=1` (the cluster handoff probe), `EPTWIN_FLAG_SCOPE=sys`.
 #[derive(Debug, Clone)]
@@ -406,11 +408,33 @@ fn prepare(
         load(&compiler, &mut devs, id, name, &[])?;
     }
     let mut normal_shape = None;
+    let mut cluster_rings = intranode::ClusterRings::default();
     match d.mode {
         EpMode::Intranode => {
+            let dev0 = &devs.list[0];
+            let cfg_recv = |c: &Option<eptwin_engine::deepep::config::Config>| {
+                c.as_ref().map(|c| c.num_max_nvl_chunked_recv_tokens).unwrap_or(1)
+            };
+            let ring_inputs = intranode::RingInputs {
+                ranks: n,
+                one_gpu: devs.list.len() == 1 && dev0.ranks.len() as u32 == n,
+                compute_major: dev0.gpu.compute_capability.0,
+                hidden: w.hidden,
+                fp8: w.dispatch_dtype == eptwin_engine::scenario::schema::Dtype::Fp8,
+                topk: w.topk,
+                dispatch_recv_tokens: cfg_recv(&d.dispatch_config),
+                combine_recv_tokens: cfg_recv(&d.combine_config),
+            };
+            let rings = intranode::ClusterRings::choose(&ring_inputs)
+                .map_err(|e| HwError::Unsupported(format!("job {:?}: {e}", job.name)))?;
             let num_sms = d.dispatch_config.as_ref().map(|c| c.num_sms).unwrap_or(20);
-            let min_blocks = (max_local * num_sms).div_ceil(sm_count).max(1);
             let per_gpu = max_local * num_sms;
+            // The global-ring kernels wait on each other across blocks, so all their blocks must
+            // be resident at once. With both ops on cluster rings only the module's notify
+            // kernels run, and the cluster kernels' channels never wait on each other: their
+            // clusters may run in waves.
+            let need_resident = !(rings.dispatch_slots.is_some() && rings.combine_slots.is_some());
+            let min_blocks = if need_resident { per_gpu.div_ceil(sm_count).max(1) } else { 1 };
             let mut refused = Vec::new();
             for threads in kernel_defines::normal_thread_candidates(n, min_blocks) {
                 let defines = kernel_defines::intranode(n, threads, min_blocks, scope);
@@ -421,16 +445,13 @@ fn prepare(
                 for k in ["intranode_dispatch", "intranode_combine"] {
                     resident = resident.min(dev0.gpu.occupancy(intr.function(k), threads)?);
                 }
-                if resident * sm_count >= per_gpu {
+                if !need_resident || resident * sm_count >= per_gpu {
                     normal_shape = Some((threads, min_blocks, resident));
                     break;
                 }
                 refused.push(format!("{threads} threads: {resident} blocks per SM"));
             }
-            if let Some(why) = intranode::cluster_kernels_refusal(&devs, n) {
-                return Err(HwError::Unsupported(format!("job {:?}: {why}", job.name)));
-            }
-            if intranode::cluster_kernels() {
+            if rings.any() {
                 let defines = vec![("NUM_RANKS", n.to_string())];
                 load(
                     &compiler,
@@ -439,7 +460,43 @@ fn prepare(
                     "intranode_cluster",
                     &defines,
                 )?;
+                // How the cluster kernels launch, and how many of their clusters the GPU holds
+                // at once (more channels than that run in waves).
+                let dev0 = &devs.list[0];
+                let module = dev0.module("intranode_cluster")?;
+                let mut shapes = serde_json::Map::new();
+                for (op, slots) in
+                    [("dispatch", rings.dispatch_slots), ("combine", rings.combine_slots)]
+                {
+                    let Some(slots) = slots else { continue };
+                    let shape = intranode::cluster_shape(
+                        op == "dispatch",
+                        n,
+                        ring_inputs.hidden,
+                        ring_inputs.fp8,
+                        w.topk,
+                        slots,
+                    );
+                    let f = module.function(shape.kernel);
+                    dev0.gpu.set_max_dynamic_smem(f, shape.smem_bytes)?;
+                    let resident =
+                        dev0.gpu.max_active_clusters(f, n, shape.threads, shape.smem_bytes)?;
+                    shapes.insert(
+                        op.into(),
+                        json!({
+                            "clusters": num_sms / 2,
+                            "blocks_per_cluster": n,
+                            "threads_per_block": shape.threads,
+                            "slots_per_source": slots,
+                            "slot_bytes": shape.slot_bytes,
+                            "dynamic_smem_bytes": shape.smem_bytes,
+                            "resident_clusters": resident,
+                        }),
+                    );
+                }
+                m.insert("hw.cluster_kernels".into(), serde_json::Value::Object(shapes));
             }
+            cluster_rings = rings;
             if normal_shape.is_none() {
                 return Err(HwError::Setup {
                     context: format!("job {:?}", job.name),
@@ -516,6 +573,7 @@ fn prepare(
                 resident_blocks_per_sm: resident,
                 registers: regs,
                 local_bytes: local,
+                rings: cluster_rings,
             };
             m.insert(
                 "hw.normal_kernels".into(),
@@ -530,16 +588,14 @@ fn prepare(
                     "effective_sms_per_rank": round3(sm_count as f64 / max_local as f64),
                     "registers_per_thread": launch.registers,
                     "local_memory_bytes_per_thread": launch.local_bytes,
-                    "dispatch_rings": if intranode::cluster_dispatch() {
-                        json!({"in": "cluster shared memory", "slots": intranode::cluster_slots()})
-                    } else {
-                        json!({"in": "global memory"})
-                    },
-                    "combine_rings": if intranode::cluster_combine() {
-                        json!({"in": "cluster shared memory", "slots": 2})
-                    } else {
-                        json!({"in": "global memory"})
-                    },
+                    "dispatch_rings": rings_json(
+                        cluster_rings.dispatch_slots,
+                        cfg.num_max_nvl_chunked_recv_tokens
+                    ),
+                    "combine_rings": rings_json(
+                        cluster_rings.combine_slots,
+                        d.combine_config.as_ref().map(|c| c.num_max_nvl_chunked_recv_tokens).unwrap_or(0),
+                    ),
                 }),
             );
             Runtime::Normal(NormalJob::prepare(
@@ -692,6 +748,15 @@ pub fn nvml_probe() -> Result<Box<dyn eptwin_engine::topology::TopologyProbe>, S
     let api = nvml::RealNvml::init()?;
     let probe = nvml::NvmlProbe::new(api, nvml::cuda_bus_ids())?;
     Ok(Box::new(probe))
+}
+
+/// `hw.normal_kernels.{dispatch,combine}_rings`: where a kernel's rings live and how many slots
+/// per (channel, source) they have.
+fn rings_json(cluster_slots: Option<u32>, global_slots: u32) -> serde_json::Value {
+    match cluster_slots {
+        Some(slots) => json!({"in": "cluster shared memory", "slots": slots}),
+        None => json!({"in": "global memory", "slots": global_slots}),
+    }
 }
 
 #[cfg(test)]

@@ -236,13 +236,11 @@ extern "C" __global__ void __cluster_dims__(CLUSTER_SIZE, 1, 1) __launch_bounds_
                 fence_proxy_async_shared();
                 tma_store_from_shared(dst + ((first + i) % dst_chunks) * chunk_int4,
                                       ring_addr + (u32)s * chunk_bytes, chunk_bytes);
-                if (i >= 1) {
-                    // Chunk i - 1's slot has been read out: re-arm it and hand it back.
-                    tma_store_wait_read_all_but_one();
-                    const int sp = (i - 1) % slots;
-                    if (i - 1 + slots < n) mbar_arrive_expect_tx(bar_addr + 8u * (u32)sp, chunk_bytes);
-                    st_release_cluster(head_addr, i);
-                }
+                // Slot s goes back as soon as the store has read it (the normal cluster
+                // kernels' receivers do the same): re-arm it and hand it back.
+                tma_store_wait_read_all();
+                if (i + slots < n) mbar_arrive_expect_tx(bar_addr + 8u * (u32)s, chunk_bytes);
+                st_release_cluster(head_addr, i + 1);
             }
             tma_store_wait_all();
         }

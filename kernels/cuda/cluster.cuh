@@ -74,10 +74,8 @@ DEVICE void tma_load_to_cluster(u32 dst, const void* src, u32 bytes, u32 mbar) {
         ::"r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
 }
 
-// The bulk stores of this thread have read their shared-memory sources, all but the newest one.
-DEVICE void tma_store_wait_read_all_but_one() {
-    asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-}
+// Every bulk store of this thread has read its shared-memory source.
+DEVICE void tma_store_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
 DEVICE void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 

@@ -32,11 +32,14 @@ static_assert(NUM_RANKS <= 8, "one portable cluster of NUM_RANKS blocks per chan
 
 constexpr int kClusterThreads = 2 * NUM_RANKS * 32;  // a sender and a receiver warp per peer
 
-// Shared-memory slot: row, scales, then metadata (top-k global experts, top-k weights, source
-// token index in a 16-byte word), each part a 16-byte multiple for the bulk copies.
+// Shared memory per (source, slot): the row, its scales, and the metadata (top-k global
+// experts, top-k weights, source token index in a 16-byte word), each in its own array
+// [source][slot] so that consecutive slots of a source hold consecutive rows and scales (their
+// output rows are consecutive too: one bulk store can take several); every part is a 16-byte
+// multiple for the bulk copies.
 extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kClusterThreads, 1)
     intranode_dispatch_cluster(const NormalRankArgs* args, NormalParams p, ErrorRecord* err,
-                               int sm_slots, int slot_bytes) {
+                               int sm_slots, int slot_bytes, u64* warp_ns) {
     extern __shared__ __align__(128) u8 ring_smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int me = (int)cluster_ctarank();
@@ -44,32 +47,42 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     const int rank = p.rank_base + me;
     const int C = p.num_channels, K = p.num_topk, S = p.num_scales, R = sm_slots;
     const int L = p.num_experts / NUM_RANKS;
-    const int row_bytes = p.hidden_int4 * 16, scale_bytes = S * 4;
-    const u32 meta_off = (u32)(row_bytes + scale_bytes);
-    const u32 tx_bytes = (u32)slot_bytes;
+    const u32 row_bytes = (u32)p.hidden_int4 * 16u, scale_bytes = (u32)S * 4u;
+    const u32 meta_bytes = 8u * (u32)K + 16u;
+    const u32 tx_bytes = (u32)slot_bytes;  // row + scales + metadata
     const NormalRankArgs& a = args[rank];
 
-    // Layout: slots [source][R], then mbarriers u64 [source][R], then heads int [destination],
-    // then the sender's token-index staging [destination][R] of 16 bytes.
-    const u32 rings = smem_addr(ring_smem);
-    const u32 bars = rings + (u32)(NUM_RANKS * R) * (u32)slot_bytes;
-    int* heads = (int*)(ring_smem + (u64)NUM_RANKS * R * slot_bytes + (u64)NUM_RANKS * R * 8);
+    // Layout: rows [source][R], scales [source][R], metadata [source][R], then mbarriers u64
+    // [source][R], then heads int [destination], then the sender's token-index staging
+    // [destination][R] of 16 bytes.
+    const u32 nslots = (u32)(NUM_RANKS * R);
+    const u32 rows = smem_addr(ring_smem);
+    const u32 scales = rows + nslots * row_bytes;
+    const u32 metas = scales + nslots * scale_bytes;
+    const u32 bars = metas + nslots * meta_bytes;
+    int* heads = (int*)(ring_smem + (u64)nslots * (u64)slot_bytes + (u64)nslots * 8);
     const u32 stage = smem_addr(heads + NUM_RANKS);
     for (int i = threadIdx.x; i < NUM_RANKS; i += blockDim.x) heads[i] = 0;
     // One arrival completes a slot's phase: the receiver's re-arm, which announces the bytes the
-    // three bulk copies will bring.
+    // bulk copies will bring.
     for (int i = threadIdx.x; i < NUM_RANKS * R; i += blockDim.x) mbar_init(bars + 8u * i, 1);
     mbar_init_fence();
     cluster_sync_all();
     const u64 t0 = globaltimer_ns();
+    // Diagnostics (EPTWIN_CLUSTER_TIMES=1): when each block started and each warp finished.
+    u64* times = warp_ns != nullptr ? warp_ns + (u64)blockIdx.x * (1 + kClusterThreads / 32) : nullptr;
+    if (times != nullptr && threadIdx.x == 0) times[0] = t0;
 
     int ts, te;
     channel_task_range(a.num_tokens, C, channel, ts, te);
     if (warp < NUM_RANKS) {
         // Sender for destination d: this rank's tokens of the channel, in order.
         const int d = warp;
-        const u32 d_slots = map_to_rank(rings + (u32)(me * R) * (u32)slot_bytes, d);
-        const u32 d_bars = map_to_rank(bars + 8u * (u32)(me * R), d);
+        const u32 first = (u32)(me * R);  // this source's first slot in every array of block d
+        const u32 d_rows = map_to_rank(rows + first * row_bytes, d);
+        const u32 d_scales = map_to_rank(scales + first * scale_bytes, d);
+        const u32 d_metas = map_to_rank(metas + first * meta_bytes, d);
+        const u32 d_bars = map_to_rank(bars + 8u * first, d);
         const u32 my_head = map_to_rank(smem_addr(heads + d), me);
         int sent = 0;
         bool ok = true;
@@ -83,7 +96,7 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
             for (unsigned m = mask; m != 0 && ok; m &= m - 1) {
                 const int t = w0 + __ffs(m) - 1;
                 const int j = sent++;
-                const int slot = j % R;
+                const u32 slot = (u32)(j % R);
                 if (j >= R) {
                     int v = 0;
                     if (lane == 0) {
@@ -103,24 +116,24 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
                     // Lane 0's acquire of the head orders every lane's stores into the slot.
                     __syncwarp();
                 }
-                const u32 s_addr = d_slots + (u32)slot * (u32)slot_bytes;
                 // The metadata travels by bulk copies too: the token's top-k experts and weights
                 // straight from global memory (the receiver keeps its own experts), its index
                 // from a staging word (free since head > j - R: the copy that last read it has
                 // landed). No global load sits on the sender's per-token path.
-                const u32 st_addr = stage + ((u32)(d * R + slot)) * 16u;
+                const u32 st_addr = stage + ((u32)d * (u32)R + slot) * 16u;
                 if (lane == 0) {
                     st_shared_u32(st_addr, (u32)t);
                     fence_proxy_async_shared();
-                    const u32 bar = d_bars + 8u * (u32)slot;
-                    tma_load_to_cluster(s_addr, a.x + (u64)t * p.hidden_int4, (u32)row_bytes, bar);
+                    const u32 bar = d_bars + 8u * slot;
+                    const u32 meta = d_metas + slot * meta_bytes;
+                    tma_load_to_cluster(d_rows + slot * row_bytes, a.x + (u64)t * p.hidden_int4,
+                                        row_bytes, bar);
                     if (scale_bytes > 0)
-                        tma_load_to_cluster(s_addr + (u32)row_bytes, a.x_scales + (u64)t * S,
-                                            (u32)scale_bytes, bar);
-                    tma_load_to_cluster(s_addr + meta_off, a.topk_idx + (u64)t * K, 4u * K, bar);
-                    tma_load_to_cluster(s_addr + meta_off + 4u * K, a.topk_weights + (u64)t * K,
-                                        4u * K, bar);
-                    bulk_copy_smem_to_cluster(s_addr + meta_off + 8u * K, st_addr, 16u, bar);
+                        tma_load_to_cluster(d_scales + slot * scale_bytes, a.x_scales + (u64)t * S,
+                                            scale_bytes, bar);
+                    tma_load_to_cluster(meta, a.topk_idx + (u64)t * K, 4u * K, bar);
+                    tma_load_to_cluster(meta + 4u * K, a.topk_weights + (u64)t * K, 4u * K, bar);
+                    bulk_copy_smem_to_cluster(meta + 8u * K, st_addr, 16u, bar);
                 }
             }
         }
@@ -132,58 +145,75 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
         const int n = cpm[channel] - start;
         const int base_row = start + (s > 0 ? a.rank_prefix[s - 1] : 0);
         if (lane == 0) a.recv_channel_offset[s * C + channel] = start;
-        const u32 s_slots = rings + (u32)(s * R) * (u32)slot_bytes;
-        const u32 s_bars = bars + 8u * (u32)(s * R);
+        const u32 first = (u32)(s * R);
+        const u32 s_rows = rows + first * row_bytes, s_scales = scales + first * scale_bytes;
+        const u32 s_metas = metas + first * meta_bytes, s_bars = bars + 8u * first;
         const u32 s_head = map_to_rank(smem_addr(heads + me), s);
         if (lane == 0)
             for (int k = 0; k < R && k < n; ++k) mbar_arrive_expect_tx(s_bars + 8u * k, tx_bytes);
-        for (int j = 0; j < n; ++j) {
-            const int slot = j % R;
-            const u32 bar = s_bars + 8u * (u32)slot;
-            int ok = 1;
+        for (int j = 0; j < n;) {
+            const u32 slot = (u32)(j % R);
+            int got = 0;
             if (lane == 0) {
-                while (!mbar_try_wait_cluster(bar, (u32)(j / R) & 1u)) {
+                got = 1;
+                while (!mbar_try_wait_cluster(s_bars + 8u * slot, (u32)(j / R) & 1u)) {
                     if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                         record_timeout(err, WAIT_DISPATCH_TAIL, rank, channel, s, -1, j + 1, j);
-                        ok = 0;
+                        got = 0;
                         break;
                     }
                 }
+                // Slots after it up to the ring's end that have landed too go in the same
+                // stores (their rows are consecutive in shared memory and in the output): when
+                // the receiver falls behind, it catches up with fewer, larger bulk stores.
+                if (got)
+                    while (j + got < n && (int)slot + got < R &&
+                           mbar_try_wait_cluster(s_bars + 8u * (slot + (u32)got),
+                                                 (u32)((j + got) / R) & 1u))
+                        ++got;
             }
-            if (!__shfl_sync(0xffffffffu, ok, 0)) break;
-            // Lane 0's acquire orders every lane's reads of the slot's metadata.
+            got = __shfl_sync(0xffffffffu, got, 0);
+            if (got == 0) break;
+            // Lane 0's acquire orders every lane's reads of the slots' metadata.
             __syncwarp();
-            const u32 s_addr = s_slots + (u32)slot * (u32)slot_bytes;
             const int row = base_row + j;
-            if (lane == 0) a.recv_src_idx[row] = (int)ld_shared_u32(s_addr + meta_off + 8u * K);
-            if (lane < K) {
-                // Global expert ids: keep this rank's, as local indices; -1 and weight 0 else.
-                const int e = (int)ld_shared_u32(s_addr + meta_off + 4u * lane);
-                const int le = (e >= me * L && e < (me + 1) * L) ? e - me * L : -1;
-                const float w = __uint_as_float(ld_shared_u32(s_addr + meta_off + 4u * (K + lane)));
-                a.recv_topk_idx[(u64)row * K + lane] = le;
-                a.recv_topk_weights[(u64)row * K + lane] = le >= 0 ? w : 0.0f;
+            if (lane == 0) {
+                // The bulk stores first: the metadata's small global stores overlap them.
+                fence_proxy_async_shared();
+                tma_store_nocommit(a.recv_x + (u64)row * p.hidden_int4, s_rows + slot * row_bytes,
+                                   (u32)got * row_bytes);
+                if (scale_bytes > 0)
+                    tma_store_nocommit(a.recv_x_scales + (u64)row * S, s_scales + slot * scale_bytes,
+                                       (u32)got * scale_bytes);
+                tma_commit();
+            }
+            for (int i = 0; i < got; ++i) {
+                const u32 meta = s_metas + (slot + (u32)i) * meta_bytes;
+                if (lane == 0) a.recv_src_idx[row + i] = (int)ld_shared_u32(meta + 8u * K);
+                if (lane < K) {
+                    // Global expert ids: keep this rank's, as local indices; -1 and weight 0 else.
+                    const int e = (int)ld_shared_u32(meta + 4u * lane);
+                    const int le = (e >= me * L && e < (me + 1) * L) ? e - me * L : -1;
+                    const float w = __uint_as_float(ld_shared_u32(meta + 4u * (K + lane)));
+                    a.recv_topk_idx[(u64)(row + i) * K + lane] = le;
+                    a.recv_topk_weights[(u64)(row + i) * K + lane] = le >= 0 ? w : 0.0f;
+                }
             }
             __syncwarp();
             if (lane == 0) {
-                fence_proxy_async_shared();
-                tma_store_nocommit(a.recv_x + (u64)row * p.hidden_int4, s_addr, (u32)row_bytes);
-                if (scale_bytes > 0)
-                    tma_store_nocommit(a.recv_x_scales + (u64)row * S, s_addr + (u32)row_bytes,
-                                       (u32)scale_bytes);
-                tma_commit();
-                if (j >= 1) {
-                    // Token j - 1's slot has been read out: re-arm it, hand it back.
-                    tma_store_wait_read_all_but_one();
-                    const int sp = (j - 1) % R;
-                    if (j - 1 + R < n) mbar_arrive_expect_tx(s_bars + 8u * (u32)sp, tx_bytes);
-                    st_release_cluster(s_head, j);
-                }
+                // The slots go back as soon as the stores have read them, without waiting for
+                // the next token: the sender may refill them while it is in flight.
+                tma_store_wait_read_all();
+                for (int i = 0; i < got; ++i)
+                    if (j + i + R < n) mbar_arrive_expect_tx(s_bars + 8u * (slot + (u32)i), tx_bytes);
+                st_release_cluster(s_head, j + got);
             }
+            j += got;
         }
         if (lane == 0) tma_store_wait_all();
     }
     __syncwarp();
+    if (times != nullptr && lane == 0) times[1 + warp] = globaltimer_ns();
     // No block leaves while a peer may still copy into its shared memory or signal its heads.
     cluster_sync_all();
 }
@@ -203,7 +233,7 @@ constexpr int kCombineClusterThreads = 4 * NUM_RANKS * 32;
 
 extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kCombineClusterThreads, 1)
     intranode_combine_cluster(const NormalRankArgs* args, NormalParams p, ErrorRecord* err,
-                              int sm_slots, int slot_bytes) {
+                              int sm_slots, int slot_bytes, u64* warp_ns) {
     extern __shared__ __align__(128) u8 ring_smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int me = (int)cluster_ctarank();
@@ -215,8 +245,10 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     const u32 tx_bytes = row_bytes + 4u * K;
     const NormalRankArgs& a = args[rank];
 
-    // Layout: slots [source][R], then mbarriers u64 [source][R], then heads int [destination].
+    // Layout: rows [source][R], top-k weights [source][R] (every row 128-byte aligned), then
+    // mbarriers u64 [source][R], then heads int [destination].
     const u32 rings = smem_addr(ring_smem);
+    const u32 wts = rings + (u32)(NUM_RANKS * R) * row_bytes;
     const u32 bars = rings + (u32)(NUM_RANKS * R) * (u32)slot_bytes;
     int* heads = (int*)(ring_smem + (u64)NUM_RANKS * R * slot_bytes + (u64)NUM_RANKS * R * 8);
     __shared__ int expected[NUM_RANKS];
@@ -227,6 +259,9 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     mbar_init_fence();
     cluster_sync_all();
     const u64 t0 = globaltimer_ns();
+    u64* times =
+        warp_ns != nullptr ? warp_ns + (u64)blockIdx.x * (1 + kCombineClusterThreads / 32) : nullptr;
+    if (times != nullptr && threadIdx.x == 0) times[0] = t0;
 
     if (warp < NUM_RANKS) {
         const int d = warp;
@@ -236,7 +271,8 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
         const int n = (channel == C - 1 ? num_rank_tokens : a.recv_channel_offset[d * C + channel + 1]) -
                       channel_offset;
         const int first = rank_offset + channel_offset;
-        const u32 d_slots = map_to_rank(rings + (u32)(me * R) * (u32)slot_bytes, d);
+        const u32 d_rows = map_to_rank(rings + (u32)(me * R) * row_bytes, d);
+        const u32 d_wts = map_to_rank(wts + (u32)(me * R) * 4u * K, d);
         const u32 d_bars = map_to_rank(bars + 8u * (u32)(me * R), d);
         const u32 my_head = map_to_rank(smem_addr(heads + d), me);
         if (lane == 0) {
@@ -255,11 +291,13 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
                     if (!ok) break;
                 }
                 const int slot = j % R;
-                const u32 s_addr = d_slots + (u32)slot * (u32)slot_bytes;
+
                 const u32 bar = d_bars + 8u * (u32)slot;
                 const u64 row = (u64)(first + j);
-                tma_load_to_cluster(s_addr, a.combine_x + row * hidden_int4, row_bytes, bar);
-                tma_load_to_cluster(s_addr + row_bytes, a.combine_topk_weights + row * K, 4u * K, bar);
+                tma_load_to_cluster(d_rows + (u32)slot * row_bytes, a.combine_x + row * hidden_int4,
+                                    row_bytes, bar);
+                tma_load_to_cluster(d_wts + (u32)slot * 4u * K, a.combine_topk_weights + row * K,
+                                    4u * K, bar);
             }
         }
     } else {
@@ -303,7 +341,7 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
                 for (int j = 0; j < NUM_RANKS; ++j) {
                     const int e = expected[j];
                     if (e >= 0)
-                        v[j] = ld_shared_v4(rings + (u32)(j * R + e % R) * (u32)slot_bytes + 16u * (u32)i);
+                        v[j] = ld_shared_v4(rings + (u32)(j * R + e % R) * row_bytes + 16u * (u32)i);
                 }
                 float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
@@ -316,8 +354,8 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
                 for (int j = 0; j < NUM_RANKS; ++j) {
                     const int e = expected[j];
                     if (e >= 0)
-                        w += __uint_as_float(ld_shared_u32(rings + (u32)(j * R + e % R) * (u32)slot_bytes +
-                                                           row_bytes + 4u * (u32)rtid));
+                        w += __uint_as_float(
+                            ld_shared_u32(wts + (u32)(j * R + e % R) * 4u * K + 4u * (u32)rtid));
                 }
                 a.combined_topk_weights[(u64)t * K + rtid] = w;
             }
@@ -333,5 +371,6 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
         }
     }
     __syncwarp();
+    if (times != nullptr && lane == 0) times[1 + warp] = globaltimer_ns();
     cluster_sync_all();
 }

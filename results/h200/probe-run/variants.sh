@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Cluster-kernel receiver variants and slot counts against each other, same binary, same run,
+# then the cluster handoff probe's bulk-copy shapes (one cluster alone; the kernels' slot shapes).
+# Binary built here and carried: strip -o .devbin/v1/eptwin target/release/eptwin.
+set -uo pipefail
+B=${EPTWIN_BIN:-.devbin/v1/eptwin}
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export NCCL_NVLS_ENABLE=0 EPTWIN_REQUIRE_HW=1 EPTWIN_KERNEL_CACHE=/tmp/eptwin-kernel-cache EPTWIN_KERNEL_TIMEOUT_MS=3000 EPTWIN_NCCL_BASELINE=0
+echo "== provenance"; date -u +%Y-%m-%dT%H:%M:%SZ
+run() { # $1 = tag, $2 = scenario, rest = env assignments
+  local tag="$1" sc="$2"; shift 2; mkdir -p "$OUT/$tag"
+  echo; echo "== $* eptwin run scenarios/h200-ep8-$sc.toml --backend hw"
+  env "$@" timeout 150 $B run scenarios/h200-ep8-$sc.toml --backend hw --out "$OUT/$tag" 2>&1 | grep -v "^\s*$" | grep -E "memcpy|dispatch|combine|verdict|error|Error|exit|check" | head -40
+  echo "== exit ${PIPESTATUS[0]}"
+}
+run v0a normal-4096 EPTWIN_NORMAL_SMS=30 EPTWIN_CLUSTER_VARIANT=0
+run v1a normal-4096 EPTWIN_NORMAL_SMS=30 EPTWIN_CLUSTER_VARIANT=1
+run v0b normal-4096 EPTWIN_NORMAL_SMS=30 EPTWIN_CLUSTER_VARIANT=0
+run v1b normal-4096 EPTWIN_NORMAL_SMS=30 EPTWIN_CLUSTER_VARIANT=1
+run v1s2 normal-4096 EPTWIN_NORMAL_SMS=30 EPTWIN_CLUSTER_VARIANT=1 EPTWIN_CLUSTER_SLOTS=2
+run v0s2 normal-4096 EPTWIN_NORMAL_SMS=30 EPTWIN_CLUSTER_VARIANT=0 EPTWIN_CLUSTER_SLOTS=2
+run v0-128 normal-128 EPTWIN_NORMAL_SMS=30 EPTWIN_CLUSTER_VARIANT=0
+run v1-128 normal-128 EPTWIN_NORMAL_SMS=30 EPTWIN_CLUSTER_VARIANT=1
+echo; echo "== cluster probe (bulk-copy shapes)"
+EPTWIN_CLUSTER_PROBE=1 EPTWIN_CLUSTER_PROBE_ONLY=tma EPTWIN_PROBES=0 timeout 200 $B run scenarios/h200-ep8-normal-128.toml --backend hw --out "$OUT/probe" 2>&1 | grep -E "cluster handoff|error|Error" 
+echo "== exit ${PIPESTATUS[0]}"
+echo "== done"
