@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The run behind results/h200/*.json: eptwin topo, the four H200 scenarios (with every probe,
-# the memcpy ceiling and the NCCL baseline), then the low-latency scenarios in hook mode (send
-# and receive phases timed apart). Everything goes to $OUT (log.txt, results/, diag/).
+# the memcpy ceiling and the NCCL baseline; the normal ones also with the cluster handoff probe,
+# which the simulator's model of the cluster kernels is calibrated from), then diagnostics: the
+# low-latency scenarios in hook mode (send and receive phases timed apart), the normal 4096
+# scenario with the global-memory rings, and with the cluster kernels' warp finish times.
+# Everything goes to $OUT (log.txt, results/, diag/).
 # Binary: `cargo build --release && mkdir -p .devbin/run1 && strip -o .devbin/run1/eptwin
 # target/release/eptwin` here, then on the GPU machine (device tool, carry [".devbin/run1"]):
 #   bash results/h200/probe-run/measure.sh        (EPTWIN_BIN overrides the binary's path)
@@ -21,7 +24,8 @@ echo; echo "== eptwin topo"; $B topo; echo "== exit $?"
 for s in normal-128 ll-128 normal-4096 ll-4096; do
     echo; echo "== eptwin run scenarios/h200-ep8-$s.toml --backend hw"
     t0=$(date +%s%N)
-    timeout 150 $B run scenarios/h200-ep8-$s.toml --backend hw --out "$OUT/results"
+    cp=0; [[ $s == normal-* ]] && cp=1
+    EPTWIN_CLUSTER_PROBE=$cp EPTWIN_CLUSTER_PROBE_ONLY=tma timeout 150 $B run scenarios/h200-ep8-$s.toml --backend hw --out "$OUT/results"
     echo "== exit $? after $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 done
 for s in ll-128 ll-4096; do
@@ -31,4 +35,10 @@ for s in ll-128 ll-4096; do
     EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 timeout 100 $B run "$f" --backend hw --out "$OUT/diag"
     echo "== exit $?"
 done
+echo; echo "== diagnostic: normal 4096 with the global-memory rings (the previous default kernels)"
+EPTWIN_NORMAL_DISPATCH=global EPTWIN_NORMAL_COMBINE=global EPTWIN_NCCL_BASELINE=0 timeout 100 $B run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/global"
+echo "== exit $?"
+echo; echo "== diagnostic: normal 4096, cluster kernels' warp finish times"
+EPTWIN_CLUSTER_TIMES=1 EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 timeout 100 $B run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/times"
+echo "== exit $?"
 echo "== done"
