@@ -578,6 +578,10 @@ fn prepare(
             m.insert(
                 "hw.normal_kernels".into(),
                 json!({
+                    // With both ops on cluster rings (hw.cluster_kernels) only this module's
+                    // notify kernels run; the shape below is the global-ring kernels'.
+                    "global_ring_kernels_run": cluster_rings.dispatch_slots.is_none()
+                        || cluster_rings.combine_slots.is_none(),
                     "threads_per_block": launch.threads,
                     "combine_reducer_warps_per_token": kernel_defines::combine_group_warps(launch.threads),
                     "l2_eviction_hints": kernel_defines::l2_hints(),

@@ -4,7 +4,8 @@
 # which the simulator's model of the cluster kernels is calibrated from), then diagnostics: the
 # low-latency scenarios in hook mode (send and receive phases timed apart), the normal 4096
 # scenario with the global-memory rings, and with the cluster kernels' warp finish times.
-# Everything goes to $OUT (log.txt, results/, diag/).
+# Everything goes to $OUT (log.txt, results/, diag/) but the last two diagnostics' result files
+# (in the log only: the device tool returns at most 8 files).
 # Binary: `cargo build --release && mkdir -p .devbin/run1 && strip -o .devbin/run1/eptwin
 # target/release/eptwin` here, then on the GPU machine (device tool, carry [".devbin/run1"]):
 #   bash results/h200/probe-run/measure.sh        (EPTWIN_BIN overrides the binary's path)
@@ -36,9 +37,9 @@ for s in ll-128 ll-4096; do
     echo "== exit $?"
 done
 echo; echo "== diagnostic: normal 4096 with the global-memory rings (the previous default kernels)"
-EPTWIN_NORMAL_DISPATCH=global EPTWIN_NORMAL_COMBINE=global EPTWIN_NCCL_BASELINE=0 timeout 100 $B run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/global"
+EPTWIN_NORMAL_DISPATCH=global EPTWIN_NORMAL_COMBINE=global EPTWIN_NCCL_BASELINE=0 timeout 100 $B run scenarios/h200-ep8-normal-4096.toml --backend hw --out /tmp/diag/global
 echo "== exit $?"
 echo; echo "== diagnostic: normal 4096, cluster kernels' warp finish times"
-EPTWIN_CLUSTER_TIMES=1 EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 timeout 100 $B run scenarios/h200-ep8-normal-4096.toml --backend hw --out "$OUT/diag/times"
+EPTWIN_CLUSTER_TIMES=1 EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 timeout 100 $B run scenarios/h200-ep8-normal-4096.toml --backend hw --out /tmp/diag/times
 echo "== exit $?"
 echo "== done"
