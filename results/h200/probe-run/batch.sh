@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# Ran 2026-12-03 from an uncommitted tree between a9241c9 and 602233a (log: the same name
+# with -log.txt). EPTWIN_CLUSTER_VARIANT existed only then: bit 0 = the dispatch receiver
+# returns each slot once its store has read it, bit 1 = it stores every landed slot at once
+# (602233a made both the only behaviour and dropped the knob).
 # Cluster dispatch: the receiver storing every landed slot after the one it waited for in the
 # same bulk stores (EPTWIN_CLUSTER_VARIANT=3) against one token per store (=1), 15 clusters and
 # 120 clusters in waves. Binary: strip -o .devbin/v1/eptwin target/release/eptwin.

@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# Ran 2026-12-03 from an uncommitted tree between a9241c9 and 602233a (log: the same name
+# with -log.txt). EPTWIN_CLUSTER_VARIANT existed only then: bit 0 = the dispatch receiver
+# returns each slot once its store has read it, bit 1 = it stores every landed slot at once
+# (602233a made both the only behaviour and dropped the knob).
 # Cluster kernels with more channels than clusters resident at once (15 on the H200): the
 # clusters run in waves, so a channel that finishes early hands its SMs to the next one instead
 # of idling through the slowest channel's tail. EPTWIN_NORMAL_SMS = 2 x channels.
