@@ -139,6 +139,56 @@ pub struct GpuMemory {
     /// `probe.ll_send_chain.*_then_recv`). Absent: `load_l2_ns`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ll_recv_poll_ns: Option<f64>,
+    /// The normal kernels with their rings in thread-block-cluster shared memory
+    /// (`kernels/cuda/intranode_cluster.cu`, sm_90+, at most 8 ranks: one cluster of one block
+    /// per rank per channel), measured by the backend's cluster handoff probe
+    /// (`probe.cluster_handoff_*`). All six present: the simulator models those kernels for a
+    /// job of at most 8 ranks on this GPU; all absent: the global-memory rings.
+    ///
+    /// A slot's refill, ns, less its bytes' time: from the consumer releasing the slot (head)
+    /// to the consumer seeing the next chunk in it (the producer sees the head, issues the bulk
+    /// copy global → peer shared memory, the copy lands on the slot's mbarrier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_fill_ns: Option<f64>,
+    /// One bulk copy's rate, GB/s: a fill streams into a peer's slot at it, a bulk store
+    /// reads a slot out at it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_bulk_copy_gbps: Option<f64>,
+    /// The whole GPU's rate of bulk copies into a peer block's shared memory, GB/s of bytes
+    /// handed over (every cluster's fills share it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_handoff_bw_gbps: Option<f64>,
+    /// Clusters of 8 one-block-per-SM blocks resident at once (`cuOccupancyMaxActiveClusters`);
+    /// a grid of more runs in waves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_max_active_clusters: Option<u32>,
+    /// Dynamic shared memory a block may have, bytes: how many ring slots fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_smem_bytes: Option<u64>,
+    /// Shared-memory reads of one block's combine reducers, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_smem_read_gbps: Option<f64>,
+}
+
+impl GpuMemory {
+    /// Whether the cluster keys are all present (`Ok(true)`), all absent (`Ok(false)`), or
+    /// only some (`Err` naming the missing ones).
+    pub fn cluster_keys(&self) -> Result<bool, String> {
+        let keys = [
+            ("cluster_fill_ns", self.cluster_fill_ns.is_some()),
+            ("cluster_bulk_copy_gbps", self.cluster_bulk_copy_gbps.is_some()),
+            ("cluster_handoff_bw_gbps", self.cluster_handoff_bw_gbps.is_some()),
+            ("cluster_max_active_clusters", self.cluster_max_active_clusters.is_some()),
+            ("cluster_smem_bytes", self.cluster_smem_bytes.is_some()),
+            ("cluster_smem_read_gbps", self.cluster_smem_read_gbps.is_some()),
+        ];
+        let missing: Vec<&str> = keys.iter().filter(|k| !k.1).map(|k| k.0).collect();
+        match missing.len() {
+            0 => Ok(true),
+            n if n == keys.len() => Ok(false),
+            _ => Err(format!("the cluster keys go together; missing {}", missing.join(", "))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -321,6 +371,12 @@ pub fn resolve(cluster: &ClusterSpec) -> Result<HardwareProfile, ProfileError> {
             ),
         })?;
 
+    if let Some(m) = &profile.gpu.memory
+        && let Err(message) = m.cluster_keys()
+    {
+        return Err(ProfileError { key: "gpu.memory".into(), message });
+    }
+
     let c = &mut profile.cluster;
     if let Some(v) = cluster.nodes {
         c.nodes = v;
@@ -397,6 +453,30 @@ mod tests {
                 assert!(commented, "{name}.toml line {}: `{}` has no source comment", i + 1, line);
             }
         }
+    }
+
+    #[test]
+    fn cluster_keys_come_all_or_none() {
+        let mut cluster: ClusterSpec = toml::from_str("profile = \"h200-single\"").unwrap();
+        let p = resolve(&cluster).unwrap();
+        let full = p.gpu.memory.as_ref().unwrap();
+        // Its memory table without the cluster keys, then with one of them only: refused,
+        // naming the missing ones.
+        let mut memory: Vec<String> = toml::to_string(full)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with("cluster_"))
+            .map(str::to_string)
+            .collect();
+        cluster.overrides =
+            toml::from_str(&format!("[gpu.memory]\n{}", memory.join("\n"))).unwrap();
+        assert_eq!(resolve(&cluster).unwrap().gpu.memory.unwrap().cluster_keys(), Ok(false));
+        memory.push("cluster_fill_ns = 1000.0".into());
+        cluster.overrides =
+            toml::from_str(&format!("[gpu.memory]\n{}", memory.join("\n"))).unwrap();
+        let err = resolve(&cluster).unwrap_err();
+        assert_eq!(err.key, "gpu.memory");
+        assert!(err.message.contains("missing cluster_bulk_copy_gbps"), "{}", err.message);
     }
 
     #[test]

@@ -114,6 +114,27 @@ pub struct OneGpu {
     /// One count poll of a low-latency receive group with every SM receiving
     /// (`ll_recv_poll_ns`; absent: `load_l2`).
     pub ll_recv_poll: Option<Time>,
+    /// The normal kernels' rings in cluster shared memory (`cluster_*`; absent: global rings).
+    pub cluster: Option<ClusterRings>,
+}
+
+/// The cluster kernels' handoff through a peer block's shared memory (`[gpu.memory]`
+/// `cluster_*`, docs/calibration.md "h200-single").
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterRings {
+    /// A slot's refill less its bytes: head release → producer issues the bulk copy → the
+    /// chunk lands and the consumer sees it.
+    pub fill: Time,
+    /// One bulk copy streaming into a slot or out of it.
+    pub bulk: Rate,
+    /// Every bulk copy into a peer's shared memory on the GPU, together.
+    pub handoff: Rate,
+    /// Clusters of 8 one-block-per-SM blocks resident at once.
+    pub max_active_clusters: u32,
+    /// Dynamic shared memory per block, bytes.
+    pub smem_bytes: u64,
+    /// A combine block's reducers reading its slots.
+    pub smem_read: Rate,
 }
 
 /// Steps of one item of the low-latency dispatch's send loop, each measured with every SM
@@ -203,6 +224,26 @@ impl Params {
                     release: m.ll_send_release_ns.map(ns_f),
                 },
                 ll_recv_poll: m.ll_recv_poll_ns.map(ns_f),
+                cluster: match (
+                    m.cluster_fill_ns,
+                    m.cluster_bulk_copy_gbps,
+                    m.cluster_handoff_bw_gbps,
+                    m.cluster_max_active_clusters,
+                    m.cluster_smem_bytes,
+                    m.cluster_smem_read_gbps,
+                ) {
+                    (Some(fill), Some(bulk), Some(handoff), Some(act), Some(smem), Some(rd)) => {
+                        Some(ClusterRings {
+                            fill: ns_f(fill),
+                            bulk: Rate::from_gbps(bulk),
+                            handoff: Rate::from_gbps(handoff),
+                            max_active_clusters: act.max(1),
+                            smem_bytes: smem,
+                            smem_read: Rate::from_gbps(rd),
+                        })
+                    }
+                    _ => None,
+                },
             }),
             profile: p.clone(),
         }
@@ -258,6 +299,7 @@ mod tests {
             release: 1,
             ll_send: LlSendSteps::default(),
             ll_recv_poll: None,
+            cluster: None,
         }
     }
 

@@ -14,6 +14,11 @@ Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send
   every SM sending, shape "<sm_count>x1024"); its four steps per item become the
   ll_send_{cast,slot,copy,release}_ns keys, and the receive's count polls after a send of
   1,024 items ll_recv_poll_ns, averaged over the occurrences.
+  --cluster FILE: probe.cluster_handoff_checks (and probe.cluster_handoff_max_active_clusters)
+  from FILE (a result JSON of a run with EPTWIN_CLUSTER_PROBE=1, or a log with "# measured"
+  lines; shapes measured more than once are averaged) for the six cluster_* keys of the
+  simulator's model of the cluster kernels (sim/src/deepep/one_gpu_cluster.rs); without it, from
+  RESULT if it has them. Every cluster probe shape is printed with the model's time for it.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
 kernel_launch_ns and flag_latency_ns in [gpu] with the two lines printed first.
 
@@ -29,8 +34,26 @@ l2_bw, slot store and slot load at l2_ring, 2X' HBM bytes at l2_hbm:
     2X' / l2_bw + 2X' / l2_ring + 2X' / l2_hbm = T(192x512)
 and the consumer's discards of the X' bytes cost T(192x512_discard) - T(192x512):
     l2_discard = X' / (T(192x512_discard) - T(192x512))
+
+The cluster handoff probe (kernels/cuda/cluster.cu probe_cluster_tma_handoff), shape key
+tma_{blocks}x{threads}_{clusters}cl_{slots}x{chunk}B: clusters of 8 blocks, threads/64 producer
+warps per block each filling its ring in a peer block (one TMA bulk copy per chunk), as many
+consumer warps bulk-storing the slots out; it hands X bytes over in T = kernel_us - launch, each
+producer warp cpw = X / (producer warps x chunk) chunks, so a pair takes p = T / cpw per chunk.
+  * One cluster alone (tma_8x512_1cl_*; slots >= 2: with one slot the consumer hands a slot back
+    only after the next chunk has landed, so it cannot proceed) measures a pair's chain, the
+    simulator's pair_period: p = max((fill + b/bulk) / (slots - 1), (fill + 2 b/bulk) / slots)
+    for chunks of b bytes; cluster_fill_ns and cluster_bulk_copy_gbps are the least-squares fit
+    (relative errors) over those shapes (one shape: the bulk rate stays at its prior,
+    probe.warp_copy_bw_gbps.hbm_to_hbm.1x1024, and the fill is solved).
+  * One whole wave (clusters = max active, the kernels' slots: 15cl_3x7472B, 15cl_2x14368B; else
+    any one-wave shape) hands over at the GPU's rate: cluster_handoff_bw_gbps = mean X / T.
+  * Without one-cluster shapes, a shape whose last wave is a single cluster (16cl with 15
+    resident) has that cluster run alone after the full waves: p = (T - full waves' bytes /
+    cluster_handoff_bw_gbps) / cpw, solved for the fill as above.
 """
 import json
+import math
 import re
 import sys
 
@@ -55,6 +78,158 @@ def handoffs(path):
     return probe_values(path, "ring_handoff_bw_gbps")
 
 
+CLUSTER_BLOCKS = 8  # blocks per cluster of the probe (hw/src/cluster_probe.rs CLUSTER_SIZE)
+CLUSTER_KEY = re.compile(r"^tma_(\d+)x(\d+)_(\d+)cl_(\d+)x(\d+)B$")
+# The kernels' slots (hw/src/intranode.rs): dispatch 3 x 7,472 B, combine 2 x 14,368 B.
+KERNEL_SLOTS = [(3, 7472), (2, 14368)]
+# sm_90: the dynamic shared memory a block may opt in to (hw/src/intranode.rs).
+SMEM_BYTES = 232448
+
+
+def cluster_runs(path):
+    """(checks, max_active_clusters, launch_us or None) of every cluster probe run in a file."""
+    text = open(path).read()
+    if path.endswith(".json"):
+        m = json.loads(text)["measurements"]
+        if "probe.cluster_handoff_checks" not in m:
+            return []
+        return [(m["probe.cluster_handoff_checks"], m.get("probe.cluster_handoff_max_active_clusters"),
+                 m.get("probe.empty_kernel_event_us"))]
+    checks = probe_values(path, "cluster_handoff_checks")
+    active = [json.loads(x) for x in
+              re.findall(r"# measured probe\.cluster_handoff_max_active_clusters: (\d+)", text)]
+    return [(c, active[0] if active else None, None) for c in checks]
+
+
+def cluster_shapes(runs, launch_us):
+    """Per parsed shape key: blocks, threads, clusters, slots, chunk bytes, bytes, mean kernel_us
+    over the runs, and p = T / chunks per producer warp (us)."""
+    acc = {}
+    for checks, _, launch in runs:
+        for key, c in checks.items():
+            m = CLUSTER_KEY.match(key)
+            if not m or c.get("wrong_words", 0) != 0:
+                continue
+            acc.setdefault(key, (m, c["bytes"], [], []))[2].append(c["kernel_us"])
+            acc[key][3].append(launch if launch is not None else launch_us)
+    shapes = {}
+    for key, (m, x, us, launches) in sorted(acc.items()):
+        blocks, threads, clusters, slots, chunk = (int(g) for g in m.groups())
+        warps = blocks * (threads // 64)
+        cpw = x / (warps * chunk)
+        t = sum(us) / len(us) - sum(launches) / len(launches)
+        shapes[key] = dict(blocks=blocks, threads=threads, clusters=clusters, slots=slots,
+                           chunk=chunk, bytes=x, kernel_us=sum(us) / len(us), runs=len(us),
+                           cpw=cpw, t_us=t, pair_us=t / cpw)
+    return shapes
+
+
+def pair_period_ns(fill_ns, bulk_gbps, slots, b):
+    """The simulator's pair_period (sim/src/deepep/one_gpu_cluster.rs), ns per chunk."""
+    fill = fill_ns + b / bulk_gbps
+    read = b / bulk_gbps
+    slots = max(2, slots)
+    return max(fill / (slots - 1), (fill + read) / slots)
+
+
+def fit_chain(points, prior_bulk):
+    """(fill_ns, bulk_gbps) minimising the squared relative error of pair_period_ns over
+    points [(slots, b, ns)]: a coarse grid, then a fine one around the best."""
+    def err(f, r):
+        return sum((pair_period_ns(f, r, s, b) / p - 1) ** 2 for s, b, p in points)
+
+    if len({(s, b) for s, b, _ in points}) < 2:
+        rs = [prior_bulk]
+    else:
+        rs = [2 * 1.02 ** i for i in range(400)]  # 2 .. 5,500 GB/s
+    top = max(p * (s - 1) for s, _, p in points)
+    best = min((err(f, r), f, r) for r in rs for f in [top * i / 2000 for i in range(2001)])
+    _, f0, r0 = best
+    fine_r = [r0] if len(rs) == 1 else [r0 * 1.0002 ** i for i in range(-100, 101)]
+    fine_f = [f0 + top / 2000 * i / 50 for i in range(-50, 51)]
+    _, f, r = min((err(f, r), f, r) for r in fine_r for f in fine_f if f >= 0)
+    return f, r
+
+
+def cluster_lines(runs, src, m, mem):
+    """The six cluster_* lines and a table of every shape, model against measurement."""
+    launch_us = m["probe.empty_kernel_event_us"]
+    shapes = cluster_shapes(runs, launch_us)
+    active = next((a for _, a, _ in runs if a), None)
+    lines, notes = [], []
+    if active is None:
+        notes.append("no probe.cluster_handoff_max_active_clusters: 15 assumed")
+        active = 15
+    wave = {k: s for k, s in shapes.items() if s["clusters"] == active}
+    kernel = {k: s for k, s in wave.items() if (s["slots"], s["chunk"]) in KERNEL_SLOTS}
+    use = kernel or wave
+    if not use:
+        return [], [f"no one-wave shape ({active} clusters) in {src}: no cluster keys"]
+    rates = [s["bytes"] / s["t_us"] / 1e3 for s in use.values()]
+    handoff = sum(rates) / len(rates)
+    hsrc = ", ".join(f"{k} {s['kernel_us']:.1f} us" for k, s in use.items())
+    prov = "" if kernel else "[provisional: not the kernels' slots] "
+    lines.append(f"cluster_handoff_bw_gbps = {handoff:.0f} # {prov}bytes / (kernel_us - launch) "
+                 f"of {hsrc} {src}")
+    prior_bulk = m["probe.warp_copy_bw_gbps"]["hbm_to_hbm"]["1x1024"]
+    one = [(s["slots"], s["chunk"], s["pair_us"] * 1e3) for s in shapes.values()
+           if s["clusters"] == 1 and s["slots"] >= 2]
+    how = "one-cluster shapes"
+    if not one:
+        # The last wave of a single cluster runs alone after the full waves.
+        for k, s in shapes.items():
+            if s["clusters"] > active and s["clusters"] % active == 1:
+                full = (s["clusters"] - 1) * CLUSTER_BLOCKS * (s["threads"] // 64) * s["cpw"] * s["chunk"]
+                p = (s["t_us"] - full / handoff / 1e3) / s["cpw"]
+                one.append((s["slots"], s["chunk"], p * 1e3))
+                how = f"{k}'s last cluster alone [provisional]"
+    if not one:
+        return lines, notes + ["no shape measures a pair's chain: cluster_fill_ns and "
+                               "cluster_bulk_copy_gbps not printed"]
+    fill, bulk = fit_chain(one, prior_bulk)
+    pts = ", ".join(f"{s}x{b}B {p:.0f} ns" for s, b, p in one)
+    bulk_src = ("fit" if len({(s, b) for s, b, _ in one}) >= 2 else
+                "[provisional] prior: probe.warp_copy_bw_gbps.hbm_to_hbm.1x1024")
+    lines.insert(0, f"cluster_fill_ns = {fill:.0f} # pair_period fit to {how}: {pts} {src}")
+    lines.insert(1, f"cluster_bulk_copy_gbps = {bulk:.1f} # {bulk_src} ({how}) {src}")
+    lines.append(f"cluster_max_active_clusters = {active} "
+                 f"# probe.cluster_handoff_max_active_clusters {src}")
+    lines.append(f"cluster_smem_bytes = {SMEM_BYTES} # sm_90 opt-in dynamic shared memory per block")
+    clock = 1.98  # GHz, nvidia-smi clocks.max.sm (results/h200/README.md)
+    lines.append(f"cluster_smem_read_gbps = {128 * clock:.0f} # [calibrate] prior, no probe: "
+                 f"128 B per clock per SM x {clock} GHz")
+    # Every shape: the model's time (waves of `active` clusters; each wave the slower of its
+    # pairs' chain and the GPU's handoff rate; the L2 and HBM servers as a check).
+    notes.append(f"{'shape':<32} {'runs':>4} {'meas us':>9} {'model us':>9} {'err':>7}  "
+                 f"{'pair ns':>8} {'chain ns':>8}  binds")
+    for k, s in shapes.items():
+        if s["slots"] < 2:
+            notes.append(f"{k:<32} {s['runs']:>4} {s['kernel_us']:>9.1f}  one slot: the consumer "
+                         "hands it back after the next chunk lands, which cannot happen (not used)")
+            continue
+        pairs_per_cluster = CLUSTER_BLOCKS * (s["threads"] // 64)
+        chain = pair_period_ns(fill, bulk, s["slots"], s["chunk"])
+        t, left, binds = 0.0, s["clusters"], set()
+        while left > 0:
+            k_cl = min(left, active)
+            by_rate = k_cl * pairs_per_cluster * s["cpw"] * s["chunk"] / handoff / 1e3
+            by_chain = s["cpw"] * chain / 1e3
+            t += max(by_rate, by_chain)
+            binds.add("handoff" if by_rate >= by_chain else "chain")
+            left -= k_cl
+        x = s["bytes"]
+        hbm_us = (2 * x + mem["l2_bytes"]) / mem["dram_bw_gbps"] / 1e3
+        l2_us = 2 * x / mem["l2_bw_gbps"] / 1e3 + (2 * x + mem["l2_bytes"]) / mem["l2_hbm_bw_gbps"] / 1e3
+        if max(hbm_us, l2_us) > t:
+            binds.add("L2/HBM servers")
+            t = max(hbm_us, l2_us)
+        model = t + launch_us
+        notes.append(f"{k:<32} {s['runs']:>4} {s['kernel_us']:>9.1f} {model:>9.1f} "
+                     f"{100 * (model / s['kernel_us'] - 1):>+6.1f}%  {s['pair_us'] * 1e3:>8.0f} "
+                     f"{chain:>8.0f}  {'+'.join(sorted(binds))}")
+    return lines, notes
+
+
 def l2_rates(m, l2_bytes):
     """(l2_bw_gbps, l2_hbm_bw_gbps) solved as in the module docstring."""
     copy = m["probe.warp_copy_bw_gbps"]
@@ -69,9 +244,10 @@ def l2_rates(m, l2_bytes):
 
 def main():
     args = sys.argv[1:]
-    opts = ("--handoff", "--ll-send")
+    opts = ("--handoff", "--ll-send", "--cluster")
     handoff_files = [args[i + 1] for i, a in enumerate(args) if a == "--handoff"]
     ll_send_files = [args[i + 1] for i, a in enumerate(args) if a == "--ll-send"]
+    cluster_files = [args[i + 1] for i, a in enumerate(args) if a == "--cluster"]
     pos = [a for i, a in enumerate(args) if a not in opts and (i == 0 or args[i - 1] not in opts)]
     path = pos[0]
     label = pos[1] if len(pos) > 1 else path
@@ -163,7 +339,19 @@ def main():
                 f".poll_ns_per_item / 4.5 polls per item (mean of {len(vals)}: "
                 f"{', '.join(f'{v:.0f}' for v in vals)}) {csrc}"
             )
+    runs = [r for f in cluster_files for r in cluster_runs(f)]
+    if not cluster_files and "probe.cluster_handoff_checks" in m:
+        runs = cluster_runs(path)
+    notes = []
+    if runs:
+        mem = {"l2_bytes": doc["backend"]["l2_bytes"], "l2_bw_gbps": l2, "l2_hbm_bw_gbps": l2_hbm,
+               "dram_bw_gbps": 2 * max(best("hbm_to_hbm"), m["probe.copy_kernel_bw_gbps"])}
+        more, notes = cluster_lines(runs, f"({', '.join(cluster_files) or label})", m, mem)
+        lines += more
     print("\n".join(lines))
+    if notes:
+        print("\n# cluster probe shapes: measured kernel time against the model's with these values")
+        print("\n".join("# " + n for n in notes))
 
 
 if __name__ == "__main__":

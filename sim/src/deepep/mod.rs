@@ -6,6 +6,7 @@ pub mod internode;
 pub mod intranode;
 pub mod ll;
 pub mod one_gpu;
+pub mod one_gpu_cluster;
 pub mod ring;
 
 use eptwin_engine::Plan;
@@ -35,6 +36,10 @@ pub fn program(
     if one_gpu::applies(plan, core, &meta) {
         match d.mode {
             EpMode::LowLatency => return Box::new(one_gpu::LlProgram::new(plan, core, meta)),
+            // At most 8 ranks on a GPU with thread-block clusters: the rings in shared memory.
+            EpMode::Intranode if one_gpu_cluster::applies(plan, core, &meta) => {
+                return Box::new(one_gpu_cluster::ClusterProgram::new(plan, core, meta));
+            }
             EpMode::Intranode => return Box::new(one_gpu::NormalProgram::new(plan, core, meta)),
             EpMode::Internode => {}
         }

@@ -81,7 +81,7 @@ fn warp_copy(int4: u64, row: Time) -> Time {
 /// Set the GPU's L2 and HBM servers to the profile's rates and give it one port server per SM
 /// (the world builds the GPUs before the program knows it models one GPU; their state carries
 /// over between ops).
-fn memory_servers(core: &mut Core, gpu: u32, m: &OneGpu) {
+pub(super) fn memory_servers(core: &mut Core, gpu: u32, m: &OneGpu) {
     let sms = core.params.sm_count.max(1) as usize;
     let g = &mut core.gpus.gpus[gpu as usize];
     g.l2.rate = m.l2_rate;
@@ -94,7 +94,7 @@ fn memory_servers(core: &mut Core, gpu: u32, m: &OneGpu) {
 
 /// The GPU's L2 and HBM servers' counters, to report what one op moved through them.
 #[derive(Debug, Clone, Copy, Default)]
-struct MemSnap {
+pub(super) struct MemSnap {
     l2_bytes: u64,
     l2_busy: Time,
     dram_bytes: u64,
@@ -102,7 +102,7 @@ struct MemSnap {
 }
 
 impl MemSnap {
-    fn of(core: &Core, gpu: u32) -> MemSnap {
+    pub(super) fn of(core: &Core, gpu: u32) -> MemSnap {
         let g = &core.gpus.gpus[gpu as usize];
         MemSnap {
             l2_bytes: g.l2.bytes,
@@ -114,7 +114,7 @@ impl MemSnap {
 
     /// What moved since `self` over a kernel of `span`: the figures Nsight Compute reports
     /// for the same kernel (SM-side L2 bytes, HBM bytes, how busy each was).
-    fn report(self, core: &Core, gpu: u32, span: Time) -> String {
+    pub(super) fn report(self, core: &Core, gpu: u32, span: Time) -> String {
         let now = MemSnap::of(core, gpu);
         let pct = |busy: Time| 100.0 * busy as f64 / span.max(1) as f64;
         format!(
@@ -132,12 +132,12 @@ impl MemSnap {
 /// of new lines each evict one, written back to HBM. `take` returns the write-back a step's new
 /// lines cause.
 #[derive(Debug, Clone, Copy)]
-struct FlushedL2 {
-    dirty: u64,
+pub(super) struct FlushedL2 {
+    pub(super) dirty: u64,
 }
 
 impl FlushedL2 {
-    fn take(&mut self, new_lines: u64) -> u64 {
+    pub(super) fn take(&mut self, new_lines: u64) -> u64 {
         let w = self.dirty.min(new_lines);
         self.dirty -= w;
         w

@@ -2,7 +2,8 @@
 //! topologies and traffic — byte conservation, no credit overdraft, QP in-flight ≤ depth,
 //! per-QP order, no link above capacity, monotone time (the simulator checks them on every run
 //! and fails the run with coordinates) — and DeepEP's algorithms deliver every (token,
-//! expert) exactly once and combine every token with the weighted sum of its experts.
+//! expert) exactly once and combine every token with the weighted sum of its experts (the
+//! one-GPU cluster kernels too).
 
 use eptwin_engine::result::Verdict;
 use proptest::prelude::*;
@@ -326,6 +327,79 @@ iterations = 1
     )
 }
 
+/// EP on one H200 (`h200-single`, whose profile has the cluster keys): the cluster kernels for
+/// 2, 4 or 8 ranks, channels from one to more than a wave of resident clusters.
+#[derive(Debug, Clone)]
+struct OneGpu {
+    ranks: u32,
+    local: u32,
+    tokens: u32,
+    topk: u32,
+    sms: u32,
+    recv: u32,
+    seed: u64,
+}
+
+fn one_gpu() -> impl Strategy<Value = OneGpu> {
+    (
+        prop::sample::select(vec![2u32, 4, 8]),
+        prop::sample::select(vec![4u32, 8]),
+        1u32..=64,
+        prop::sample::select(vec![4u32, 8]),
+        prop::sample::select(vec![2u32, 4, 8, 30, 40]),
+        2u32..=12,
+        any::<u64>(),
+    )
+        .prop_map(|(ranks, local, tokens, topk, sms, recv, seed)| OneGpu {
+            ranks,
+            local,
+            tokens,
+            topk,
+            sms,
+            recv,
+            seed,
+        })
+}
+
+fn one_gpu_toml(c: &OneGpu) -> String {
+    format!(
+        r#"schema = 1
+name = "prop-one-gpu"
+[cluster]
+profile = "h200-single"
+ranks_per_gpu = {}
+[[job]]
+name = "normal"
+[job.buffer]
+num_nvl_bytes = "1GiB"
+num_qps_per_rank = 1
+num_sms = {}
+[job.buffer.dispatch_config]
+num_max_nvl_chunked_send_tokens = 1
+num_max_nvl_chunked_recv_tokens = {}
+[job.buffer.combine_config]
+num_max_nvl_chunked_send_tokens = 1
+num_max_nvl_chunked_recv_tokens = {}
+[job.workload]
+tokens_per_rank = {}
+hidden = 2048
+topk = {}
+experts = {}
+seed = {}
+warmup = 0
+iterations = 1
+"#,
+        c.ranks,
+        c.sms,
+        c.recv,
+        c.recv,
+        c.tokens,
+        c.topk,
+        c.ranks * c.local,
+        c.seed % 1_000_000,
+    )
+}
+
 fn assert_correct(text: &str) -> Result<(), TestCaseError> {
     let plan = plan_of_text("prop", text);
     let r = run(&plan);
@@ -354,6 +428,22 @@ proptest! {
     #[test]
     fn normal_kernels_are_exact(c in normal()) {
         assert_correct(&normal_toml(&c))?;
+    }
+
+    /// The cluster kernels (ranks sharing one GPU, rings in shared memory) deliver every
+    /// (token, rank) once, in ring order, and combine each token from every rank it visited,
+    /// whatever the slots, channels and waves of clusters.
+    #[test]
+    fn one_gpu_cluster_kernels_are_exact(c in one_gpu()) {
+        let text = one_gpu_toml(&c);
+        assert_correct(&text)?;
+        let r = run(&plan_of_text("prop", &text));
+        for op in &r.jobs[0].ops {
+            prop_assert!(
+                op.summary.checks.iter().any(|k| k.starts_with("one-GPU cluster")),
+                "{} did not run the cluster model: {:?}", op.op, op.summary.checks
+            );
+        }
     }
 }
 
