@@ -142,22 +142,29 @@ pub struct GpuMemory {
     /// The normal kernels with their rings in thread-block-cluster shared memory
     /// (`kernels/cuda/intranode_cluster.cu`, sm_90+, at most 8 ranks: one cluster of one block
     /// per rank per channel), measured by the backend's cluster handoff probe
-    /// (`probe.cluster_handoff_*`). All six present: the simulator models those kernels for a
+    /// (`probe.cluster_handoff_*`). All eight present: the simulator models those kernels for a
     /// job of at most 8 ranks on this GPU; all absent: the global-memory rings.
     ///
-    /// A slot's refill, ns, less its bytes' time: from the consumer releasing the slot (head)
-    /// to the consumer seeing the next chunk in it (the producer sees the head, issues the bulk
-    /// copy global → peer shared memory, the copy lands on the slot's mbarrier).
+    /// A slot's refill, ns: from the consumer releasing the slot (head) to the consumer seeing
+    /// the next chunk in it (the producer sees the head, issues the bulk copy global → peer
+    /// shared memory, the copy lands on the slot's mbarrier).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_fill_ns: Option<f64>,
-    /// One bulk copy's rate, GB/s: a fill streams into a peer's slot at it, a bulk store
-    /// reads a slot out at it.
+    /// A consumer's bulk store reading its slots out, GB/s per consumer warp (with every
+    /// consumer of the block storing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_bulk_copy_gbps: Option<f64>,
+    /// A consumer's fixed time per bulk store, ns: issue, the wait for the store to have read
+    /// the slots, the head release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_store_ns: Option<f64>,
     /// The whole GPU's rate of bulk copies into a peer block's shared memory, GB/s of bytes
-    /// handed over (every cluster's fills share it).
+    /// handed over (every cluster's fills share it) ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_handoff_bw_gbps: Option<f64>,
+    /// ... plus this much of its time per chunk handed over, ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_handoff_chunk_ns: Option<f64>,
     /// Clusters of 8 one-block-per-SM blocks resident at once (`cuOccupancyMaxActiveClusters`);
     /// a grid of more runs in waves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,7 +184,9 @@ impl GpuMemory {
         let keys = [
             ("cluster_fill_ns", self.cluster_fill_ns.is_some()),
             ("cluster_bulk_copy_gbps", self.cluster_bulk_copy_gbps.is_some()),
+            ("cluster_store_ns", self.cluster_store_ns.is_some()),
             ("cluster_handoff_bw_gbps", self.cluster_handoff_bw_gbps.is_some()),
+            ("cluster_handoff_chunk_ns", self.cluster_handoff_chunk_ns.is_some()),
             ("cluster_max_active_clusters", self.cluster_max_active_clusters.is_some()),
             ("cluster_smem_bytes", self.cluster_smem_bytes.is_some()),
             ("cluster_smem_read_gbps", self.cluster_smem_read_gbps.is_some()),

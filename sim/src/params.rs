@@ -122,13 +122,17 @@ pub struct OneGpu {
 /// `cluster_*`, docs/calibration.md "h200-single").
 #[derive(Debug, Clone, Copy)]
 pub struct ClusterRings {
-    /// A slot's refill less its bytes: head release → producer issues the bulk copy → the
-    /// chunk lands and the consumer sees it.
+    /// A slot's refill: head release → producer issues the bulk copy → the chunk lands and the
+    /// consumer sees it.
     pub fill: Time,
-    /// One bulk copy streaming into a slot or out of it.
+    /// A consumer's bulk store reading its slots out.
     pub bulk: Rate,
-    /// Every bulk copy into a peer's shared memory on the GPU, together.
+    /// A consumer's fixed time per bulk store (issue, read completion, head release).
+    pub store: Time,
+    /// Every bulk copy into a peer's shared memory on the GPU, together: bytes at `handoff`
+    /// plus `handoff_chunk` per chunk.
     pub handoff: Rate,
+    pub handoff_chunk: Time,
     /// Clusters of 8 one-block-per-SM blocks resident at once.
     pub max_active_clusters: u32,
     /// Dynamic shared memory per block, bytes.
@@ -225,23 +229,28 @@ impl Params {
                 },
                 ll_recv_poll: m.ll_recv_poll_ns.map(ns_f),
                 cluster: match (
-                    m.cluster_fill_ns,
-                    m.cluster_bulk_copy_gbps,
-                    m.cluster_handoff_bw_gbps,
+                    (m.cluster_fill_ns, m.cluster_bulk_copy_gbps, m.cluster_store_ns),
+                    (m.cluster_handoff_bw_gbps, m.cluster_handoff_chunk_ns),
                     m.cluster_max_active_clusters,
                     m.cluster_smem_bytes,
                     m.cluster_smem_read_gbps,
                 ) {
-                    (Some(fill), Some(bulk), Some(handoff), Some(act), Some(smem), Some(rd)) => {
-                        Some(ClusterRings {
-                            fill: ns_f(fill),
-                            bulk: Rate::from_gbps(bulk),
-                            handoff: Rate::from_gbps(handoff),
-                            max_active_clusters: act.max(1),
-                            smem_bytes: smem,
-                            smem_read: Rate::from_gbps(rd),
-                        })
-                    }
+                    (
+                        (Some(fill), Some(bulk), Some(store)),
+                        (Some(handoff), Some(chunk)),
+                        Some(act),
+                        Some(smem),
+                        Some(rd),
+                    ) => Some(ClusterRings {
+                        fill: ns_f(fill),
+                        bulk: Rate::from_gbps(bulk),
+                        store: ns_f(store),
+                        handoff: Rate::from_gbps(handoff),
+                        handoff_chunk: ns_f(chunk),
+                        max_active_clusters: act.max(1),
+                        smem_bytes: smem,
+                        smem_read: Rate::from_gbps(rd),
+                    }),
                     _ => None,
                 },
             }),

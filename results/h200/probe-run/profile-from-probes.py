@@ -16,7 +16,7 @@ Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send
   1,024 items ll_recv_poll_ns, averaged over the occurrences.
   --cluster FILE: probe.cluster_handoff_checks (and probe.cluster_handoff_max_active_clusters)
   from FILE (a result JSON of a run with EPTWIN_CLUSTER_PROBE=1, or a log with "# measured"
-  lines; shapes measured more than once are averaged) for the six cluster_* keys of the
+  lines; shapes measured more than once are averaged) for the eight cluster_* keys of the
   simulator's model of the cluster kernels (sim/src/deepep/one_gpu_cluster.rs); without it, from
   RESULT if it has them. Every cluster probe shape is printed with the model's time for it.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
@@ -40,17 +40,12 @@ tma_{blocks}x{threads}_{clusters}cl_{slots}x{chunk}B: clusters of 8 blocks, thre
 warps per block each filling its ring in a peer block (one TMA bulk copy per chunk), as many
 consumer warps bulk-storing the slots out; it hands X bytes over in T = kernel_us - launch, each
 producer warp cpw = X / (producer warps x chunk) chunks, so a pair takes p = T / cpw per chunk.
-  * One cluster alone (tma_8x512_1cl_*; slots >= 2: with one slot the consumer hands a slot back
-    only after the next chunk has landed, so it cannot proceed) measures a pair's chain, the
-    simulator's pair_period: p = max((fill + b/bulk) / (slots - 1), (fill + 2 b/bulk) / slots)
-    for chunks of b bytes; cluster_fill_ns and cluster_bulk_copy_gbps are the least-squares fit
-    (relative errors) over those shapes (one shape: the bulk rate stays at its prior,
-    probe.warp_copy_bw_gbps.hbm_to_hbm.1x1024, and the fill is solved).
-  * One whole wave (clusters = max active, the kernels' slots: 15cl_3x7472B, 15cl_2x14368B; else
-    any one-wave shape) hands over at the GPU's rate: cluster_handoff_bw_gbps = mean X / T.
-  * Without one-cluster shapes, a shape whose last wave is a single cluster (16cl with 15
-    resident) has that cluster run alone after the full waves: p = (T - full waves' bytes /
-    cluster_handoff_bw_gbps) / cpw, solved for the fill as above.
+  * One cluster alone: with 4 x 7,168 B and 2 x 14,368 B slots the consumer's stores bind
+    (pair_period = max(store, (fill + store) / slots), store = cluster_store_ns + b / bulk), so
+    cluster_store_ns and cluster_bulk_copy_gbps solve from the two chunk sizes; with one slot
+    nothing overlaps: cluster_fill_ns = T(1 x 7168) - T(4 x 7168) per chunk.
+  * One whole wave, 4 x 7,168 B and 2 x 14,336 B: X / cluster_handoff_bw_gbps + chunks x
+    cluster_handoff_chunk_ns = T (two equations).
 """
 import json
 import math
@@ -124,95 +119,61 @@ def cluster_shapes(runs, launch_us):
     return shapes
 
 
-def pair_period_ns(fill_ns, bulk_gbps, slots, b):
-    """The simulator's pair_period (sim/src/deepep/one_gpu_cluster.rs), ns per chunk."""
-    fill = fill_ns + b / bulk_gbps
-    read = b / bulk_gbps
-    slots = max(2, slots)
-    return max(fill / (slots - 1), (fill + read) / slots)
-
-
-def fit_chain(points, prior_bulk):
-    """(fill_ns, bulk_gbps) minimising the squared relative error of pair_period_ns over
-    points [(slots, b, ns)]: a coarse grid, then a fine one around the best."""
-    def err(f, r):
-        return sum((pair_period_ns(f, r, s, b) / p - 1) ** 2 for s, b, p in points)
-
-    if len({(s, b) for s, b, _ in points}) < 2:
-        rs = [prior_bulk]
-    else:
-        rs = [2 * 1.02 ** i for i in range(400)]  # 2 .. 5,500 GB/s
-    top = max(p * (s - 1) for s, _, p in points)
-    best = min((err(f, r), f, r) for r in rs for f in [top * i / 2000 for i in range(2001)])
-    _, f0, r0 = best
-    fine_r = [r0] if len(rs) == 1 else [r0 * 1.0002 ** i for i in range(-100, 101)]
-    fine_f = [f0 + top / 2000 * i / 50 for i in range(-50, 51)]
-    _, f, r = min((err(f, r), f, r) for r in fine_r for f in fine_f if f >= 0)
-    return f, r
+def pair_period_ns(k, slots, b):
+    """The simulator's pair_period (sim/src/deepep/one_gpu_cluster.rs), ns per chunk: a slot
+    cycles through a refill and a store; the consumer's stores follow one another."""
+    store = k["store_ns"] + b / k["bulk_gbps"]
+    return max(store, (k["fill_ns"] + store) / max(1, slots))
 
 
 def cluster_lines(runs, src, m, mem):
-    """The six cluster_* lines and a table of every shape, model against measurement."""
+    """The eight cluster_* lines and a table of every shape, model against measurement.
+
+    One cluster alone (64 pairs): with 4 x 7,168 B and 2 x 14,368 B slots the consumer's
+    stores bind, so store_ns + b / bulk solves from the two chunk sizes; with one slot nothing
+    overlaps, so the refill is T(1 slot) - T(4 slots). One whole wave, 4 x 7,168 B and
+    2 x 14,336 B: the GPU's handoff, X / rate + chunks x chunk_ns (two equations)."""
     launch_us = m["probe.empty_kernel_event_us"]
     shapes = cluster_shapes(runs, launch_us)
-    active = next((a for _, a, _ in runs if a), None)
-    lines, notes = [], []
-    if active is None:
-        notes.append("no probe.cluster_handoff_max_active_clusters: 15 assumed")
-        active = 15
-    wave = {k: s for k, s in shapes.items() if s["clusters"] == active}
-    kernel = {k: s for k, s in wave.items() if (s["slots"], s["chunk"]) in KERNEL_SLOTS}
-    use = kernel or wave
-    if not use:
-        return [], [f"no one-wave shape ({active} clusters) in {src}: no cluster keys"]
-    rates = [s["bytes"] / s["t_us"] / 1e3 for s in use.values()]
-    handoff = sum(rates) / len(rates)
-    hsrc = ", ".join(f"{k} {s['kernel_us']:.1f} us" for k, s in use.items())
-    prov = "" if kernel else "[provisional: not the kernels' slots] "
-    lines.append(f"cluster_handoff_bw_gbps = {handoff:.0f} # {prov}bytes / (kernel_us - launch) "
-                 f"of {hsrc} {src}")
-    prior_bulk = m["probe.warp_copy_bw_gbps"]["hbm_to_hbm"]["1x1024"]
-    one = [(s["slots"], s["chunk"], s["pair_us"] * 1e3) for s in shapes.values()
-           if s["clusters"] == 1 and s["slots"] >= 2]
-    how = "one-cluster shapes"
-    if not one:
-        # The last wave of a single cluster runs alone after the full waves.
-        for k, s in shapes.items():
-            if s["clusters"] > active and s["clusters"] % active == 1:
-                full = (s["clusters"] - 1) * CLUSTER_BLOCKS * (s["threads"] // 64) * s["cpw"] * s["chunk"]
-                p = (s["t_us"] - full / handoff / 1e3) / s["cpw"]
-                one.append((s["slots"], s["chunk"], p * 1e3))
-                how = f"{k}'s last cluster alone [provisional]"
-    if not one:
-        return lines, notes + ["no shape measures a pair's chain: cluster_fill_ns and "
-                               "cluster_bulk_copy_gbps not printed"]
-    fill, bulk = fit_chain(one, prior_bulk)
-    pts = ", ".join(f"{s}x{b}B {p:.0f} ns" for s, b, p in one)
-    bulk_src = ("fit" if len({(s, b) for s, b, _ in one}) >= 2 else
-                "[provisional] prior: probe.warp_copy_bw_gbps.hbm_to_hbm.1x1024")
-    lines.insert(0, f"cluster_fill_ns = {fill:.0f} # pair_period fit to {how}: {pts} {src}")
-    lines.insert(1, f"cluster_bulk_copy_gbps = {bulk:.1f} # {bulk_src} ({how}) {src}")
-    lines.append(f"cluster_max_active_clusters = {active} "
-                 f"# probe.cluster_handoff_max_active_clusters {src}")
-    lines.append(f"cluster_smem_bytes = {SMEM_BYTES} # sm_90 opt-in dynamic shared memory per block")
+    active = next((a for _, a, _ in runs if a), None) or 15
+    need = ["tma_8x512_1cl_1x7168B", "tma_8x512_1cl_4x7168B", "tma_8x512_1cl_2x14368B",
+            f"tma_{8 * active}x512_{active}cl_4x7168B", f"tma_{8 * active}x512_{active}cl_2x14336B"]
+    missing = [k for k in need if k not in shapes]
+    if missing:
+        return [], [f"{src} lacks {', '.join(missing)}: no cluster keys"]
+    p1, p4, p2 = (shapes[k]["pair_us"] * 1e3 for k in need[:3])
+    bulk = (14368 - 7168) / (p2 - p4)  # bytes per ns = GB/s
+    store = p4 - 7168 / bulk
+    fill = p1 - p4
+    a, b = shapes[need[3]], shapes[need[4]]
+    na, nb = a["bytes"] / 7168, b["bytes"] / 14336
+    chunk_ns = (a["t_us"] - b["t_us"]) * 1e3 / (na - nb)
+    handoff = a["bytes"] / (a["t_us"] * 1e3 - na * chunk_ns)
+    k = dict(fill_ns=fill, bulk_gbps=bulk, store_ns=store)
+    lines = [
+        f"cluster_fill_ns = {fill:.0f} # T(1 x 7168) - T(4 x 7168) = {p1 / 1e3:.3f} - {p4 / 1e3:.3f} us {src}",
+        f"cluster_bulk_copy_gbps = {bulk:.2f} # (14,368 - 7,168) B / ({p2 / 1e3:.3f} - {p4 / 1e3:.3f}) us {src}",
+        f"cluster_store_ns = {store:.0f} # {p4 / 1e3:.3f} us - 7,168 B / {bulk:.2f} GB/s {src}",
+        f"cluster_handoff_bw_gbps = {handoff:.0f} # {need[3]} and {need[4]} {src}",
+        f"cluster_handoff_chunk_ns = {chunk_ns:.3f} # the same two shapes {src}",
+        f"cluster_max_active_clusters = {active} # probe.cluster_handoff_max_active_clusters {src}",
+        f"cluster_smem_bytes = {SMEM_BYTES} # sm_90 opt-in dynamic shared memory per block",
+    ]
     clock = 1.98  # GHz, nvidia-smi clocks.max.sm (results/h200/README.md)
     lines.append(f"cluster_smem_read_gbps = {128 * clock:.0f} # [calibrate] prior, no probe: "
                  f"128 B per clock per SM x {clock} GHz")
     # Every shape: the model's time (waves of `active` clusters; each wave the slower of its
-    # pairs' chain and the GPU's handoff rate; the L2 and HBM servers as a check).
-    notes.append(f"{'shape':<32} {'runs':>4} {'meas us':>9} {'model us':>9} {'err':>7}  "
-                 f"{'pair ns':>8} {'chain ns':>8}  binds")
-    for k, s in shapes.items():
-        if s["slots"] < 2:
-            notes.append(f"{k:<32} {s['runs']:>4} {s['kernel_us']:>9.1f}  one slot: the consumer "
-                         "hands it back after the next chunk lands, which cannot happen (not used)")
-            continue
+    # pairs' chain and the GPU's handoff; the L2 and HBM servers as a check).
+    notes = [f"{'shape':<32} {'runs':>4} {'meas us':>9} {'model us':>9} {'err':>7}  "
+             f"{'pair ns':>8} {'chain ns':>8}  binds"]
+    for key, s in shapes.items():
         pairs_per_cluster = CLUSTER_BLOCKS * (s["threads"] // 64)
-        chain = pair_period_ns(fill, bulk, s["slots"], s["chunk"])
+        chain = pair_period_ns(k, s["slots"], s["chunk"])
         t, left, binds = 0.0, s["clusters"], set()
         while left > 0:
             k_cl = min(left, active)
-            by_rate = k_cl * pairs_per_cluster * s["cpw"] * s["chunk"] / handoff / 1e3
+            chunks = k_cl * pairs_per_cluster * s["cpw"]
+            by_rate = (chunks * s["chunk"] / handoff + chunks * chunk_ns) / 1e3
             by_chain = s["cpw"] * chain / 1e3
             t += max(by_rate, by_chain)
             binds.add("handoff" if by_rate >= by_chain else "chain")
@@ -224,7 +185,7 @@ def cluster_lines(runs, src, m, mem):
             binds.add("L2/HBM servers")
             t = max(hbm_us, l2_us)
         model = t + launch_us
-        notes.append(f"{k:<32} {s['runs']:>4} {s['kernel_us']:>9.1f} {model:>9.1f} "
+        notes.append(f"{key:<32} {s['runs']:>4} {s['kernel_us']:>9.1f} {model:>9.1f} "
                      f"{100 * (model / s['kernel_us'] - 1):>+6.1f}%  {s['pair_us'] * 1e3:>8.0f} "
                      f"{chain:>8.0f}  {'+'.join(sorted(binds))}")
     return lines, notes
