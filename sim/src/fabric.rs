@@ -9,14 +9,13 @@
 //! returns are lazy: each port keeps a time-ordered list of returns and absorbs those that are
 //! due when it arbitrates; only a port actually blocked on credits schedules a wake-up.
 
-use std::collections::VecDeque;
-
 use eptwin_engine::Plan;
 use eptwin_engine::scenario::schema::FabricTopology;
 
 use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
 use crate::core::{Core, Ev, prefetch};
 use crate::nic::{Msg, Nic, Qp, QpTx};
+use crate::ring::Ring;
 use crate::slab::{NONE, Slab};
 use crate::time::{Rate, Time, fmt_us};
 
@@ -114,7 +113,7 @@ pub const TO_NIC: u32 = 1 << 31;
 /// in hand.
 #[derive(Debug, Clone, Default)]
 pub struct Lane {
-    pub q: VecDeque<QEntry>,
+    pub q: Ring<QEntry>,
     /// Wire bytes of the head item (arbitration reads only this record).
     pub head_wire: u32,
     pub credits: i32,
@@ -161,7 +160,7 @@ pub struct Net {
     /// table (starvation), Time::MAX when not.
     pub bypassed_since: Vec<Time>,
     /// Pending credit returns per (port, lane) at [`Net::li`]: (due time, blocks), time-ordered.
-    pub returns: Vec<VecDeque<(Time, u32)>>,
+    pub returns: Vec<Ring<(Time, u32)>>,
     pub switches: Vec<Switch>,
     pub sw_ports: Vec<u32>,
     pub nics: Vec<Nic>,
@@ -252,7 +251,7 @@ impl Net {
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
             for lane in 0..MAX_LANES {
                 let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
-                net.lanes.push(Lane { q: VecDeque::new(), head_wire: 0, credits, returns_last: 0 });
+                net.lanes.push(Lane { q: Ring::default(), head_wire: 0, credits, returns_last: 0 });
                 net.bypassed_since.push(Time::MAX);
             }
             let to = match to {
@@ -274,7 +273,7 @@ impl Net {
             net.drr.push(DrrState::new());
             net.port_names.push(name);
             for _ in 0..MAX_LANES {
-                net.returns.push(VecDeque::new());
+                net.returns.push(Ring::default());
             }
             (net.ports.len() - 1) as u32
         };

@@ -15,6 +15,7 @@ pub mod jobs;
 pub mod nic;
 pub mod params;
 pub mod queue;
+pub mod ring;
 pub mod slab;
 pub mod time;
 pub mod trace;
