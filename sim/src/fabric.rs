@@ -434,6 +434,26 @@ impl Net {
     }
 }
 
+/// Record a credit overdraft (a model bug), out of the hot path.
+#[cold]
+#[inline(never)]
+fn overdraft(violations: &mut Vec<String>, port: &str, lane: usize, credits: i32, blocks: i32) {
+    violations.push(format!(
+        "credit overdraft on {port} lane {lane}: {credits} credits, packet needs {blocks}"
+    ));
+}
+
+/// Record a port starting a packet while busy (a model bug), out of the hot path.
+#[cold]
+#[inline(never)]
+fn over_capacity(violations: &mut Vec<String>, port: &str, now: Time, busy_until: Time) {
+    violations.push(format!(
+        "link above capacity: {port} starts a packet at {} while busy until {}",
+        fmt_us(now),
+        fmt_us(busy_until)
+    ));
+}
+
 impl Core {
     /// Output port at switch `sw` toward NIC `dst`.
     #[inline]
@@ -526,24 +546,32 @@ impl Core {
     }
 
     /// Return `blocks` credits of `lane` to port `p` at time `t` (kept time-ordered).
-    #[inline]
+    #[inline(always)]
     pub fn return_credits(&mut self, p: u32, lane: u8, blocks: i32, t: Time) {
-        if self.net.lossless & (1 << lane) == 0 {
+        let net = &mut self.net;
+        if net.lossless & (1 << lane) == 0 {
             return;
         }
-        let li = self.net.li(p as usize, lane as usize);
+        let li = net.li(p as usize, lane as usize);
         // Every return is due after now, and a drained ring's returns were all due by now:
         // the latest return ever queued bounds the ring's last entry exactly when there is one.
-        let l = &mut self.net.lanes[li];
+        let l = &mut net.lanes[li];
         let t = t.max(l.returns_last);
         l.returns_last = t;
-        self.net.returns[li].push_back((t, blocks as u32));
+        net.returns[li].push_back((t, blocks as u32));
         // A port idle for lack of credits must learn about them.
-        let port = &mut self.net.ports[p as usize];
+        let port = &net.ports[p as usize];
         if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
-            port.wake_at = t;
-            self.push(t, Ev::PortWake(p));
+            self.wake_idle_port(p, t);
         }
+    }
+
+    /// A port idle for lack of credits gets a wake-up at `t` (out of the hot path).
+    #[cold]
+    #[inline(never)]
+    fn wake_idle_port(&mut self, p: u32, t: Time) {
+        self.net.ports[p as usize].wake_at = t;
+        self.push(t, Ev::PortWake(p));
     }
 
     #[inline]
@@ -588,12 +616,22 @@ impl Core {
         self.start_next(p);
     }
 
-    /// [`Core::try_start`] on an idle port with something queued.
+    /// A port idle for lack of credits looks again at `t` (the earliest pending return).
+    #[inline]
+    fn wake_port(&mut self, p: u32, t: Time) {
+        let port = &mut self.net.ports[p as usize];
+        if port.wake_at > t {
+            port.wake_at = t;
+            self.push(t, Ev::PortWake(p));
+        }
+    }
+
+    /// The lane an idle port with several lanes in use sends from next: arbitration among
+    /// the lanes whose head fits in the downstream credits (`None`: nothing can go now).
     #[inline(never)]
-    fn start_next(&mut self, p: u32) {
+    fn pick_lane(&mut self, p: u32) -> Option<usize> {
         let pi = p as usize;
         let np = self.net.nports;
-        let now = self.now;
         let port = &self.net.ports[pi];
         let mut eligible: LaneMask = 0;
         let mut next_return = Time::MAX;
@@ -603,8 +641,6 @@ impl Core {
             lanes &= lanes - 1;
             let l = &self.net.lanes[lane * np + pi];
             let need = l.head_wire.div_ceil(64) as i32;
-            // Returned credits are absorbed only when the ones in hand do not suffice: they
-            // only ever add, and most of the time the buffer is far from full.
             let mut credits = l.credits;
             if credits < need {
                 credits = self.absorb_credits(lane * np + pi);
@@ -616,37 +652,56 @@ impl Core {
             }
         }
         if eligible == 0 {
-            let port = &mut self.net.ports[pi];
-            if next_return != Time::MAX && port.wake_at > next_return {
-                port.wake_at = next_return;
-                self.push(next_return, Ev::PortWake(p));
+            if next_return != Time::MAX {
+                self.wake_port(p, next_return);
             }
-            return;
+            return None;
         }
+        let pick = {
+            let net = &mut self.net;
+            let lanes = &net.lanes;
+            net.ports[pi].arb.pick(&net.arb, &mut net.drr[pi], eligible, |l| {
+                lanes[l as usize * np + pi].head_wire
+            })
+        };
+        let pick = pick?; // only unschedulable lanes are eligible: they stall
+        if pick.bypassed != 0 {
+            self.watch_starvation(p, pick.bypassed);
+        }
+        let lane = pick.lane as usize;
+        let port = &mut self.net.ports[pi];
+        if port.bypassed & (1 << lane) != 0 {
+            port.bypassed &= !(1 << lane);
+            self.net.bypassed_since[lane * np + pi] = Time::MAX;
+        }
+        Some(lane)
+    }
+
+    /// [`Core::try_start`] on an idle port with something queued.
+    #[inline(never)]
+    fn start_next(&mut self, p: u32) {
+        let pi = p as usize;
+        let np = self.net.nports;
+        let now = self.now;
         let lane = if let Some(only) = self.net.single_lane {
             // Every queue holds this lane only, and it is schedulable: nothing to arbitrate.
+            // Returned credits are absorbed only when the ones in hand do not suffice: they
+            // only ever add, and most of the time the buffer is far from full.
+            let li = only as usize * np + pi;
+            let l = &self.net.lanes[li];
+            let need = l.head_wire.div_ceil(64) as i32;
+            if l.credits < need && self.absorb_credits(li) < need {
+                if let Some(&(t, _)) = self.net.returns[li].front() {
+                    self.wake_port(p, t);
+                }
+                return;
+            }
             only as usize
         } else {
-            let pick = {
-                let net = &mut self.net;
-                let lanes = &net.lanes;
-                net.ports[pi].arb.pick(&net.arb, &mut net.drr[pi], eligible, |l| {
-                    lanes[l as usize * np + pi].head_wire
-                })
-            };
-            let Some(pick) = pick else {
-                return; // only unschedulable lanes are eligible: they stall
-            };
-            if pick.bypassed != 0 {
-                self.watch_starvation(p, pick.bypassed);
+            match self.pick_lane(p) {
+                Some(lane) => lane,
+                None => return,
             }
-            let lane = pick.lane as usize;
-            let port = &mut self.net.ports[pi];
-            if port.bypassed & (1 << lane) != 0 {
-                port.bypassed &= !(1 << lane);
-                self.net.bypassed_since[lane * np + pi] = Time::MAX;
-            }
-            lane
         };
         let li = lane * np + pi;
         let head = *self.net.lanes[li].q.front().expect("an eligible lane has a head");
@@ -684,21 +739,11 @@ impl Core {
             }
             let l = &mut net.lanes[li];
             if l.credits < blocks && net.lossless & (1 << lane) != 0 {
-                let msg = format!(
-                    "credit overdraft on {} lane {lane}: {} credits, packet needs {blocks}",
-                    net.port_names[pi], l.credits
-                );
-                self.violations.push(msg);
+                overdraft(&mut self.violations, &net.port_names[pi], lane, l.credits, blocks);
             }
             l.credits -= blocks;
             if now < port.busy_until {
-                let msg = format!(
-                    "link above capacity: {} starts a packet at {} while busy until {}",
-                    net.port_names[pi],
-                    fmt_us(now),
-                    fmt_us(port.busy_until)
-                );
-                self.violations.push(msg);
+                over_capacity(&mut self.violations, &net.port_names[pi], now, port.busy_until);
             }
             let ser = port.rate.time(wire as u64);
             port.busy_until = now + ser;

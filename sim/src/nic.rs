@@ -330,6 +330,7 @@ impl Core {
     /// The QP at the head of `port`'s `lane` queue sends one packet (returned with its wire
     /// bytes and destination); it goes to the back of the queue if it has more ready to send
     /// (packet-level round robin between QPs).
+    #[inline(never)]
     pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> (u32, u32, u32) {
         let now = self.now;
         let mtu = self.params.mtu;
