@@ -13,8 +13,9 @@ use eptwin_engine::Plan;
 use eptwin_engine::scenario::schema::FabricTopology;
 
 use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
-use crate::core::{Core, Ev, prefetch};
+use crate::core::{Core, Ev, prefetch, prefetch_at};
 use crate::nic::{Msg, Nic, Qp, QpTx};
+use crate::queue::EventQueue;
 use crate::ring::Ring;
 use crate::slab::{NONE, Slab};
 use crate::time::{Rate, Time, fmt_us};
@@ -711,82 +712,100 @@ impl Core {
             let (pkt, wire, dst) = self.take_qp_packet(p, lane as u8, head.item & !QP_ITEM);
             (pkt, wire, dst, NONE)
         } else {
-            let l = &mut self.net.lanes[li];
+            (head.item, head.wire, head.dst, head.from)
+        };
+        // The lanes, ports and queue borrowed apart (no reload of a vector's length and
+        // address after every store through another one).
+        let Core { net, queue, params, violations, .. } = self;
+        let lanes = &mut net.lanes[..];
+        let ports = &mut net.ports[..];
+        let l = &mut lanes[li];
+        if head.item & QP_ITEM == 0 {
             l.q.pop_front();
             match l.q.front() {
                 Some(next) => l.head_wire = next.wire,
-                None => self.net.ports[pi].nonempty &= !(1 << lane),
+                None => ports[pi].nonempty &= !(1 << lane),
             }
-            if head.from == NONE {
+            if from == NONE {
                 // Leaving its NIC: an ACK can no longer absorb later completions.
-                self.net.pkts[head.item].at_nic = false;
+                net.pkts[pkt_id].at_nic = false;
             }
-            (head.item, head.wire, head.dst, head.from)
-        };
+        }
+        let port = &mut ports[pi];
+        let to = port.to;
         // The lane's next item is served a packet time from now: fetch what it will touch (a
         // QP's send state; a packet's record where the port delivers to a NIC).
-        if let Some(next) = self.net.lanes[li].q.front() {
+        if let Some(next) = l.q.front() {
             if next.item & QP_ITEM != 0 {
-                prefetch(&self.net.qp_tx[(next.item & !QP_ITEM) as usize]);
-            } else if self.net.ports[pi].to & TO_NIC != 0 {
-                prefetch(&self.net.pkts[next.item]);
+                prefetch(&net.qp_tx[(next.item & !QP_ITEM) as usize]);
+            } else if to & TO_NIC != 0 {
+                prefetch(&net.pkts[next.item]);
             }
         }
         let blocks = wire.div_ceil(64) as i32;
-        let ser = {
-            let net = &mut self.net;
-            let port = &mut net.ports[pi];
-            if net.single_lane.is_none() {
-                port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, wire);
-            }
-            let l = &mut net.lanes[li];
-            if l.credits < blocks && net.lossless & (1 << lane) != 0 {
-                overdraft(&mut self.violations, &net.port_names[pi], lane, l.credits, blocks);
-            }
-            l.credits -= blocks;
-            if now < port.busy_until {
-                over_capacity(&mut self.violations, &net.port_names[pi], now, port.busy_until);
-            }
-            let ser = port.rate.time(wire as u64);
-            port.busy_until = now + ser;
-            port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
-            if port.nonempty != 0 {
-                port.done_at = now + ser;
-                self.push(now + ser, Ev::PortDone(p));
-            } else {
-                port.done_at = Time::MAX;
-            }
-            ser
-        };
-        let latency = self.params.link_latency;
+        if net.single_lane.is_none() {
+            port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, wire);
+        }
+        if l.credits < blocks && net.lossless & (1 << lane) != 0 {
+            overdraft(violations, &net.port_names[pi], lane, l.credits, blocks);
+        }
+        l.credits -= blocks;
+        if now < port.busy_until {
+            over_capacity(violations, &net.port_names[pi], now, port.busy_until);
+        }
+        let ser = port.rate.time(wire as u64);
+        port.busy_until = now + ser;
+        port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
+        // Every time below is after now (serialization and latencies are positive): the
+        // queue is used directly, without the past-event check.
+        if port.nonempty != 0 {
+            port.done_at = now + ser;
+            queue.push(now + ser, Ev::PortDone(p));
+        } else {
+            port.done_at = Time::MAX;
+        }
+        let latency = params.link_latency;
         // The packet leaves the input buffer it sat in: credits flow back upstream.
-        if from != NONE {
-            let t = now + latency + self.params.credit_delay;
-            self.return_credits(from, lane as u8, blocks, t);
+        if from != NONE && net.lossless & (1 << lane) != 0 {
+            let t = now + latency + params.credit_delay;
+            let lf = lane * np + from as usize;
+            // Every return is due after now, and a drained ring's returns were all due by
+            // now: the latest return ever queued bounds the ring's last entry exactly when
+            // there is one.
+            let lu = &mut lanes[lf];
+            let t = t.max(lu.returns_last);
+            lu.returns_last = t;
+            net.returns[lf].push_back((t, blocks as u32));
+            // A port idle for lack of credits must learn about them.
+            let up = &mut ports[from as usize];
+            if up.done_at == Time::MAX && up.nonempty & (1 << lane) != 0 && up.wake_at > t {
+                up.wake_at = t;
+                queue.push(t, Ev::PortWake(from));
+            }
         }
         if self.trace.is_some() {
             let pkt = self.net.pkts[pkt_id];
             self.trace_packet(p, now, ser, &pkt);
         }
-        let to = self.net.ports[pi].to;
         if to & TO_NIC == 0 {
-            let ser_next = self.params.link_rate.time(wire as u64);
-            let mut t = now + latency + self.params.switch_latency;
-            if self.params.cut_through {
+            let params = &self.params;
+            let ser_next = params.link_rate.time(wire as u64);
+            let mut t = now + latency + params.switch_latency;
+            if params.cut_through {
                 // The next hop cannot finish before the tail is in.
                 t += ser.saturating_sub(ser_next);
             } else {
                 t += ser;
             }
-            if self.params.adaptive {
-                t += self.params.adaptive_latency;
+            if params.adaptive {
+                t += params.adaptive_latency;
             }
             // The switch it reaches delivers to the destination NIC: mark it, so the loop can
             // fetch the packet record (which the NIC reads) ahead of the arrival.
             let last = self.net.single || self.net.nic_route[dst as usize].leaf == to;
             let lane = lane as u8 | if last { LAST_HOP } else { 0 };
             let ev = Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane };
-            self.push(t, ev);
+            self.queue.push(t, ev);
         } else {
             self.nic_receive(to & !TO_NIC, p, pkt_id, now + latency, now + ser + latency);
         }
@@ -800,7 +819,7 @@ impl Core {
         match ev {
             Ev::NicDeliver { pkt, qp, msg } => self.prefetch_delivery(pkt, qp, msg),
             Ev::SwitchArrive { pkt, lane, .. } if lane & LAST_HOP != 0 => {
-                prefetch(&self.net.pkts[pkt])
+                self.net.pkts.prefetch(pkt)
             }
             Ev::PortDone(p) => {
                 if let Some(lane) = self.net.single_lane {
@@ -808,7 +827,7 @@ impl Core {
                     if let Some(head) = l.q.front()
                         && head.item & QP_ITEM != 0
                     {
-                        prefetch(&self.net.qp_tx[(head.item & !QP_ITEM) as usize]);
+                        prefetch_at(&self.net.qp_tx, (head.item & !QP_ITEM) as usize);
                     }
                 }
             }
@@ -822,10 +841,8 @@ impl Core {
     #[inline(always)]
     pub(crate) fn prefetch_far(&self, ev: Ev) {
         let Some(lane) = self.net.single_lane else { return };
-        if let Ev::PortDone(p) = ev
-            && let Some(head) = self.net.lanes[self.net.li(p as usize, lane as usize)].q.front()
-        {
-            prefetch(head);
+        if let Ev::PortDone(p) = ev {
+            self.net.lanes[self.net.li(p as usize, lane as usize)].q.prefetch_front();
         }
     }
 

@@ -47,6 +47,12 @@ impl<T: Copy> Ring<T> {
         }
     }
 
+    /// Fetch the front slot's cache line ahead of use (no effect on any result).
+    #[inline(always)]
+    pub fn prefetch_front(&self) {
+        crate::core::prefetch_at(&self.buf, self.head as usize);
+    }
+
     #[inline(always)]
     pub fn push_back(&mut self, x: T) {
         if self.len as usize == self.buf.len() {
