@@ -134,6 +134,23 @@ pub fn prefetch<T>(x: &T) {
     let _ = x;
 }
 
+/// Hint the CPU to bring element `i` of `v` closer, without a bounds check: the address is
+/// computed with wrapping arithmetic and never dereferenced, and a prefetch of any address is
+/// harmless (no effect on any result).
+#[inline(always)]
+pub fn prefetch_at<T>(v: &[T], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and has no architectural effect, so
+    // the address (possibly outside `v`) is never accessed.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            v.as_ptr().wrapping_add(i).cast(),
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (v, i);
+}
+
 impl Core {
     pub fn new(params: Params, net: Net, gpus: Gpus, trace: bool) -> Core {
         Core {

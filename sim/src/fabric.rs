@@ -9,14 +9,14 @@
 //! returns are lazy: each port keeps a time-ordered list of returns and absorbs those that are
 //! due when it arbitrates; only a port actually blocked on credits schedules a wake-up.
 
-use std::collections::VecDeque;
-
 use eptwin_engine::Plan;
 use eptwin_engine::scenario::schema::FabricTopology;
 
 use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
-use crate::core::{Core, Ev, prefetch};
+use crate::core::{Core, Ev, prefetch, prefetch_at};
 use crate::nic::{Msg, Nic, Qp, QpTx};
+use crate::queue::EventQueue;
+use crate::ring::Ring;
 use crate::slab::{NONE, Slab};
 use crate::time::{Rate, Time, fmt_us};
 
@@ -114,7 +114,7 @@ pub const TO_NIC: u32 = 1 << 31;
 /// in hand.
 #[derive(Debug, Clone, Default)]
 pub struct Lane {
-    pub q: VecDeque<QEntry>,
+    pub q: Ring<QEntry>,
     /// Wire bytes of the head item (arbitration reads only this record).
     pub head_wire: u32,
     pub credits: i32,
@@ -161,7 +161,7 @@ pub struct Net {
     /// table (starvation), Time::MAX when not.
     pub bypassed_since: Vec<Time>,
     /// Pending credit returns per (port, lane) at [`Net::li`]: (due time, blocks), time-ordered.
-    pub returns: Vec<VecDeque<(Time, u32)>>,
+    pub returns: Vec<Ring<(Time, u32)>>,
     pub switches: Vec<Switch>,
     pub sw_ports: Vec<u32>,
     pub nics: Vec<Nic>,
@@ -230,8 +230,10 @@ impl Net {
             switches: Vec::new(),
             sw_ports: Vec::new(),
             nics: Vec::new(),
-            pkts: Slab::default(),
-            msgs: Slab::default(),
+            // Room for the records a large run keeps in flight (EP256 low latency: ≈ 315 k
+            // messages, 56 k packets), reserved up front so the slabs never copy themselves.
+            pkts: Slab::with_capacity(1 << 17),
+            msgs: Slab::with_capacity(1 << 19),
             qps: Vec::new(),
             qp_labels: Vec::new(),
             msg_posted_at: Vec::new(),
@@ -252,7 +254,7 @@ impl Net {
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
             for lane in 0..MAX_LANES {
                 let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
-                net.lanes.push(Lane { q: VecDeque::new(), head_wire: 0, credits, returns_last: 0 });
+                net.lanes.push(Lane { q: Ring::default(), head_wire: 0, credits, returns_last: 0 });
                 net.bypassed_since.push(Time::MAX);
             }
             let to = match to {
@@ -274,7 +276,7 @@ impl Net {
             net.drr.push(DrrState::new());
             net.port_names.push(name);
             for _ in 0..MAX_LANES {
-                net.returns.push(VecDeque::new());
+                net.returns.push(Ring::default());
             }
             (net.ports.len() - 1) as u32
         };
@@ -435,6 +437,26 @@ impl Net {
     }
 }
 
+/// Record a credit overdraft (a model bug), out of the hot path.
+#[cold]
+#[inline(never)]
+fn overdraft(violations: &mut Vec<String>, port: &str, lane: usize, credits: i32, blocks: i32) {
+    violations.push(format!(
+        "credit overdraft on {port} lane {lane}: {credits} credits, packet needs {blocks}"
+    ));
+}
+
+/// Record a port starting a packet while busy (a model bug), out of the hot path.
+#[cold]
+#[inline(never)]
+fn over_capacity(violations: &mut Vec<String>, port: &str, now: Time, busy_until: Time) {
+    violations.push(format!(
+        "link above capacity: {port} starts a packet at {} while busy until {}",
+        fmt_us(now),
+        fmt_us(busy_until)
+    ));
+}
+
 impl Core {
     /// Output port at switch `sw` toward NIC `dst`.
     #[inline]
@@ -527,24 +549,32 @@ impl Core {
     }
 
     /// Return `blocks` credits of `lane` to port `p` at time `t` (kept time-ordered).
-    #[inline]
+    #[inline(always)]
     pub fn return_credits(&mut self, p: u32, lane: u8, blocks: i32, t: Time) {
-        if self.net.lossless & (1 << lane) == 0 {
+        let net = &mut self.net;
+        if net.lossless & (1 << lane) == 0 {
             return;
         }
-        let li = self.net.li(p as usize, lane as usize);
+        let li = net.li(p as usize, lane as usize);
         // Every return is due after now, and a drained ring's returns were all due by now:
         // the latest return ever queued bounds the ring's last entry exactly when there is one.
-        let l = &mut self.net.lanes[li];
+        let l = &mut net.lanes[li];
         let t = t.max(l.returns_last);
         l.returns_last = t;
-        self.net.returns[li].push_back((t, blocks as u32));
+        net.returns[li].push_back((t, blocks as u32));
         // A port idle for lack of credits must learn about them.
-        let port = &mut self.net.ports[p as usize];
+        let port = &net.ports[p as usize];
         if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
-            port.wake_at = t;
-            self.push(t, Ev::PortWake(p));
+            self.wake_idle_port(p, t);
         }
+    }
+
+    /// A port idle for lack of credits gets a wake-up at `t` (out of the hot path).
+    #[cold]
+    #[inline(never)]
+    fn wake_idle_port(&mut self, p: u32, t: Time) {
+        self.net.ports[p as usize].wake_at = t;
+        self.push(t, Ev::PortWake(p));
     }
 
     #[inline]
@@ -589,12 +619,22 @@ impl Core {
         self.start_next(p);
     }
 
-    /// [`Core::try_start`] on an idle port with something queued.
+    /// A port idle for lack of credits looks again at `t` (the earliest pending return).
+    #[inline]
+    fn wake_port(&mut self, p: u32, t: Time) {
+        let port = &mut self.net.ports[p as usize];
+        if port.wake_at > t {
+            port.wake_at = t;
+            self.push(t, Ev::PortWake(p));
+        }
+    }
+
+    /// The lane an idle port with several lanes in use sends from next: arbitration among
+    /// the lanes whose head fits in the downstream credits (`None`: nothing can go now).
     #[inline(never)]
-    fn start_next(&mut self, p: u32) {
+    fn pick_lane(&mut self, p: u32) -> Option<usize> {
         let pi = p as usize;
         let np = self.net.nports;
-        let now = self.now;
         let port = &self.net.ports[pi];
         let mut eligible: LaneMask = 0;
         let mut next_return = Time::MAX;
@@ -604,8 +644,6 @@ impl Core {
             lanes &= lanes - 1;
             let l = &self.net.lanes[lane * np + pi];
             let need = l.head_wire.div_ceil(64) as i32;
-            // Returned credits are absorbed only when the ones in hand do not suffice: they
-            // only ever add, and most of the time the buffer is far from full.
             let mut credits = l.credits;
             if credits < need {
                 credits = self.absorb_credits(lane * np + pi);
@@ -617,37 +655,56 @@ impl Core {
             }
         }
         if eligible == 0 {
-            let port = &mut self.net.ports[pi];
-            if next_return != Time::MAX && port.wake_at > next_return {
-                port.wake_at = next_return;
-                self.push(next_return, Ev::PortWake(p));
+            if next_return != Time::MAX {
+                self.wake_port(p, next_return);
             }
-            return;
+            return None;
         }
+        let pick = {
+            let net = &mut self.net;
+            let lanes = &net.lanes;
+            net.ports[pi].arb.pick(&net.arb, &mut net.drr[pi], eligible, |l| {
+                lanes[l as usize * np + pi].head_wire
+            })
+        };
+        let pick = pick?; // only unschedulable lanes are eligible: they stall
+        if pick.bypassed != 0 {
+            self.watch_starvation(p, pick.bypassed);
+        }
+        let lane = pick.lane as usize;
+        let port = &mut self.net.ports[pi];
+        if port.bypassed & (1 << lane) != 0 {
+            port.bypassed &= !(1 << lane);
+            self.net.bypassed_since[lane * np + pi] = Time::MAX;
+        }
+        Some(lane)
+    }
+
+    /// [`Core::try_start`] on an idle port with something queued.
+    #[inline(never)]
+    fn start_next(&mut self, p: u32) {
+        let pi = p as usize;
+        let np = self.net.nports;
+        let now = self.now;
         let lane = if let Some(only) = self.net.single_lane {
             // Every queue holds this lane only, and it is schedulable: nothing to arbitrate.
+            // Returned credits are absorbed only when the ones in hand do not suffice: they
+            // only ever add, and most of the time the buffer is far from full.
+            let li = only as usize * np + pi;
+            let l = &self.net.lanes[li];
+            let need = l.head_wire.div_ceil(64) as i32;
+            if l.credits < need && self.absorb_credits(li) < need {
+                if let Some(&(t, _)) = self.net.returns[li].front() {
+                    self.wake_port(p, t);
+                }
+                return;
+            }
             only as usize
         } else {
-            let pick = {
-                let net = &mut self.net;
-                let lanes = &net.lanes;
-                net.ports[pi].arb.pick(&net.arb, &mut net.drr[pi], eligible, |l| {
-                    lanes[l as usize * np + pi].head_wire
-                })
-            };
-            let Some(pick) = pick else {
-                return; // only unschedulable lanes are eligible: they stall
-            };
-            if pick.bypassed != 0 {
-                self.watch_starvation(p, pick.bypassed);
+            match self.pick_lane(p) {
+                Some(lane) => lane,
+                None => return,
             }
-            let lane = pick.lane as usize;
-            let port = &mut self.net.ports[pi];
-            if port.bypassed & (1 << lane) != 0 {
-                port.bypassed &= !(1 << lane);
-                self.net.bypassed_since[lane * np + pi] = Time::MAX;
-            }
-            lane
         };
         let li = lane * np + pi;
         let head = *self.net.lanes[li].q.front().expect("an eligible lane has a head");
@@ -655,92 +712,100 @@ impl Core {
             let (pkt, wire, dst) = self.take_qp_packet(p, lane as u8, head.item & !QP_ITEM);
             (pkt, wire, dst, NONE)
         } else {
-            let l = &mut self.net.lanes[li];
+            (head.item, head.wire, head.dst, head.from)
+        };
+        // The lanes, ports and queue borrowed apart (no reload of a vector's length and
+        // address after every store through another one).
+        let Core { net, queue, params, violations, .. } = self;
+        let lanes = &mut net.lanes[..];
+        let ports = &mut net.ports[..];
+        let l = &mut lanes[li];
+        if head.item & QP_ITEM == 0 {
             l.q.pop_front();
             match l.q.front() {
                 Some(next) => l.head_wire = next.wire,
-                None => self.net.ports[pi].nonempty &= !(1 << lane),
+                None => ports[pi].nonempty &= !(1 << lane),
             }
-            if head.from == NONE {
+            if from == NONE {
                 // Leaving its NIC: an ACK can no longer absorb later completions.
-                self.net.pkts[head.item].at_nic = false;
+                net.pkts[pkt_id].at_nic = false;
             }
-            (head.item, head.wire, head.dst, head.from)
-        };
+        }
+        let port = &mut ports[pi];
+        let to = port.to;
         // The lane's next item is served a packet time from now: fetch what it will touch (a
         // QP's send state; a packet's record where the port delivers to a NIC).
-        if let Some(next) = self.net.lanes[li].q.front() {
+        if let Some(next) = l.q.front() {
             if next.item & QP_ITEM != 0 {
-                prefetch(&self.net.qp_tx[(next.item & !QP_ITEM) as usize]);
-            } else if self.net.ports[pi].to & TO_NIC != 0 {
-                prefetch(&self.net.pkts[next.item]);
+                prefetch(&net.qp_tx[(next.item & !QP_ITEM) as usize]);
+            } else if to & TO_NIC != 0 {
+                prefetch(&net.pkts[next.item]);
             }
         }
         let blocks = wire.div_ceil(64) as i32;
-        let ser = {
-            let net = &mut self.net;
-            let port = &mut net.ports[pi];
-            if net.single_lane.is_none() {
-                port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, wire);
-            }
-            let l = &mut net.lanes[li];
-            if l.credits < blocks && net.lossless & (1 << lane) != 0 {
-                let msg = format!(
-                    "credit overdraft on {} lane {lane}: {} credits, packet needs {blocks}",
-                    net.port_names[pi], l.credits
-                );
-                self.violations.push(msg);
-            }
-            l.credits -= blocks;
-            if now < port.busy_until {
-                let msg = format!(
-                    "link above capacity: {} starts a packet at {} while busy until {}",
-                    net.port_names[pi],
-                    fmt_us(now),
-                    fmt_us(port.busy_until)
-                );
-                self.violations.push(msg);
-            }
-            let ser = port.rate.time(wire as u64);
-            port.busy_until = now + ser;
-            port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
-            if port.nonempty != 0 {
-                port.done_at = now + ser;
-                self.push(now + ser, Ev::PortDone(p));
-            } else {
-                port.done_at = Time::MAX;
-            }
-            ser
-        };
-        let latency = self.params.link_latency;
+        if net.single_lane.is_none() {
+            port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, wire);
+        }
+        if l.credits < blocks && net.lossless & (1 << lane) != 0 {
+            overdraft(violations, &net.port_names[pi], lane, l.credits, blocks);
+        }
+        l.credits -= blocks;
+        if now < port.busy_until {
+            over_capacity(violations, &net.port_names[pi], now, port.busy_until);
+        }
+        let ser = port.rate.time(wire as u64);
+        port.busy_until = now + ser;
+        port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
+        // Every time below is after now (serialization and latencies are positive): the
+        // queue is used directly, without the past-event check.
+        if port.nonempty != 0 {
+            port.done_at = now + ser;
+            queue.push(now + ser, Ev::PortDone(p));
+        } else {
+            port.done_at = Time::MAX;
+        }
+        let latency = params.link_latency;
         // The packet leaves the input buffer it sat in: credits flow back upstream.
-        if from != NONE {
-            let t = now + latency + self.params.credit_delay;
-            self.return_credits(from, lane as u8, blocks, t);
+        if from != NONE && net.lossless & (1 << lane) != 0 {
+            let t = now + latency + params.credit_delay;
+            let lf = lane * np + from as usize;
+            // Every return is due after now, and a drained ring's returns were all due by
+            // now: the latest return ever queued bounds the ring's last entry exactly when
+            // there is one.
+            let lu = &mut lanes[lf];
+            let t = t.max(lu.returns_last);
+            lu.returns_last = t;
+            net.returns[lf].push_back((t, blocks as u32));
+            // A port idle for lack of credits must learn about them.
+            let up = &mut ports[from as usize];
+            if up.done_at == Time::MAX && up.nonempty & (1 << lane) != 0 && up.wake_at > t {
+                up.wake_at = t;
+                queue.push(t, Ev::PortWake(from));
+            }
         }
         if self.trace.is_some() {
             let pkt = self.net.pkts[pkt_id];
             self.trace_packet(p, now, ser, &pkt);
         }
-        let to = self.net.ports[pi].to;
         if to & TO_NIC == 0 {
-            let ser_next = self.params.link_rate.time(wire as u64);
-            let mut t = now + latency + self.params.switch_latency;
-            if self.params.cut_through {
+            let params = &self.params;
+            let ser_next = params.link_rate.time(wire as u64);
+            let mut t = now + latency + params.switch_latency;
+            if params.cut_through {
                 // The next hop cannot finish before the tail is in.
                 t += ser.saturating_sub(ser_next);
             } else {
                 t += ser;
             }
-            if self.params.adaptive {
-                t += self.params.adaptive_latency;
+            if params.adaptive {
+                t += params.adaptive_latency;
             }
             // The switch it reaches delivers to the destination NIC: mark it, so the loop can
             // fetch the packet record (which the NIC reads) ahead of the arrival.
             let last = self.net.single || self.net.nic_route[dst as usize].leaf == to;
             let lane = lane as u8 | if last { LAST_HOP } else { 0 };
             let ev = Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane };
-            self.push(t, ev);
+            self.queue.push(t, ev);
         } else {
             self.nic_receive(to & !TO_NIC, p, pkt_id, now + latency, now + ser + latency);
         }
@@ -754,7 +819,7 @@ impl Core {
         match ev {
             Ev::NicDeliver { pkt, qp, msg } => self.prefetch_delivery(pkt, qp, msg),
             Ev::SwitchArrive { pkt, lane, .. } if lane & LAST_HOP != 0 => {
-                prefetch(&self.net.pkts[pkt])
+                self.net.pkts.prefetch(pkt)
             }
             Ev::PortDone(p) => {
                 if let Some(lane) = self.net.single_lane {
@@ -762,7 +827,7 @@ impl Core {
                     if let Some(head) = l.q.front()
                         && head.item & QP_ITEM != 0
                     {
-                        prefetch(&self.net.qp_tx[(head.item & !QP_ITEM) as usize]);
+                        prefetch_at(&self.net.qp_tx, (head.item & !QP_ITEM) as usize);
                     }
                 }
             }
@@ -776,10 +841,8 @@ impl Core {
     #[inline(always)]
     pub(crate) fn prefetch_far(&self, ev: Ev) {
         let Some(lane) = self.net.single_lane else { return };
-        if let Ev::PortDone(p) = ev
-            && let Some(head) = self.net.lanes[self.net.li(p as usize, lane as usize)].q.front()
-        {
-            prefetch(head);
+        if let Ev::PortDone(p) = ev {
+            self.net.lanes[self.net.li(p as usize, lane as usize)].q.prefetch_front();
         }
     }
 

@@ -63,6 +63,11 @@ impl JobRt {
         }
     }
 
+    /// The most QPs the job can create (every rank pair, every QP index).
+    pub fn max_qps(&self) -> usize {
+        self.ranks.len() * self.ranks.len() * self.num_qps as usize
+    }
+
     pub fn n(&self) -> u32 {
         self.ranks.len() as u32
     }

@@ -15,6 +15,7 @@ pub mod jobs;
 pub mod nic;
 pub mod params;
 pub mod queue;
+pub mod ring;
 pub mod slab;
 pub mod time;
 pub mod trace;
@@ -159,6 +160,11 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
     );
     let mut core = Core::new(params, net, gpus, trace);
     core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
+    // Every QP the jobs can create (rank pairs × QPs per pair), reserved up front.
+    let qps = core.jobs.iter().map(|j| j.max_qps()).sum::<usize>().min(1 << 20);
+    core.net.qps = crate::slab::with_capacity_huge(qps);
+    core.net.qp_tx = crate::slab::with_capacity_huge(qps);
+    core.net.qp_labels.reserve_exact(qps);
     let lanes = core.jobs.iter().fold(0, |m, j| m | 1 << j.lane);
     core.net.set_job_lanes(lanes);
     World::new(core)

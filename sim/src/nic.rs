@@ -8,7 +8,7 @@
 //! reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
-use crate::core::{Action, Core, Ev, ProgId, prefetch};
+use crate::core::{Action, Core, Ev, ProgId, prefetch, prefetch_at};
 use crate::fabric::{Pkt, PktKind, QEntry, QP_ITEM};
 use crate::slab::NONE;
 use crate::time::Time;
@@ -330,6 +330,7 @@ impl Core {
     /// The QP at the head of `port`'s `lane` queue sends one packet (returned with its wire
     /// bytes and destination); it goes to the back of the queue if it has more ready to send
     /// (packet-level round robin between QPs).
+    #[inline(never)]
     pub(crate) fn take_qp_packet(&mut self, port: u32, lane: u8, qp: u32) -> (u32, u32, u32) {
         let now = self.now;
         let mtu = self.params.mtu;
@@ -445,9 +446,9 @@ impl Core {
     /// before it runs. Slab ids stay in range (slabs never shrink): always an address.
     #[inline(always)]
     pub(crate) fn prefetch_delivery(&self, pkt: u32, qp: u32, msg: u32) {
-        prefetch(&self.net.pkts[pkt]);
-        prefetch(&self.net.qps[qp as usize]);
-        prefetch(&self.net.msgs[msg]);
+        self.net.pkts.prefetch(pkt);
+        prefetch_at(&self.net.qps, qp as usize);
+        self.net.msgs.prefetch(msg);
     }
 
     pub(crate) fn nic_deliver(&mut self, pkt: u32) {
