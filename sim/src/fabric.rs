@@ -70,7 +70,9 @@ pub struct Pkt {
 pub struct QEntry {
     pub item: u32,
     pub wire: u32,
-    /// The port whose credits the packet holds (the link it came in on); NONE at a NIC.
+    /// A packet: the port whose credits it holds (the link it came in on); NONE at a NIC.
+    /// A QP: the message its next message boundary reads (a prefetch hint only: NONE when
+    /// none was posted yet when the QP was queued).
     pub from: u32,
     pub dst: u32,
 }
@@ -817,17 +819,20 @@ impl Core {
     #[inline(always)]
     pub(crate) fn prefetch_near(&self, ev: Ev) {
         match ev {
-            Ev::NicDeliver { pkt, qp, msg } => self.prefetch_delivery(pkt, qp, msg),
             Ev::SwitchArrive { pkt, lane, .. } if lane & LAST_HOP != 0 => {
                 self.net.pkts.prefetch(pkt)
             }
-            Ev::PortDone(p) => {
+            // Only NIC ports (ids below the NICs') queue QPs.
+            Ev::PortDone(p) if (p as usize) < self.net.nics.len() => {
                 if let Some(lane) = self.net.single_lane {
                     let l = &self.net.lanes[self.net.li(p as usize, lane as usize)];
                     if let Some(head) = l.q.front()
                         && head.item & QP_ITEM != 0
                     {
                         prefetch_at(&self.net.qp_tx, (head.item & !QP_ITEM) as usize);
+                        if head.from != NONE {
+                            self.net.msgs.prefetch(head.from);
+                        }
                     }
                 }
             }
@@ -843,6 +848,25 @@ impl Core {
         let Some(lane) = self.net.single_lane else { return };
         if let Ev::PortDone(p) = ev {
             self.net.lanes[self.net.li(p as usize, lane as usize)].q.prefetch_front();
+        }
+    }
+
+    /// The records an event names itself (no dependent load), fetched several events ahead
+    /// (`DEEP_PREFETCH` in [`crate::world`]): a delivery's packet, QP and message, the counter
+    /// a completion bumps, the QP a doorbell or a readiness touches. No effect on any result.
+    #[inline(always)]
+    pub(crate) fn prefetch_deep(&self, ev: Ev) {
+        match ev {
+            Ev::NicDeliver { pkt, qp, msg } => self.prefetch_delivery(pkt, qp, msg),
+            Ev::Act(crate::core::Action::Add { counter, .. }) => {
+                prefetch_at(&self.counters.values, counter as usize)
+            }
+            Ev::Doorbell { qp, .. } => {
+                prefetch_at(&self.net.qps, qp as usize);
+                prefetch_at(&self.net.qp_tx, qp as usize);
+            }
+            Ev::QpReady(qp) => prefetch_at(&self.net.qp_tx, qp as usize),
+            _ => {}
         }
     }
 

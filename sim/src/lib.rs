@@ -71,9 +71,22 @@ pub struct Simulator {
     /// Where the next traced op starts in the trace.
     trace_end: time::Time,
     queue: QueueChoice,
+    /// The large record arrays of the last op's machine, emptied, for the next one: its
+    /// pages are already backed (a fresh machine's first writes to them would have the
+    /// kernel zero them again). Contents never carry over, so results cannot depend on it.
+    spare: Option<Spare>,
     /// Events handled over all runs (benchmarks report events/s), and per kind.
     pub events: u64,
     pub events_by_kind: [u64; 8],
+}
+
+/// See [`Simulator::spare`].
+struct Spare {
+    pkts: slab::Slab<fabric::Pkt>,
+    msgs: slab::Slab<nic::Msg>,
+    qps: Vec<nic::Qp>,
+    qp_tx: Vec<nic::QpTx>,
+    qp_labels: Vec<nic::QpLabel>,
 }
 
 impl Simulator {
@@ -86,6 +99,7 @@ impl Simulator {
             trace: None,
             trace_end: 0,
             queue: QueueChoice::Calendar,
+            spare: None,
             events: 0,
             events_by_kind: [0; 8],
         }
@@ -110,8 +124,22 @@ impl Simulator {
 
     /// A machine for `plan`, traced when asked and nothing has been traced for this op yet:
     /// each traced op is laid out after the previous one in the trace.
-    fn world(&self, plan: &Plan, trace: bool) -> World {
+    fn world(&mut self, plan: &Plan, trace: bool) -> World {
         let mut world = build_world(plan, trace);
+        if let Some(sp) = self.spare.take() {
+            let net = &mut world.core.net;
+            // Only as large as the fresh machine's reservations (the same plan's).
+            if sp.msgs.reserved() >= net.msgs.reserved()
+                && sp.pkts.reserved() >= net.pkts.reserved()
+                && sp.qps.capacity() >= net.qps.capacity()
+            {
+                net.pkts = sp.pkts;
+                net.msgs = sp.msgs;
+                net.qps = sp.qps;
+                net.qp_tx = sp.qp_tx;
+                net.qp_labels = sp.qp_labels;
+            }
+        }
         match self.queue {
             QueueChoice::Calendar => {}
             QueueChoice::Radix => world.core.use_radix_heap(),
@@ -121,6 +149,24 @@ impl Simulator {
             tr.offset = self.trace_end;
         }
         world
+    }
+
+    /// Keep the finished machine's record arrays, emptied, for the next one.
+    fn recycle(&mut self, world: &mut World) {
+        let net = &mut world.core.net;
+        let mut sp = Spare {
+            pkts: std::mem::take(&mut net.pkts),
+            msgs: std::mem::take(&mut net.msgs),
+            qps: std::mem::take(&mut net.qps),
+            qp_tx: std::mem::take(&mut net.qp_tx),
+            qp_labels: std::mem::take(&mut net.qp_labels),
+        };
+        sp.pkts.clear();
+        sp.msgs.clear();
+        sp.qps.clear();
+        sp.qp_tx.clear();
+        sp.qp_labels.clear();
+        self.spare = Some(sp);
     }
 
     /// Keep a traced world's events.
@@ -233,6 +279,7 @@ impl Transport for Simulator {
     fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
         self.plan = Some(plan.clone());
         self.cache.clear();
+        self.spare = None;
         self.trace = None;
         self.trace_end = 0;
         Ok(())
@@ -267,6 +314,7 @@ impl Transport for Simulator {
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
                 let samples = collect(&mut world);
+                self.recycle(&mut world);
                 let measured: Vec<OpSample> = if chained(&plan, *job) && ops.contains(op) {
                     samples.into_iter().filter(|s| !s.warmup).collect()
                 } else {
@@ -298,7 +346,9 @@ impl Transport for Simulator {
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
-                Ok(OpOutcome { samples: collect(&mut world), measurements: BTreeMap::new() })
+                let samples = collect(&mut world);
+                self.recycle(&mut world);
+                Ok(OpOutcome { samples, measurements: BTreeMap::new() })
             }
         }
     }

@@ -293,10 +293,10 @@ impl Core {
         }
         if ready <= self.now {
             tx.active = true;
-            let wire = tx.next_wire as u32;
+            let (wire, next) = (tx.next_wire as u32, tx.send_next);
             let q = &self.net.qps[qp as usize];
             let (port, lane, dst) = (self.net.nics[q.nic as usize].tx_port, q.lane, q.peer_nic);
-            self.enqueue(port, lane, QEntry { item: QP_ITEM | qp, wire, from: NONE, dst });
+            self.enqueue(port, lane, QEntry { item: QP_ITEM | qp, wire, from: next, dst });
         } else if !tx.ready_pending {
             tx.ready_pending = true;
             self.push(ready, Ev::QpReady(qp));
@@ -390,7 +390,7 @@ impl Core {
         l.q.pop_front();
         if more {
             // No try_start: the caller is arbitrating this port.
-            l.q.push_back(QEntry { item: QP_ITEM | qp, wire: qp_wire, from: NONE, dst });
+            l.q.push_back(QEntry { item: QP_ITEM | qp, wire: qp_wire, from: next, dst });
         }
         match l.q.front() {
             Some(next) => l.head_wire = next.wire,

@@ -326,6 +326,12 @@ impl<T: Copy> CalendarQueue<T> {
     pub fn peek_current2(&self) -> Option<&T> {
         self.cur.get(self.head + 1).map(|e| &e.1)
     }
+
+    /// The event `k` places after the next one, when it is in the current bucket too.
+    #[inline(always)]
+    pub fn peek_current_at(&self, k: usize) -> Option<&T> {
+        self.cur.get(self.head + k).map(|e| &e.1)
+    }
 }
 
 impl<T: Copy> EventQueue<T> for CalendarQueue<T> {
@@ -413,6 +419,12 @@ impl<T: Copy> Queue<T> {
     #[inline(always)]
     pub fn peek_current2(&self) -> Option<&T> {
         if let Queue::Calendar(q) = self { q.peek_current2() } else { None }
+    }
+
+    /// See [`CalendarQueue::peek_current_at`].
+    #[inline(always)]
+    pub fn peek_current_at(&self, k: usize) -> Option<&T> {
+        if let Queue::Calendar(q) = self { q.peek_current_at(k) } else { None }
     }
 }
 

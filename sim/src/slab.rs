@@ -110,6 +110,14 @@ impl<T> Slab<T> {
         self.free.push(id);
     }
 
+    /// Forget every record, keeping the buffer (ids are handed out from 0 again, as by a
+    /// fresh slab).
+    pub fn clear(&mut self) {
+        self.items.clear();
+        self.free.clear();
+        self.live = 0;
+    }
+
     /// Fetch record `id`'s cache line ahead of use (no bounds check, no effect on results).
     #[inline(always)]
     pub fn prefetch(&self, id: u32) {
@@ -119,6 +127,11 @@ impl<T> Slab<T> {
     /// Records currently in use.
     pub fn live(&self) -> usize {
         self.live
+    }
+
+    /// Records the buffer holds before it has to grow.
+    pub fn reserved(&self) -> usize {
+        self.items.capacity()
     }
 
     /// Slots ever allocated (the high-water mark).

@@ -53,6 +53,11 @@ struct Stream {
     chained: bool,
 }
 
+/// How many events after the next one the loop fetches the records an event names itself
+/// (a delivery's packet, QP and message; a counter; a doorbell's QP): one event ahead is
+/// too late to cover a miss to memory.
+const DEEP_PREFETCH: usize = 3;
+
 /// Limits that turn a runaway simulation into an error instead of a hang.
 pub const MAX_SIM_TIME: Time = 120 * 1_000_000_000_000; // 120 s simulated
 
@@ -194,6 +199,9 @@ impl World {
             }
             if let Some(&after) = self.core.queue.peek_current2() {
                 self.core.prefetch_far(after);
+            }
+            if let Some(&deep) = self.core.queue.peek_current_at(DEEP_PREFETCH) {
+                self.core.prefetch_deep(deep);
             }
             self.core.handle(ev);
             if !self.core.pending_wakes.is_empty() {
