@@ -28,7 +28,7 @@ const BUFFER_BYTES: usize = 1 << 30;
 /// One probe configuration: the module (compiled with `CL_THREADS = threads`), clusters of 8
 /// blocks in the grid, ring slots per (source, producer warp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClusterShape {
+pub struct ProbeShape {
     /// `probe_cluster_handoff` (warps copy through registers) or `probe_cluster_tma_handoff`
     /// (bulk async copies).
     pub kernel: &'static str,
@@ -45,7 +45,7 @@ pub const CLUSTER_SIZE: u32 = 8;
 /// Module names and their `CL_THREADS` (the lib compiles each with these defines).
 pub const MODULES: [(&str, u32); 2] = [("cluster_512", 512), ("cluster_1024", 1024)];
 
-impl ClusterShape {
+impl ProbeShape {
     fn producers_per_block(&self) -> u32 {
         self.threads / 32 / 2
     }
@@ -72,8 +72,8 @@ impl ClusterShape {
 
 /// The configurations measured. One block per SM holds at most 16 clusters of 8 blocks at once
 /// on 132 SMs (the rings fill shared memory); more clusters run as later waves.
-pub fn shapes() -> Vec<ClusterShape> {
-    let warp = |module, threads, clusters, slots| ClusterShape {
+pub fn shapes() -> Vec<ProbeShape> {
+    let warp = |module, threads, clusters, slots| ProbeShape {
         kernel: "probe_cluster_handoff",
         module,
         threads,
@@ -81,7 +81,7 @@ pub fn shapes() -> Vec<ClusterShape> {
         slots,
         chunk_bytes: 7168,
     };
-    let tma = |module, threads, clusters, slots, chunk_bytes| ClusterShape {
+    let tma = |module, threads, clusters, slots, chunk_bytes| ProbeShape {
         kernel: "probe_cluster_tma_handoff",
         module,
         threads,
@@ -113,9 +113,9 @@ pub fn shapes() -> Vec<ClusterShape> {
 
 /// The shapes of the kinds named in `EPTWIN_CLUSTER_PROBE_ONLY` (`warp` or `tma`; both when
 /// unset): a kernel that faults takes the context down, so kinds can run in separate processes.
-fn selected(fit: u32) -> Vec<ClusterShape> {
+fn selected(fit: u32) -> Vec<ProbeShape> {
     let only = std::env::var("EPTWIN_CLUSTER_PROBE_ONLY").unwrap_or_default();
-    let kind = |s: &ClusterShape| if s.tma() { "tma" } else { "warp" };
+    let kind = |s: &ProbeShape| if s.tma() { "tma" } else { "warp" };
     let mut v = shapes();
     v.extend(waves(fit));
     v.extend(kernel_slots(fit));
@@ -124,10 +124,10 @@ fn selected(fit: u32) -> Vec<ClusterShape> {
 
 /// One whole wave with the normal cluster kernels' slot shapes (dispatch 3 x 7,472 B, combine
 /// 2 x 14,368 B per source).
-fn kernel_slots(fit: u32) -> Vec<ClusterShape> {
+fn kernel_slots(fit: u32) -> Vec<ProbeShape> {
     [(3, 7472), (2, 14368)]
         .into_iter()
-        .map(|(slots, chunk_bytes)| ClusterShape {
+        .map(|(slots, chunk_bytes)| ProbeShape {
             kernel: "probe_cluster_tma_handoff",
             module: "cluster_512",
             threads: 512,
@@ -139,11 +139,11 @@ fn kernel_slots(fit: u32) -> Vec<ClusterShape> {
 }
 
 /// The TMA handoff with whole waves: `fit` (the clusters resident at once) times 1, 2, 4, 8.
-fn waves(fit: u32) -> Vec<ClusterShape> {
+fn waves(fit: u32) -> Vec<ProbeShape> {
     let mut v = Vec::new();
     for (slots, chunk_bytes) in [(4, 7168), (2, 14336)] {
         for waves in [1, 2, 4, 8] {
-            v.push(ClusterShape {
+            v.push(ProbeShape {
                 kernel: "probe_cluster_tma_handoff",
                 module: "cluster_512",
                 threads: 512,
@@ -157,7 +157,7 @@ fn waves(fit: u32) -> Vec<ClusterShape> {
 }
 
 /// Chunks each producer warp hands over so that a launch moves about 0.94 GB.
-fn chunks_per_warp(s: &ClusterShape) -> u32 {
+fn chunks_per_warp(s: &ProbeShape) -> u32 {
     let warps = s.clusters * CLUSTER_SIZE * s.producers_per_block();
     ((BUFFER_BYTES as u64 * 7 / 8) / (warps as u64 * s.chunk_bytes as u64)) as u32
 }

@@ -37,6 +37,7 @@ use eptwin_engine::deepep::bytes::{
     normal_dispatch_token_bytes,
 };
 use eptwin_engine::deepep::config::Config;
+use eptwin_engine::plan::DeepEpJob;
 use eptwin_engine::routing::RoutingTable;
 use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::OpSample;
@@ -273,18 +274,42 @@ pub struct NormalProgram {
     flushed: FlushedL2,
 }
 
+/// What both normal-mode programs (global rings here, cluster rings in `one_gpu_cluster`) read
+/// first: the job, its rank count, the op's `Config` and channels, the one-GPU parameters and the
+/// GPU, whose memory servers this sets up.
+pub(super) struct NormalSetup<'a> {
+    pub d: &'a DeepEpJob,
+    pub n: u32,
+    pub dispatch: bool,
+    pub cfg: Config,
+    pub channels: u32,
+    pub m: OneGpu,
+    pub gpu: u32,
+}
+
+pub(super) fn normal_setup<'a>(plan: &'a Plan, core: &mut Core, meta: Meta) -> NormalSetup<'a> {
+    let d = deepep_job(plan, meta.job);
+    let dispatch = meta.op == OpKind::Dispatch;
+    let cfg: Config = if dispatch { d.dispatch_config } else { d.combine_config }
+        .expect("normal mode has a resolved Config");
+    let m = core.params.one_gpu.expect("one-GPU model");
+    let gpu = core.jobs[meta.job.index()].gpu[0];
+    memory_servers(core, gpu, &m);
+    NormalSetup {
+        d,
+        n: plan.job(meta.job).num_ranks(),
+        dispatch,
+        cfg,
+        channels: cfg.num_channels().max(1),
+        m,
+        gpu,
+    }
+}
+
 impl NormalProgram {
     pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> NormalProgram {
-        let d = deepep_job(plan, meta.job);
+        let NormalSetup { d, n, dispatch, cfg, channels, m, gpu } = normal_setup(plan, core, meta);
         let w = &d.workload;
-        let n = plan.job(meta.job).num_ranks();
-        let dispatch = meta.op == OpKind::Dispatch;
-        let cfg: Config = if dispatch { d.dispatch_config } else { d.combine_config }
-            .expect("normal mode has a resolved Config");
-        let channels = cfg.num_channels().max(1);
-        let m = core.params.one_gpu.expect("one-GPU model");
-        let gpu = core.jobs[meta.job.index()].gpu[0];
-        memory_servers(core, gpu, &m);
         let (tok_bytes, in_bytes, out_bytes, payload_int4) = if dispatch {
             let b = normal_dispatch_token_bytes(w.hidden, w.topk, w.dispatch_dtype);
             // The warps copy the payload (FP8 or BF16); scales and metadata go lane by lane.

@@ -30,12 +30,11 @@ use std::collections::VecDeque;
 
 use eptwin_engine::Plan;
 use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
-use eptwin_engine::deepep::config::Config;
 use eptwin_engine::routing::RoutingTable;
 use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::OpSample;
 
-use super::one_gpu::{FlushedL2, MemSnap, memory_servers};
+use super::one_gpu::{FlushedL2, MemSnap, NormalSetup, normal_setup};
 use super::ring::Ring;
 use super::{Ledger, Meta, Ranks, channel_range, deepep_job, mix};
 use crate::core::{Action, Core, ProgId};
@@ -186,17 +185,9 @@ pub struct ClusterProgram {
 
 impl ClusterProgram {
     pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> ClusterProgram {
-        let d = deepep_job(plan, meta.job);
+        let NormalSetup { d, n, dispatch, cfg, channels, m, gpu } = normal_setup(plan, core, meta);
         let w = &d.workload;
-        let n = plan.job(meta.job).num_ranks();
-        let dispatch = meta.op == OpKind::Dispatch;
-        let cfg: Config = if dispatch { d.dispatch_config } else { d.combine_config }
-            .expect("normal mode has a resolved Config");
-        let channels = cfg.num_channels().max(1);
-        let m = core.params.one_gpu.expect("one-GPU model");
         let c = m.cluster.expect("cluster keys");
-        let gpu = core.jobs[meta.job.index()].gpu[0];
-        memory_servers(core, gpu, &m);
         let (slot_bytes, read_bytes, store_bytes, out_bytes, wire_bytes, extra) = if dispatch {
             let (slot, store) = dispatch_slot_bytes(w.hidden, w.topk, w.dispatch_dtype);
             // The receiver bulk-stores row and scales, and stores the source index (4 B) and
@@ -489,6 +480,7 @@ impl ClusterProgram {
         let now = core.now;
         let out = k * self.out_bytes;
         let dram = out + self.flushed.take(out);
+        let store = self.c.store + self.c.bulk.time(k * self.store_bytes);
         let end = core.sm_traffic(
             now,
             self.gpu,
@@ -496,7 +488,7 @@ impl ClusterProgram {
             out,
             dram,
             0,
-            self.c.store + self.c.bulk.time(k * self.store_bytes),
+            store,
             Action::None,
             self.me,
             0,
@@ -504,7 +496,7 @@ impl ClusterProgram {
         let (_, handed) = self.handoff.reserve_for(now, 0, self.c.handoff_chunk);
         let end = end.max(handed);
         // The slots go back once the store has read them; the next store follows.
-        let read = (now + self.c.store + self.c.bulk.time(k * self.store_bytes)).max(handed);
+        let read = (now + store).max(handed);
         core.act_at(read, Action::Add { counter: self.rings[ri].head, delta: k as u32 });
         self.store_end[ri] = end;
         core.wake_at(read, self.me, wk);
