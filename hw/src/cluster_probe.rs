@@ -249,6 +249,111 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
     Ok(m)
 }
 
+/// Module name of the reducer probe: `intranode_cluster.cu` compiled for 8 ranks (the combine
+/// block's shape at EP8).
+pub const REDUCE_MODULE: &str = "intranode_cluster_probe";
+pub const REDUCE_RANKS: u32 = 8;
+/// Threads of a combine block at 8 ranks (`kCombineClusterThreads = 4 · NUM_RANKS · 32`).
+const REDUCE_THREADS: u32 = 4 * REDUCE_RANKS * 32;
+/// Tokens each block reduces per launch.
+const REDUCE_TOKENS: u32 = 64;
+/// Sources per token measured (the combine's tokens visit 1..=8 ranks; ≈ 5.3 on average for
+/// uniform top-8 routing over 8 ranks).
+pub const REDUCE_SOURCES: [u32; 4] = [1, 2, 4, 8];
+
+/// The shared memory of a combine block at hidden `hidden`, top-k `topk`, `slots` per source:
+/// rows and weights, the mbarriers and heads the probe leaves unused (hw/src/intranode.rs
+/// `cluster_combine_smem` lays out the same).
+fn reduce_smem_bytes(hidden: u32, topk: u32, slots: u32) -> u32 {
+    let n = REDUCE_RANKS;
+    n * slots * (2 * hidden + 4 * topk) + n * slots * 8 + 4 * n
+}
+
+/// The combine's reduction alone (`probe_cluster_reduce`): per token, `k` partial rows already
+/// in shared memory reduced by a combine block's reducer threads into an output row, on one
+/// block and on a block per SM at once. `probe.cluster_reduce_ns_per_token` (median over blocks
+/// of the kernel's own timer, per token) and the check that every output element and weight is
+/// the exact sum `k (k + 1) / 2`.
+pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
+    // The EP8 DeepSeek shape of the committed scenarios: BF16 rows of hidden 7,168, top-8, two
+    // slots per source (what fits a block's shared memory: hw/src/intranode.rs cluster_shape).
+    let (hidden, topk, slots) = (7168u32, 8u32, 2u32);
+    let hidden_int4 = (hidden * 2 / 16) as i32;
+    let smem = reduce_smem_bytes(hidden, topk, slots);
+    let sm_count = devs.list[0].gpu.sm_count;
+    let max_rows = (sm_count * REDUCE_TOKENS) as usize;
+    let row_bytes = hidden as usize * 2;
+    let (out, out_w, ns) = {
+        let g = &devs.list[0].gpu;
+        (
+            g.alloc(max_rows * row_bytes)?,
+            g.alloc(max_rows * topk as usize * 4)?,
+            g.alloc(sm_count as usize * 8)?,
+        )
+    };
+    let mut per_token = serde_json::Map::new();
+    let mut checks = serde_json::Map::new();
+    for blocks in [1, sm_count] {
+        for k in REDUCE_SOURCES {
+            let rows = (blocks * REDUCE_TOKENS) as usize;
+            {
+                let d = &devs.list[0];
+                let f = d.module(REDUCE_MODULE)?.function("probe_cluster_reduce");
+                d.gpu.set_max_dynamic_smem(f, smem)?;
+                d.gpu.memset_u32(out.ptr, 0, rows * row_bytes / 4)?;
+                d.gpu.memset_u32(out_w.ptr, 0, rows * topk as usize)?;
+            }
+            let (op, wp, np) = (out.ptr, out_w.ptr, ns.ptr);
+            let (topk_i, slots_i, k_i, tokens_i) =
+                (topk as i32, slots as i32, k as i32, REDUCE_TOKENS as i32);
+            let launch = |dev: &crate::exec::Device| {
+                let f = dev.module(REDUCE_MODULE)?.function("probe_cluster_reduce");
+                let mut a = kernel_args![op, wp, hidden_int4, topk_i, slots_i, k_i, tokens_i, np];
+                // SAFETY: the kernel writes rows [0, blocks · REDUCE_TOKENS) of `out` and
+                // `out_w` (allocated for a block per SM) and `blocks` words of `ns`; its
+                // dynamic shared memory is the combine block's layout for `slots`, allowed above.
+                unsafe { dev.gpu.launch_with_smem(f, blocks, REDUCE_THREADS, smem, &mut a) }
+            };
+            let us = time_us(devs, 0, 5, launch)?;
+            devs.finish("cluster reduce probe")?;
+            let g = &devs.list[0].gpu;
+            let mut block_ns = vec![0u64; blocks as usize];
+            g.download(ns.ptr, &mut block_ns)?;
+            block_ns.sort_unstable();
+            let ns_per_token = block_ns[block_ns.len() / 2] as f64 / REDUCE_TOKENS as f64;
+            // Every element k (k + 1) / 2 in bf16 (exact for k ≤ 8), every weight the same.
+            let want = k * (k + 1) / 2;
+            let want_bf16 = ((want as f32).to_bits() >> 16) as u16;
+            let mut got = vec![0u16; rows * hidden as usize];
+            g.download(out.ptr, &mut got)?;
+            let mut got_w = vec![0f32; rows * topk as usize];
+            g.download(out_w.ptr, &mut got_w)?;
+            let wrong = got.iter().filter(|&&v| v != want_bf16).count()
+                + got_w.iter().filter(|&&w| w != want as f32).count();
+            let key = format!("{blocks}blk.k{k}");
+            per_token.insert(key.clone(), json!(round3(ns_per_token)));
+            checks.insert(
+                key.clone(),
+                json!({
+                    "tokens_per_block": REDUCE_TOKENS,
+                    "kernel_us": round3(us),
+                    "block_ns_min": block_ns[0],
+                    "block_ns_max": block_ns[block_ns.len() - 1],
+                    "wrong_values": wrong,
+                }),
+            );
+            eprintln!(
+                "eptwin hw: cluster reduce {key}: {ns_per_token:.1} ns per token (median of {blocks} \
+                 blocks; launch {us:.1} us; {wrong} wrong values)"
+            );
+        }
+    }
+    let mut m = BTreeMap::new();
+    m.insert("probe.cluster_reduce_ns_per_token".into(), Value::Object(per_token));
+    m.insert("probe.cluster_reduce_checks".into(), Value::Object(checks));
+    Ok(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

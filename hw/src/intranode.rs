@@ -478,9 +478,13 @@ impl NormalJob {
             warp_times: if std::env::var("EPTWIN_CLUSTER_TIMES").as_deref() == Ok("1")
                 && launch.rings.any()
             {
-                // Up to 4 warps per rank per block (the combine) plus the start, per block.
-                let words = (channels * n * (1 + 4 * n)) as usize;
-                Some(devs.list[0].gpu.alloc(words * 8)?)
+                // Up to 4 warps per rank per block (the combine) plus the start, and the
+                // combine's per-token stamps, per block.
+                let words = (channels * n * (1 + 4 * n + 2 * CLUSTER_TOKEN_STAMPS)) as usize;
+                let buf = devs.list[0].gpu.alloc(words * 8)?;
+                // Zero: a block whose channel has fewer tokens than stamps leaves the rest.
+                devs.list[0].gpu.memset_u32(buf.ptr, 0, words * 2)?;
+                Some(buf)
             } else {
                 None
             },
@@ -681,7 +685,8 @@ impl NormalJob {
         let grid = self.channels * self.n;
         let (threads, smem) = (shape.threads, shape.smem_bytes);
         // SAFETY: args match the cluster kernels' (args, params, err, sm_slots, slot_bytes,
-        // warp_ns); warp_ns is null or holds (1 + warps) words per block; the dynamic shared
+        // warp_ns); warp_ns is null or holds (1 + warps) words per block (the
+        // combine: 1 + warps + 2 × CLUSTER_TOKEN_STAMPS); the dynamic shared
         // memory is what their layout needs for `slots` of `slot_bytes`; the grid is whole
         // clusters of n blocks (one per channel), which need not be co-resident (channels never
         // wait on each other); `threads` is the kernel's compiled block size.
@@ -693,7 +698,9 @@ impl NormalJob {
     /// the clusters' finish times, to tell a uniform rate from a tail.
     fn report_warp_times(&self, devs: &Devices, op: &str, warps: u32) -> Result<(), HwError> {
         let Some(buf) = &self.warp_times else { return Ok(()) };
-        let per_block = (1 + warps) as usize;
+        let combine = op == "combine";
+        let stamps = if combine { 2 * CLUSTER_TOKEN_STAMPS as usize } else { 0 };
+        let per_block = (1 + warps) as usize + stamps;
         let blocks = (self.channels * self.n) as usize;
         let mut t = vec![0u64; blocks * per_block];
         devs.list[0].gpu.download(buf.ptr, &mut t)?;
@@ -733,6 +740,47 @@ impl NormalJob {
             pct(&mut receivers),
             pct(&mut clusters)
         );
+        if combine {
+            // Per token k of a block's channel: when every partial was in shared memory
+            // (ready) and when the reduction was done, after the block's own start; the wait
+            // is ready(k) - done(k - 1).
+            let tokens = self.routing.tokens_per_rank;
+            let max_k =
+                (CLUSTER_TOKEN_STAMPS as usize).min(tokens.div_ceil(self.channels) as usize);
+            let mut line = String::new();
+            for k in 0..max_k {
+                let (mut ready, mut work, mut wait) = (Vec::new(), Vec::new(), Vec::new());
+                for b in 0..blocks {
+                    let base = b * per_block + 1 + warps as usize;
+                    let (r, d) = (t[base + 2 * k], t[base + 2 * k + 1]);
+                    if r == 0 || d == 0 {
+                        continue; // this block's channel has fewer tokens
+                    }
+                    let prev = if k == 0 { t[b * per_block] } else { t[base + 2 * k - 1] };
+                    ready.push(r.saturating_sub(t[b * per_block]) as f64 / 1e3);
+                    work.push(d.saturating_sub(r) as f64 / 1e3);
+                    wait.push(r.saturating_sub(prev) as f64 / 1e3);
+                }
+                if ready.is_empty() {
+                    break;
+                }
+                let med = |v: &mut Vec<f64>| {
+                    v.sort_by(|a, b| a.total_cmp(b));
+                    v[v.len() / 2]
+                };
+                line.push_str(&format!(
+                    " t{k} ready {:.2} wait {:.2} reduce {:.2} ({} blocks);",
+                    med(&mut ready),
+                    med(&mut wait),
+                    med(&mut work),
+                    ready.len()
+                ));
+            }
+            eprintln!(
+                "eptwin hw: cluster combine reducers per token (p50 over blocks, us after the \
+                 block's start):{line}"
+            );
+        }
         Ok(())
     }
 
@@ -1101,6 +1149,9 @@ pub struct RingInputs {
     pub dispatch_recv_tokens: u32,
     pub combine_recv_tokens: u32,
 }
+
+/// Per-token stamps of the cluster combine's reducers (`kTokenStamps` in intranode_cluster.cu).
+const CLUSTER_TOKEN_STAMPS: u32 = 32;
 
 /// `EPTWIN_NORMAL_DISPATCH` / `EPTWIN_NORMAL_COMBINE` = `cluster` or `global` forces where that
 /// kernel's rings live (a measurement knob); unset, the default applies.

@@ -546,6 +546,15 @@ fn prepare(
                 load(&compiler, &mut devs, ModuleId::Cluster, name, &defines)?;
             }
             m.extend(cluster_probe::run(&mut devs)?);
+            let defines = vec![("NUM_RANKS", cluster_probe::REDUCE_RANKS.to_string())];
+            load(
+                &compiler,
+                &mut devs,
+                ModuleId::IntranodeCluster,
+                cluster_probe::REDUCE_MODULE,
+                &defines,
+            )?;
+            m.extend(cluster_probe::run_reduce(&mut devs)?);
         } else {
             eprintln!("eptwin hw: EPTWIN_CLUSTER_PROBE ignored: thread-block clusters need sm_90");
         }

@@ -120,6 +120,11 @@ DEVICE void bulk_copy_smem_to_cluster(u32 dst, u32 src, u32 bytes, u32 mbar) {
         ::"r"(dst), "r"(src), "r"(bytes), "r"(mbar) : "memory");
 }
 
+DEVICE void st_shared_v4(u32 addr, int4 v) {
+    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w) : "memory");
+}
+
 DEVICE void st_shared_u32(u32 addr, u32 v) {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }

@@ -230,6 +230,55 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
 // The combine's blocks: the sender warps, then three reducer warps per peer (the reduction of
 // one token at a time is on each channel's critical path).
 constexpr int kCombineClusterThreads = 4 * NUM_RANKS * 32;
+constexpr int kCombineReducerThreads = kCombineClusterThreads - NUM_RANKS * 32;
+// Diagnostics: per block of the combine, when its first kTokenStamps tokens had every partial
+// in shared memory and when their reduction was done (hw/src/intranode.rs CLUSTER_TOKEN_STAMPS).
+constexpr int kTokenStamps = 32;
+
+// One token's reduction by the combine's reducer threads (`rtid` of kCombineReducerThreads),
+// between the two named barriers of the token: the partial row of every ring j with
+// slot[j] >= 0 (slot index j * R + e % R, written by ring j's leader) summed in fp32 into one
+// bf16 row at `out`; threads rtid < K sum the top-k weights into `out_w`. The leaders resolve the
+// slot once per ring and the reducers only scale it: a `% R` per (thread, source), the argument
+// reloads the asm "memory" clobbers forced and a dependent division chain per weight were most of
+// the reduction's time (results/h200/probe-run/tokens3-log.txt, reduce-log.txt).
+DEVICE void reduce_token(const int* slot, u32 rings, u32 wts, u32 row_bytes, int hidden_int4,
+                         int K, int4* out, float* out_w, int rtid) {
+    u32 src[NUM_RANKS];
+    u32 mask = 0;
+#pragma unroll
+    for (int j = 0; j < NUM_RANKS; ++j) {
+        const int k = slot[j];
+        src[j] = rings + (u32)(k >= 0 ? k : 0) * row_bytes;
+        mask |= (k >= 0 ? 1u : 0u) << j;
+    }
+    for (int i = rtid; i < hidden_int4; i += kCombineReducerThreads) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int h = 0; h < NUM_RANKS; h += 4) {
+            int4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4 && h + j < NUM_RANKS; ++j)
+                if ((mask >> (h + j)) & 1u) v[j] = ld_shared_v4(src[h + j] + 16u * (u32)i);
+#pragma unroll
+            for (int j = 0; j < 4 && h + j < NUM_RANKS; ++j)
+                if ((mask >> (h + j)) & 1u) accumulate_bf16x8(acc, v[j]);
+        }
+        st_na_v4(out + i, pack_bf16x8(acc));
+    }
+    if (rtid < K) {
+        float w[NUM_RANKS];
+#pragma unroll
+        for (int j = 0; j < NUM_RANKS; ++j) {
+            const int k = slot[j];
+            w[j] = k >= 0 ? __uint_as_float(ld_shared_u32(wts + ((u32)k * (u32)K + (u32)rtid) * 4u)) : 0.0f;
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NUM_RANKS; ++j) sum += w[j];
+        out_w[rtid] = sum;
+    }
+}
 
 extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kCombineClusterThreads, 1)
     intranode_combine_cluster(const NormalRankArgs* args, NormalParams p, ErrorRecord* err,
@@ -252,6 +301,7 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     const u32 bars = rings + (u32)(NUM_RANKS * R) * (u32)slot_bytes;
     int* heads = (int*)(ring_smem + (u64)NUM_RANKS * R * slot_bytes + (u64)NUM_RANKS * R * 8);
     __shared__ int expected[NUM_RANKS];
+    __shared__ __align__(16) int token_slot[NUM_RANKS];  // expected[d] as a slot index, or -1
     __shared__ int abort_flag;
     if (threadIdx.x == 0) abort_flag = 0;
     for (int i = threadIdx.x; i < NUM_RANKS; i += blockDim.x) heads[i] = 0;
@@ -260,8 +310,10 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     cluster_sync_all();
     const u64 t0 = globaltimer_ns();
     u64* times =
-        warp_ns != nullptr ? warp_ns + (u64)blockIdx.x * (1 + kCombineClusterThreads / 32) : nullptr;
+        warp_ns != nullptr ? warp_ns + (u64)blockIdx.x * (1 + kCombineClusterThreads / 32 + 2 * kTokenStamps)
+                           : nullptr;
     if (times != nullptr && threadIdx.x == 0) times[0] = t0;
+    u64* token_ns = times != nullptr ? times + 1 + kCombineClusterThreads / 32 : nullptr;
 
     if (warp < NUM_RANKS) {
         const int d = warp;
@@ -305,7 +357,7 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
         // leads ring d
         // (one waiting lane per warp: lanes of one warp spinning on different mbarriers would
         // serialise their potentially blocking try_waits).
-        const int rtid = threadIdx.x - NUM_RANKS * 32, rthreads = kCombineClusterThreads - NUM_RANKS * 32;
+        const int rtid = threadIdx.x - NUM_RANKS * 32, rthreads = kCombineReducerThreads;
         const bool leader = lane == 0 && warp < 2 * NUM_RANKS;
         int ts, te;
         channel_task_range(a.num_tokens, C, channel, ts, te);
@@ -319,9 +371,14 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
             d_head = map_to_rank(smem_addr(heads + me), d);
             for (int k = 0; k < R && k < n_d; ++k) mbar_arrive_expect_tx(d_bars + 8u * k, tx_bytes);
         }
+        // The leader loads the next token's send_head entry while it waits for this one's
+        // partial: the load (HBM: the dispatch wrote it before the timing flushed L2) leaves the
+        // critical path.
+        int e_next = (leader && ts < te) ? a.send_head[(u64)ts * NUM_RANKS + d] : -1;
         for (int t = ts; t < te; ++t) {
             if (leader) {
-                const int e = a.send_head[(u64)t * NUM_RANKS + d];
+                const int e = e_next;
+                if (t + 1 < te) e_next = a.send_head[(u64)(t + 1) * NUM_RANKS + d];
                 if (e >= 0) {
                     while (!mbar_try_wait_cluster(d_bars + 8u * (u32)(e % R), (u32)(e / R) & 1u)) {
                         if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
@@ -332,35 +389,18 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
                     }
                 }
                 expected[d] = e;
+                token_slot[d] = e >= 0 ? d * R + e % R : -1;
             }
             named_barrier(1, rthreads);
+            if (token_ns != nullptr && rtid == 0 && t - ts < kTokenStamps) token_ns[2 * (t - ts)] = globaltimer_ns();
             if (abort_flag) break;
-            for (int i = rtid; i < hidden_int4; i += rthreads) {
-                int4 v[NUM_RANKS];
-#pragma unroll
-                for (int j = 0; j < NUM_RANKS; ++j) {
-                    const int e = expected[j];
-                    if (e >= 0)
-                        v[j] = ld_shared_v4(rings + (u32)(j * R + e % R) * row_bytes + 16u * (u32)i);
-                }
-                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-                for (int j = 0; j < NUM_RANKS; ++j)
-                    if (expected[j] >= 0) accumulate_bf16x8(acc, v[j]);
-                st_na_v4(a.combined_x + (u64)t * hidden_int4 + i, pack_bf16x8(acc));
-            }
-            if (rtid < K) {
-                float w = 0.0f;
-                for (int j = 0; j < NUM_RANKS; ++j) {
-                    const int e = expected[j];
-                    if (e >= 0)
-                        w += __uint_as_float(
-                            ld_shared_u32(wts + (u32)(j * R + e % R) * 4u * K + 4u * (u32)rtid));
-                }
-                a.combined_topk_weights[(u64)t * K + rtid] = w;
-            }
+            reduce_token(token_slot, rings, wts, row_bytes, hidden_int4, K,
+                         a.combined_x + (u64)t * hidden_int4, a.combined_topk_weights + (u64)t * K,
+                         rtid);
             // Every receiver thread is done with this token's slots.
             named_barrier(1, rthreads);
+            if (token_ns != nullptr && rtid == 0 && t - ts < kTokenStamps)
+                token_ns[2 * (t - ts) + 1] = globaltimer_ns();
             if (leader) {
                 const int e = expected[d];
                 if (e >= 0) {
@@ -373,4 +413,49 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     __syncwarp();
     if (times != nullptr && lane == 0) times[1 + warp] = globaltimer_ns();
     cluster_sync_all();
+}
+
+// Probe of the combine's reduction alone (hw/src/cluster_probe.rs `run_reduce`; the simulator's
+// per-token reducer cost, docs/calibration.md "h200-single"). Each block is shaped like a
+// combine block (kCombineClusterThreads threads, the same reducer threads and named barrier)
+// and holds, like one, NUM_RANKS rings of R slots of partial rows and top-k weights in its
+// shared memory, already landed: ring j's rows are bf16 (j + 1) everywhere and its weights
+// (j + 1). For `tokens` tokens the leaders name the first `sources` rings (slot t % R), and the
+// reducers reduce them with `reduce_token` between the combine's two named barriers into rows
+// blockIdx.x * tokens + t of `out` / `out_w`. No sender and no waiting: the time per token is
+// the reduction's own, with every block of the grid doing the same at once. block_ns[b] = time
+// from the first token's barrier to the last one's.
+extern "C" __global__ void __launch_bounds__(kCombineClusterThreads, 1)
+    probe_cluster_reduce(int4* out, float* out_w, int hidden_int4, int K, int R, int sources,
+                         int tokens, u64* block_ns) {
+    extern __shared__ __align__(128) u8 ring_smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u32 row_bytes = (u32)hidden_int4 * 16u;
+    const u32 rings = smem_addr(ring_smem);
+    const u32 wts = rings + (u32)(NUM_RANKS * R) * row_bytes;
+    __shared__ __align__(16) int token_slot[NUM_RANKS];
+    for (int i = threadIdx.x; i < NUM_RANKS * R * hidden_int4; i += blockDim.x) {
+        const int j = i / (R * hidden_int4);
+        const u32 b = __float_as_uint((float)(j + 1)) >> 16;  // bf16 of j + 1 (exact)
+        const int v = (int)(b | (b << 16));
+        st_shared_v4(rings + 16u * (u32)i, make_int4(v, v, v, v));
+    }
+    for (int i = threadIdx.x; i < NUM_RANKS * R * K; i += blockDim.x)
+        st_shared_u32(wts + 4u * (u32)i, __float_as_uint((float)(i / (R * K) + 1)));
+    __syncthreads();
+    if (warp < NUM_RANKS) return;  // the combine's sender warps
+    const int rtid = threadIdx.x - NUM_RANKS * 32;
+    const bool leader = lane == 0 && warp < 2 * NUM_RANKS;
+    const int d = warp - NUM_RANKS;
+    u64 start = 0;
+    for (int t = 0; t < tokens; ++t) {
+        if (leader) token_slot[d] = d < sources ? d * R + t % R : -1;
+        named_barrier(1, kCombineReducerThreads);
+        if (t == 0 && rtid == 0) start = globaltimer_ns();
+        const u64 row = (u64)blockIdx.x * tokens + t;
+        reduce_token(token_slot, rings, wts, row_bytes, hidden_int4, K, out + row * hidden_int4,
+                     out_w + row * K, rtid);
+        named_barrier(1, kCombineReducerThreads);
+    }
+    if (rtid == 0) block_ns[blockIdx.x] = globaltimer_ns() - start;
 }

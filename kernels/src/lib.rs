@@ -106,7 +106,11 @@ pub static MODULES: &[KernelModule] = &[
         id: ModuleId::IntranodeCluster,
         file: "intranode_cluster.cu",
         source: include_str!("../cuda/intranode_cluster.cu"),
-        entry_points: &["intranode_dispatch_cluster", "intranode_combine_cluster"],
+        entry_points: &[
+            "intranode_dispatch_cluster",
+            "intranode_combine_cluster",
+            "probe_cluster_reduce",
+        ],
         required_defines: &["NUM_RANKS"],
     },
     KernelModule {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Variants of the cluster combine (hw/src/intranode.rs cluster_variant: 1 = send_head
+# prefetch, 2 = timeout check every 64th head poll, 4 = slot addresses and output row in
+# registers, 8 = 32-ns sleep between head polls), each with the per-token stamps
+# (EPTWIN_CLUSTER_TIMES=1). Log: tokens2-log.txt.
+# Binary built here and carried: strip -o .devbin/t1/eptwin target/release/eptwin.
+set -uo pipefail
+B=${EPTWIN_BIN:-.devbin/t1/eptwin}
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export NCCL_NVLS_ENABLE=0 EPTWIN_REQUIRE_HW=1 EPTWIN_KERNEL_CACHE=/tmp/eptwin-kernel-cache EPTWIN_KERNEL_TIMEOUT_MS=3000 EPTWIN_NCCL_BASELINE=0 EPTWIN_PROBES=0
+echo "== provenance"; date -u +%Y-%m-%dT%H:%M:%SZ; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+run() { # $1 = scenario, rest = env assignments
+  local sc="$1"; shift 1
+  echo; echo "== $* eptwin run scenarios/h200-ep8-$sc.toml --backend hw"
+  env "$@" timeout 150 $B run scenarios/h200-ep8-$sc.toml --backend hw --out /tmp/o 2>&1 | grep -E "memcpy ceiling|  ep8 |verdict|rror|warp finish|per token|FAILED"
+  echo "== exit ${PIPESTATUS[0]}"
+}
+for v in 0 1 2 4 8 3 5 7 15 0 1 2 4 8 3 5 7 15; do run normal-128 EPTWIN_CLUSTER_VARIANT=$v EPTWIN_CLUSTER_TIMES=1; done
+for v in 0 7 15 5 0 7 15 5; do run normal-4096 EPTWIN_CLUSTER_VARIANT=$v EPTWIN_CLUSTER_TIMES=1; done
+echo "== done"
