@@ -38,6 +38,9 @@ pub struct ProbeShape {
     pub slots: u32,
     /// Bytes per handed-over chunk (7,168: one FP8 row of the normal kernels).
     pub chunk_bytes: u32,
+    /// Whether the consumers store each chunk to the output (bulk copies only: without, the
+    /// handoff alone is measured and the output is not checked).
+    pub store: bool,
 }
 
 pub const CLUSTER_SIZE: u32 = 8;
@@ -66,7 +69,8 @@ impl ProbeShape {
         let kind = if self.tma() { "tma_" } else { "" };
         let blocks = self.clusters * CLUSTER_SIZE;
         let (t, c, n, b) = (self.threads, self.clusters, self.slots, self.chunk_bytes);
-        format!("{kind}{blocks}x{t}_{c}cl_{n}x{b}B")
+        let nostore = if self.store { "" } else { "_nostore" };
+        format!("{kind}{blocks}x{t}_{c}cl_{n}x{b}B{nostore}")
     }
 }
 
@@ -80,6 +84,7 @@ pub fn shapes() -> Vec<ProbeShape> {
         clusters,
         slots,
         chunk_bytes: 7168,
+        store: true,
     };
     let tma = |module, threads, clusters, slots, chunk_bytes| ProbeShape {
         kernel: "probe_cluster_tma_handoff",
@@ -88,6 +93,7 @@ pub fn shapes() -> Vec<ProbeShape> {
         clusters,
         slots,
         chunk_bytes,
+        store: true,
     };
     vec![
         warp("cluster_512", 512, 16, 2),
@@ -119,6 +125,7 @@ fn selected(fit: u32) -> Vec<ProbeShape> {
     let mut v = shapes();
     v.extend(waves(fit));
     v.extend(kernel_slots(fit));
+    v.extend(handoff_only(fit));
     v.into_iter().filter(|s| only.is_empty() || only.split(',').any(|k| k == kind(s))).collect()
 }
 
@@ -134,6 +141,26 @@ fn kernel_slots(fit: u32) -> Vec<ProbeShape> {
             clusters: fit.max(1),
             slots,
             chunk_bytes,
+            store: true,
+        })
+        .collect()
+}
+
+/// The handoff without the consumers' stores: one whole wave with the two chunk sizes of
+/// `waves` and the combine's slots, and one cluster alone. With stores a whole wave is bound by
+/// HBM (every byte read and written once, like a memcpy), which hides the handoff's own rate;
+/// without them HBM sees only the reads (docs/calibration.md, "h200-single").
+fn handoff_only(fit: u32) -> Vec<ProbeShape> {
+    [(fit.max(1), 4, 7168), (fit.max(1), 2, 14336), (fit.max(1), 2, 14368), (1, 4, 7168)]
+        .into_iter()
+        .map(|(clusters, slots, chunk_bytes)| ProbeShape {
+            kernel: "probe_cluster_tma_handoff",
+            module: "cluster_512",
+            threads: 512,
+            clusters,
+            slots,
+            chunk_bytes,
+            store: false,
         })
         .collect()
 }
@@ -150,6 +177,7 @@ fn waves(fit: u32) -> Vec<ProbeShape> {
                 clusters: fit.max(1) * waves,
                 slots,
                 chunk_bytes,
+                store: true,
             });
         }
     }
@@ -206,22 +234,41 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
         let (sp, dp, slots, cpw_i) = (src.ptr, dst.ptr, s.slots as i32, cpw as i32);
         let (err, to) = (devs.list[0].err.ptr, devs.timeout_ns());
         let blocks = s.clusters * CLUSTER_SIZE;
+        let store = s.store as i32;
         let launch = |dev: &crate::exec::Device| {
             let f = dev.module(s.module)?.function(s.kernel);
-            let mut a =
-                kernel_args![sp, dp, chunk_int4, cpw_i, slots, total_chunks, total_chunks, err, to];
+            let mut a = kernel_args![
+                sp,
+                dp,
+                chunk_int4,
+                cpw_i,
+                slots,
+                total_chunks,
+                total_chunks,
+                err,
+                to,
+                store
+            ];
+            // The register-copy kernel has no `store` (it always stores): one argument fewer.
+            let a = if s.tma() { &mut a[..] } else { &mut a[..9] };
             // SAFETY: every chunk index is < total_chunks (the launch covers 7/8 of the 1 GiB
             // buffers without wrapping); the dynamic shared memory is what the kernel's layout
             // needs for `slots` (smem_bytes) and the function was allowed that much above.
-            unsafe { dev.gpu.launch_with_smem(f, blocks, s.threads, smem, &mut a) }
+            unsafe { dev.gpu.launch_with_smem(f, blocks, s.threads, smem, a) }
         };
         let us = time_us(devs, 0, 5, launch)?;
         devs.finish("cluster handoff probe")?;
         let moved =
             blocks as u64 * s.producers_per_block() as u64 * cpw as u64 * s.chunk_bytes as u64;
-        devs.list[0].gpu.download(dst.ptr, &mut out)?;
-        let moved_words = (moved / 4) as usize;
-        let wrong = out[..moved_words].iter().zip(&pattern).filter(|(a, b)| a != b).count();
+        // Without stores nothing reaches the output: only the handoff's completion is checked
+        // (every consumer saw every chunk land, or the kernel would have timed out).
+        let wrong = if s.store {
+            devs.list[0].gpu.download(dst.ptr, &mut out)?;
+            let moved_words = (moved / 4) as usize;
+            Some(out[..moved_words].iter().zip(&pattern).filter(|(a, b)| a != b).count())
+        } else {
+            None
+        };
         bw.insert(s.key(), json!(round3(moved as f64 / (us * 1e3))));
         checks.insert(
             s.key(),
@@ -240,7 +287,7 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
             moved as f64 / (us * 1e3),
             moved,
             us,
-            wrong,
+            wrong.map_or("unchecked".to_string(), |w| w.to_string()),
             resident
         );
     }
@@ -360,7 +407,13 @@ mod tests {
 
     #[test]
     fn every_shape_fits_shared_memory_and_the_buffers() {
-        for s in shapes().into_iter().chain(waves(16)).chain(waves(0)).chain(kernel_slots(15)) {
+        for s in shapes()
+            .into_iter()
+            .chain(waves(16))
+            .chain(waves(0))
+            .chain(kernel_slots(15))
+            .chain(handoff_only(15))
+        {
             // 227 KiB of dynamic shared memory per block on sm_90.
             assert!(s.smem_bytes() <= 232_448, "{s:?}: {} bytes", s.smem_bytes());
             let warps = s.clusters * CLUSTER_SIZE * s.producers_per_block();

@@ -158,14 +158,17 @@ extern "C" __global__ void __cluster_dims__(CLUSTER_SIZE, 1, 1) __launch_bounds_
 // cluster scope, in the producer's shared memory). DeepEP's intranode kernels on Hopper move
 // rows with the same TMA bulk copies (`tma_load_1d` / `tma_store_1d`).
 
-// Same arguments, grid and byte accounting as probe_cluster_handoff. Dynamic shared memory: the
+// Same arguments, grid and byte accounting as probe_cluster_handoff, plus `store`: 0 = the
+// consumer returns each slot as soon as its chunk has landed, without storing it (the handoff
+// alone: the only HBM traffic is the producers' reads, so a rate that binds here is the
+// handoff's own, not the memory's). Dynamic shared memory: the
 // rings, then one 8-byte mbarrier per (ring, slot), then one head flag per ring. (A one-block
 // multicast at the producer's own offsets instead of the mapped addresses measured the same,
 // 2026-12-02 16:11 UTC.)
 extern "C" __global__ void __cluster_dims__(CLUSTER_SIZE, 1, 1) __launch_bounds__(CL_THREADS, 1)
     probe_cluster_tma_handoff(const int4* __restrict__ src, int4* __restrict__ dst, int chunk_int4,
                               int chunks_per_warp, int slots, u64 src_chunks, u64 dst_chunks,
-                              ErrorRecord* err, u64 timeout_ns) {
+                              ErrorRecord* err, u64 timeout_ns, int store) {
     extern __shared__ __align__(128) u8 cl_smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u32 me = cluster_ctarank();
@@ -233,12 +236,14 @@ extern "C" __global__ void __cluster_dims__(CLUSTER_SIZE, 1, 1) __launch_bounds_
                     }
                 }
                 if (!ok) break;
-                fence_proxy_async_shared();
-                tma_store_from_shared(dst + ((first + i) % dst_chunks) * chunk_int4,
-                                      ring_addr + (u32)s * chunk_bytes, chunk_bytes);
-                // Slot s goes back as soon as the store has read it (the normal cluster
-                // kernels' receivers do the same): re-arm it and hand it back.
-                tma_store_wait_read_all();
+                if (store) {
+                    fence_proxy_async_shared();
+                    tma_store_from_shared(dst + ((first + i) % dst_chunks) * chunk_int4,
+                                          ring_addr + (u32)s * chunk_bytes, chunk_bytes);
+                    // Slot s goes back as soon as the store has read it (the normal cluster
+                    // kernels' receivers do the same): re-arm it and hand it back.
+                    tma_store_wait_read_all();
+                }
                 if (i + slots < n) mbar_arrive_expect_tx(bar_addr + 8u * (u32)s, chunk_bytes);
                 st_release_cluster(head_addr, i + 1);
             }
