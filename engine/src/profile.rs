@@ -172,9 +172,13 @@ pub struct GpuMemory {
     /// Dynamic shared memory a block may have, bytes: how many ring slots fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_smem_bytes: Option<u64>,
-    /// Shared-memory reads of one block's combine reducers, GB/s.
+    /// A combine block's reduction of one token whose partials are in its shared memory, ns:
+    /// `cluster_reduce_ns` plus `cluster_reduce_source_ns` per source rank it sums (the
+    /// backend's reducer probe, `probe.cluster_reduce_ns_per_token`, fitted over 1–8 sources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster_smem_read_gbps: Option<f64>,
+    pub cluster_reduce_ns: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_reduce_source_ns: Option<f64>,
 }
 
 impl GpuMemory {
@@ -189,7 +193,8 @@ impl GpuMemory {
             ("cluster_handoff_chunk_ns", self.cluster_handoff_chunk_ns.is_some()),
             ("cluster_max_active_clusters", self.cluster_max_active_clusters.is_some()),
             ("cluster_smem_bytes", self.cluster_smem_bytes.is_some()),
-            ("cluster_smem_read_gbps", self.cluster_smem_read_gbps.is_some()),
+            ("cluster_reduce_ns", self.cluster_reduce_ns.is_some()),
+            ("cluster_reduce_source_ns", self.cluster_reduce_source_ns.is_some()),
         ];
         let missing: Vec<&str> = keys.iter().filter(|k| !k.1).map(|k| k.0).collect();
         match missing.len() {

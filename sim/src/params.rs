@@ -137,8 +137,9 @@ pub struct ClusterRings {
     pub max_active_clusters: u32,
     /// Dynamic shared memory per block, bytes.
     pub smem_bytes: u64,
-    /// A combine block's reducers reading its slots.
-    pub smem_read: Rate,
+    /// A combine block's reduction of one token: `reduce` plus `reduce_source` per partial.
+    pub reduce: Time,
+    pub reduce_source: Time,
 }
 
 /// Steps of one item of the low-latency dispatch's send loop, each measured with every SM
@@ -233,14 +234,14 @@ impl Params {
                     (m.cluster_handoff_bw_gbps, m.cluster_handoff_chunk_ns),
                     m.cluster_max_active_clusters,
                     m.cluster_smem_bytes,
-                    m.cluster_smem_read_gbps,
+                    (m.cluster_reduce_ns, m.cluster_reduce_source_ns),
                 ) {
                     (
                         (Some(fill), Some(bulk), Some(store)),
                         (Some(handoff), Some(chunk)),
                         Some(act),
                         Some(smem),
-                        Some(rd),
+                        (Some(reduce), Some(reduce_source)),
                     ) => Some(ClusterRings {
                         fill: ns_f(fill),
                         bulk: Rate::from_gbps(bulk),
@@ -249,7 +250,8 @@ impl Params {
                         handoff_chunk: ns_f(chunk),
                         max_active_clusters: act.max(1),
                         smem_bytes: smem,
-                        smem_read: Rate::from_gbps(rd),
+                        reduce: ns_f(reduce),
+                        reduce_source: ns_f(reduce_source),
                     }),
                     _ => None,
                 },

@@ -161,9 +161,12 @@ pub struct ClusterProgram {
     read_once: Vec<bool>,
     /// Dispatch receivers: when the last store is done.
     store_end: Vec<Time>,
-    /// Combine reducers (channel, rank): next token; whether its `send_head` row is loaded.
+    /// Combine reducers (channel, rank): next token; whether its `send_head` entry has been
+    /// waited for; when the entry after it is loaded (the leaders load it while this token's
+    /// partials land).
     next: Vec<u32>,
     loaded: Vec<bool>,
+    head_at: Vec<Time>,
     /// Workers (warps) still running; started once (senders' and receivers' first wake).
     done: Vec<bool>,
     started: Vec<bool>,
@@ -239,6 +242,7 @@ impl ClusterProgram {
                 .map(|i| channel_range(w.tokens_per_rank, channels, i / n).0)
                 .collect(),
             loaded: vec![false; (channels * n) as usize],
+            head_at: vec![0; (channels * n) as usize],
             done: Vec::new(),
             started: Vec::new(),
             channel_left: vec![0; channels as usize],
@@ -529,23 +533,31 @@ impl ClusterProgram {
         }
     }
 
-    /// The reducers of block (channel c, rank r): the channel's tokens in order; per token the
-    /// leaders load its `send_head` row, wait for the slot of every rank it visited, then the
-    /// block sums the partials out of shared memory, writes the row and hands the slots back
-    /// (a release after the row's stores).
+    /// The reducers of block (channel c, rank r): the channel's tokens in order. The ring
+    /// leaders load a token's `send_head` entries (the channel's first from HBM: the dispatch
+    /// wrote them before the timing flushed L2; each next one while the current token's
+    /// partials land), wait for the slot of every rank the token visited, then the block sums
+    /// the partials out of shared memory (the reducer probe's time for that many sources),
+    /// stores the row and hands the slots back with a release, which waits for the row's
+    /// stores to reach L2 (their write-back to HBM is posted: it takes HBM time from the
+    /// fills, nothing waits for it).
     fn reduce(&mut self, core: &mut Core, c: u32, r: u32) {
         let i = (c * self.n + r) as usize;
         let wk = self.num_rings() + i as u32;
-        let (_, hi) = channel_range(self.tokens, self.channels, c);
+        let (lo, hi) = channel_range(self.tokens, self.channels, c);
         let t = self.next[i];
         if t >= hi {
             return self.worker_done(core, wk);
         }
         if !self.loaded[i] {
             self.loaded[i] = true;
-            // Its send_head row: written by the dispatch before the timing flushed L2 (HBM).
-            core.wake_at(core.now + self.m.load_hbm, self.me, wk);
-            return;
+            let now = core.now;
+            let ready = if t == lo { now + self.m.load_hbm } else { self.head_at[i].max(now) };
+            self.head_at[i] = ready + self.m.load_hbm;
+            if ready > now {
+                core.wake_at(ready, self.me, wk);
+                return;
+            }
         }
         let mut srcs = Vec::new();
         self.routing.token_ranks(r, t, &mut srcs);
@@ -568,21 +580,13 @@ impl ClusterProgram {
             self.ledger.arrive(r, mix(d, t, 0));
         }
         let now = core.now;
-        let sums = self.c.smem_read.time(srcs.len() as u64 * self.slot_bytes);
+        let reduced = now + self.c.reduce + srcs.len() as u64 * self.c.reduce_source;
+        let (gpu, sm) = (self.gpu, self.sm(c, r));
+        let stored =
+            core.sm_traffic(now, gpu, sm, self.out_bytes, 0, 0, 0, Action::None, self.me, 0);
         let dram = self.out_bytes + self.flushed.take(self.out_bytes);
-        let end = core.sm_traffic(
-            now,
-            self.gpu,
-            self.sm(c, r),
-            self.out_bytes,
-            dram,
-            0,
-            sums,
-            Action::None,
-            self.me,
-            0,
-        );
-        let released = end + self.m.release;
+        core.sm_traffic(now, gpu, sm, 0, dram, 0, 0, Action::None, self.me, 0);
+        let released = reduced.max(stored) + self.m.release;
         for &d in &srcs {
             let ri = self.ring(c, d, r);
             core.act_at(released, Action::Add { counter: self.rings[ri].head, delta: 1 });
@@ -716,7 +720,8 @@ mod tests {
             handoff_chunk: 0,
             max_active_clusters: 15,
             smem_bytes: 232_448,
-            smem_read: Rate::from_gbps(250.0),
+            reduce: ns(1000),
+            reduce_source: ns(100),
         }
     }
 
@@ -799,7 +804,8 @@ iterations = 1
             "cluster_fill_ns = {fill:?}, cluster_bulk_copy_gbps = {bulk:?}, \
              cluster_store_ns = 0.0, cluster_handoff_chunk_ns = 0.0, \
              cluster_handoff_bw_gbps = {handoff:?}, cluster_max_active_clusters = {active}, \
-             cluster_smem_bytes = {smem}, cluster_smem_read_gbps = 253.0"
+             cluster_smem_bytes = {smem}, cluster_reduce_ns = 1066.0, \
+             cluster_reduce_source_ns = 110.0"
         )
     }
 
@@ -894,7 +900,8 @@ iterations = 1
             "cluster_fill_ns = 4515.0, cluster_bulk_copy_gbps = 47.9, cluster_store_ns = 0.0, \
              cluster_handoff_chunk_ns = 0.0, \
              cluster_handoff_bw_gbps = 1793.0, cluster_max_active_clusters = 15, \
-             cluster_smem_bytes = 232448, cluster_smem_read_gbps = 20.0"
+             cluster_smem_bytes = 232448, cluster_reduce_ns = 1066.0, \
+             cluster_reduce_source_ns = 1100.0"
                 .to_string(),
         ];
         for k in &slower {
