@@ -165,6 +165,10 @@ pub struct GpuMemory {
     /// ... plus this much of its time per chunk handed over, ns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_handoff_chunk_ns: Option<f64>,
+    /// One SM's intake of bulk copies into its shared memory from its cluster's blocks, GB/s
+    /// (every fill of its rings crosses it): one cluster alone without the consumers' stores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_sm_ingest_gbps: Option<f64>,
     /// Clusters of 8 one-block-per-SM blocks resident at once (`cuOccupancyMaxActiveClusters`);
     /// a grid of more runs in waves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -191,6 +195,7 @@ impl GpuMemory {
             ("cluster_store_ns", self.cluster_store_ns.is_some()),
             ("cluster_handoff_bw_gbps", self.cluster_handoff_bw_gbps.is_some()),
             ("cluster_handoff_chunk_ns", self.cluster_handoff_chunk_ns.is_some()),
+            ("cluster_sm_ingest_gbps", self.cluster_sm_ingest_gbps.is_some()),
             ("cluster_max_active_clusters", self.cluster_max_active_clusters.is_some()),
             ("cluster_smem_bytes", self.cluster_smem_bytes.is_some()),
             ("cluster_reduce_ns", self.cluster_reduce_ns.is_some()),

@@ -133,6 +133,8 @@ pub struct ClusterRings {
     /// plus `handoff_chunk` per chunk.
     pub handoff: Rate,
     pub handoff_chunk: Time,
+    /// Each SM's intake of the bulk copies into its shared memory.
+    pub sm_ingest: Rate,
     /// Clusters of 8 one-block-per-SM blocks resident at once.
     pub max_active_clusters: u32,
     /// Dynamic shared memory per block, bytes.
@@ -231,14 +233,18 @@ impl Params {
                 ll_recv_poll: m.ll_recv_poll_ns.map(ns_f),
                 cluster: match (
                     (m.cluster_fill_ns, m.cluster_bulk_copy_gbps, m.cluster_store_ns),
-                    (m.cluster_handoff_bw_gbps, m.cluster_handoff_chunk_ns),
+                    (
+                        m.cluster_handoff_bw_gbps,
+                        m.cluster_handoff_chunk_ns,
+                        m.cluster_sm_ingest_gbps,
+                    ),
                     m.cluster_max_active_clusters,
                     m.cluster_smem_bytes,
                     (m.cluster_reduce_ns, m.cluster_reduce_source_ns),
                 ) {
                     (
                         (Some(fill), Some(bulk), Some(store)),
-                        (Some(handoff), Some(chunk)),
+                        (Some(handoff), Some(chunk), Some(ingest)),
                         Some(act),
                         Some(smem),
                         (Some(reduce), Some(reduce_source)),
@@ -248,6 +254,7 @@ impl Params {
                         store: ns_f(store),
                         handoff: Rate::from_gbps(handoff),
                         handoff_chunk: ns_f(chunk),
+                        sm_ingest: Rate::from_gbps(ingest),
                         max_active_clusters: act.max(1),
                         smem_bytes: smem,
                         reduce: ns_f(reduce),

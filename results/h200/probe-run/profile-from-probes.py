@@ -16,7 +16,7 @@ Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send
   1,024 items ll_recv_poll_ns, averaged over the occurrences.
   --cluster FILE: probe.cluster_handoff_checks (and probe.cluster_handoff_max_active_clusters)
   from FILE (a result JSON of a run with EPTWIN_CLUSTER_PROBE=1, or a log with "# measured"
-  lines; shapes measured more than once are averaged) for the eight cluster_* keys of the
+  lines; shapes measured more than once are averaged) for the ten cluster_* keys of the
   simulator's model of the cluster kernels (sim/src/deepep/one_gpu_cluster.rs); without it, from
   RESULT if it has them. Every cluster probe shape is printed with the model's time for it.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
@@ -44,8 +44,16 @@ producer warp cpw = X / (producer warps x chunk) chunks, so a pair takes p = T /
     (pair_period = max(store, (fill + store) / slots), store = cluster_store_ns + b / bulk), so
     cluster_store_ns and cluster_bulk_copy_gbps solve from the two chunk sizes; with one slot
     nothing overlaps: cluster_fill_ns = T(1 x 7168) - T(4 x 7168) per chunk.
-  * One whole wave, 4 x 7,168 B and 2 x 14,336 B: X / cluster_handoff_bw_gbps + chunks x
-    cluster_handoff_chunk_ns = T (two equations).
+  * One whole wave without the consumers' stores (key suffix _nostore), 4 x 7,168 B and
+    2 x 14,336 B: X / cluster_handoff_bw_gbps + chunks x cluster_handoff_chunk_ns = T (two
+    equations). With the stores a whole wave reads and writes every byte once and HBM binds
+    (2X / dram_bw_gbps), which says nothing about the handoff; without them HBM sees X, and the
+    2 x 14,336 B wave still comes within a few per cent of X / dram_bw_gbps, so the rate solved
+    is a lower bound of the handoff's (it never binds before HBM in the model).
+The reducer probe (kernels/cuda/intranode_cluster.cu probe_cluster_reduce,
+probe.cluster_reduce_ns_per_token, shape {blocks}blk.k{sources}): a combine block's reduction of
+one token from k partials in shared memory. cluster_reduce_ns + k x cluster_reduce_source_ns,
+least squares over k on the block-per-SM shapes.
 """
 import json
 import math
@@ -74,7 +82,7 @@ def handoffs(path):
 
 
 CLUSTER_BLOCKS = 8  # blocks per cluster of the probe (hw/src/cluster_probe.rs CLUSTER_SIZE)
-CLUSTER_KEY = re.compile(r"^tma_(\d+)x(\d+)_(\d+)cl_(\d+)x(\d+)B$")
+CLUSTER_KEY = re.compile(r"^tma_(\d+)x(\d+)_(\d+)cl_(\d+)x(\d+)B(_nostore)?$")
 # The kernels' slots (hw/src/intranode.rs): dispatch 3 x 7,472 B, combine 2 x 14,368 B.
 KERNEL_SLOTS = [(3, 7472), (2, 14368)]
 # sm_90: the dynamic shared memory a block may opt in to (hw/src/intranode.rs).
@@ -103,19 +111,20 @@ def cluster_shapes(runs, launch_us):
     for checks, _, launch in runs:
         for key, c in checks.items():
             m = CLUSTER_KEY.match(key)
-            if not m or c.get("wrong_words", 0) != 0:
+            # Shapes without stores are not checked word for word (wrong_words null).
+            if not m or c.get("wrong_words") not in (0, None):
                 continue
             acc.setdefault(key, (m, c["bytes"], [], []))[2].append(c["kernel_us"])
             acc[key][3].append(launch if launch is not None else launch_us)
     shapes = {}
     for key, (m, x, us, launches) in sorted(acc.items()):
-        blocks, threads, clusters, slots, chunk = (int(g) for g in m.groups())
+        blocks, threads, clusters, slots, chunk = (int(g) for g in m.groups()[:5])
         warps = blocks * (threads // 64)
         cpw = x / (warps * chunk)
         t = sum(us) / len(us) - sum(launches) / len(launches)
         shapes[key] = dict(blocks=blocks, threads=threads, clusters=clusters, slots=slots,
                            chunk=chunk, bytes=x, kernel_us=sum(us) / len(us), runs=len(us),
-                           cpw=cpw, t_us=t, pair_us=t / cpw)
+                           cpw=cpw, t_us=t, pair_us=t / cpw, store=m.group(6) is None)
     return shapes
 
 
@@ -126,7 +135,36 @@ def pair_period_ns(k, slots, b):
     return max(store, (k["fill_ns"] + store) / max(1, slots))
 
 
-def cluster_lines(runs, src, m, mem):
+def reduce_runs(path):
+    """Every probe.cluster_reduce_ns_per_token in a result JSON or a log."""
+    text = open(path).read()
+    if path.endswith(".json"):
+        m = json.loads(text)["measurements"]
+        v = m.get("probe.cluster_reduce_ns_per_token")
+        return [v] if v else []
+    return probe_values(path, "cluster_reduce_ns_per_token")
+
+
+def reduce_fit(runs):
+    """(cluster_reduce_ns, cluster_reduce_source_ns, [(k, mean ns)]) from the shapes with a block
+    per SM ({blocks}blk.k{k}, the most blocks measured), or None."""
+    acc = {}
+    for r in runs:
+        most = max((int(key.split("blk")[0]) for key in r), default=0)
+        for key, ns in r.items():
+            blocks, k = key.split("blk.k")
+            if int(blocks) == most and most > 1:
+                acc.setdefault(int(k), []).append(ns)
+    if len(acc) < 2:
+        return None
+    pts = sorted((k, sum(v) / len(v)) for k, v in acc.items())
+    mk = sum(k for k, _ in pts) / len(pts)
+    mv = sum(v for _, v in pts) / len(pts)
+    per = sum((k - mk) * (v - mv) for k, v in pts) / sum((k - mk) ** 2 for k, _ in pts)
+    return mv - per * mk, per, pts
+
+
+def cluster_lines(runs, src, m, mem, runs_reduce=()):
     """The eight cluster_* lines and a table of every shape, model against measurement.
 
     One cluster alone (64 pairs): with 4 x 7,168 B and 2 x 14,368 B slots the consumer's
@@ -137,7 +175,8 @@ def cluster_lines(runs, src, m, mem):
     shapes = cluster_shapes(runs, launch_us)
     active = next((a for _, a, _ in runs if a), None) or 15
     need = ["tma_8x512_1cl_1x7168B", "tma_8x512_1cl_4x7168B", "tma_8x512_1cl_2x14368B",
-            f"tma_{8 * active}x512_{active}cl_4x7168B", f"tma_{8 * active}x512_{active}cl_2x14336B"]
+            f"tma_{8 * active}x512_{active}cl_4x7168B_nostore",
+            f"tma_{8 * active}x512_{active}cl_2x14336B_nostore", "tma_8x512_1cl_4x7168B_nostore"]
     missing = [k for k in need if k not in shapes]
     if missing:
         return [], [f"{src} lacks {', '.join(missing)}: no cluster keys"]
@@ -149,6 +188,11 @@ def cluster_lines(runs, src, m, mem):
     na, nb = a["bytes"] / 7168, b["bytes"] / 14336
     chunk_ns = (a["t_us"] - b["t_us"]) * 1e3 / (na - nb)
     handoff = a["bytes"] / (a["t_us"] * 1e3 - na * chunk_ns)
+    # One cluster alone without stores: each block takes in a chunk per producer warp of the
+    # cluster (threads / 64 per block, one ring each in every block) per pair period.
+    nost = shapes[need[5]]
+    producers = nost["threads"] // 64
+    ingest = producers * nost["chunk"] / (nost["pair_us"] * 1e3)
     k = dict(fill_ns=fill, bulk_gbps=bulk, store_ns=store)
     lines = [
         f"cluster_fill_ns = {fill:.0f} # T(1 x 7168) - T(4 x 7168) = {p1 / 1e3:.3f} - {p4 / 1e3:.3f} us {src}",
@@ -156,19 +200,31 @@ def cluster_lines(runs, src, m, mem):
         f"cluster_store_ns = {store:.0f} # {p4 / 1e3:.3f} us - 7,168 B / {bulk:.2f} GB/s {src}",
         f"cluster_handoff_bw_gbps = {handoff:.0f} # {need[3]} and {need[4]} {src}",
         f"cluster_handoff_chunk_ns = {chunk_ns:.3f} # the same two shapes {src}",
+        f"cluster_sm_ingest_gbps = {ingest:.1f} # {need[5]}: {producers} chunks of 7,168 B into "
+        f"each block per {shapes[need[5]]['pair_us']:.3f} us {src}",
         f"cluster_max_active_clusters = {active} # probe.cluster_handoff_max_active_clusters {src}",
         f"cluster_smem_bytes = {SMEM_BYTES} # sm_90 opt-in dynamic shared memory per block",
     ]
-    clock = 1.98  # GHz, nvidia-smi clocks.max.sm (results/h200/README.md)
-    lines.append(f"cluster_smem_read_gbps = {128 * clock:.0f} # [calibrate] prior, no probe: "
-                 f"128 B per clock per SM x {clock} GHz")
+    reduce = reduce_fit(runs_reduce)
+    if reduce is None:
+        return [], [f"{src} lacks probe.cluster_reduce_ns_per_token: no cluster keys"]
+    base, per, pts = reduce
+    lines.append(f"cluster_reduce_ns = {base:.0f} # probe.cluster_reduce_ns_per_token "
+                 f"{', '.join(f'k{k} {v:.0f}' for k, v in pts)} ns, least squares over k {src}")
+    lines.append(f"cluster_reduce_source_ns = {per:.1f} # the same fit, per source {src}")
     # Every shape: the model's time (waves of `active` clusters; each wave the slower of its
     # pairs' chain and the GPU's handoff; the L2 and HBM servers as a check).
     notes = [f"{'shape':<32} {'runs':>4} {'meas us':>9} {'model us':>9} {'err':>7}  "
              f"{'pair ns':>8} {'chain ns':>8}  binds"]
     for key, s in shapes.items():
         pairs_per_cluster = CLUSTER_BLOCKS * (s["threads"] // 64)
-        chain = pair_period_ns(k, s["slots"], s["chunk"])
+        # Without stores a slot cycles through its refill only; every chunk crosses its
+        # consumer's SM intake, a chunk per producer warp of the cluster per period.
+        intake = s["threads"] // 64 * s["chunk"] / ingest
+        if s["store"]:
+            chain = max(pair_period_ns(k, s["slots"], s["chunk"]), intake)
+        else:
+            chain = max(fill / s["slots"], intake)
         t, left, binds = 0.0, s["clusters"], set()
         while left > 0:
             k_cl = min(left, active)
@@ -179,8 +235,11 @@ def cluster_lines(runs, src, m, mem):
             binds.add("handoff" if by_rate >= by_chain else "chain")
             left -= k_cl
         x = s["bytes"]
-        hbm_us = (2 * x + mem["l2_bytes"]) / mem["dram_bw_gbps"] / 1e3
-        l2_us = 2 * x / mem["l2_bw_gbps"] / 1e3 + (2 * x + mem["l2_bytes"]) / mem["l2_hbm_bw_gbps"] / 1e3
+        # Read once; written once more when the consumers store (the flushed L2's dirty lines
+        # are written back either way).
+        moved = 2 * x if s["store"] else x
+        hbm_us = (moved + mem["l2_bytes"]) / mem["dram_bw_gbps"] / 1e3
+        l2_us = moved / mem["l2_bw_gbps"] / 1e3 + (moved + mem["l2_bytes"]) / mem["l2_hbm_bw_gbps"] / 1e3
         if max(hbm_us, l2_us) > t:
             binds.add("L2/HBM servers")
             t = max(hbm_us, l2_us)
@@ -301,13 +360,16 @@ def main():
                 f"{', '.join(f'{v:.0f}' for v in vals)}) {csrc}"
             )
     runs = [r for f in cluster_files for r in cluster_runs(f)]
+    runs_reduce = [r for f in cluster_files for r in reduce_runs(f)]
     if not cluster_files and "probe.cluster_handoff_checks" in m:
         runs = cluster_runs(path)
+        runs_reduce = reduce_runs(path)
     notes = []
     if runs:
         mem = {"l2_bytes": doc["backend"]["l2_bytes"], "l2_bw_gbps": l2, "l2_hbm_bw_gbps": l2_hbm,
                "dram_bw_gbps": 2 * max(best("hbm_to_hbm"), m["probe.copy_kernel_bw_gbps"])}
-        more, notes = cluster_lines(runs, f"({', '.join(cluster_files) or label})", m, mem)
+        more, notes = cluster_lines(runs, f"({', '.join(cluster_files) or label})", m, mem,
+                                    runs_reduce)
         lines += more
     print("\n".join(lines))
     if notes:

@@ -178,8 +178,9 @@ pub struct ClusterProgram {
     waiting: VecDeque<u32>,
     channels_left: u32,
     slots: u32,
-    /// Every bulk copy into a peer's shared memory.
+    /// Every bulk copy into a peer's shared memory; each SM's intake of them.
     handoff: Server,
+    ingest: Vec<Server>,
     ranks_started: u32,
     t0: Time,
     mem0: MemSnap,
@@ -252,6 +253,7 @@ impl ClusterProgram {
             channels_left: channels,
             slots,
             handoff: Server::new(c.handoff),
+            ingest: (0..resident * n).map(|_| Server::new(c.sm_ingest)).collect(),
             ranks_started: 0,
             t0: 0,
             mem0: MemSnap::of(core, gpu),
@@ -378,6 +380,14 @@ impl ClusterProgram {
         let chunk = if self.dispatch { 0 } else { self.c.handoff_chunk };
         let d = self.c.handoff.time(self.slot_bytes) + chunk;
         let (_, handed) = self.handoff.reserve_for(now, self.slot_bytes, d);
+        // The consumer's SM takes the chunk in at the end of the chain (the chain's own
+        // transfer at that rate, which the probe's lone pair included): concurrent fills into
+        // one block queue there.
+        let dst = ri as u32 % self.n;
+        let into = self.sm(c, dst) as usize;
+        let own = self.c.sm_ingest.time(self.slot_bytes).min(self.c.fill);
+        let (_, taken) = self.ingest[into].reserve(now + self.c.fill - own, self.slot_bytes);
+        let handed = handed.max(taken);
         let dram = hbm + self.flushed.take(hbm);
         let chain = self.c.fill;
         let sm = self.sm(c, src);
@@ -718,6 +728,7 @@ mod tests {
             store: 0,
             handoff: Rate::from_gbps(1000.0),
             handoff_chunk: 0,
+            sm_ingest: Rate::from_gbps(1e6),
             max_active_clusters: 15,
             smem_bytes: 232_448,
             reduce: ns(1000),
@@ -804,6 +815,7 @@ iterations = 1
             "cluster_fill_ns = {fill:?}, cluster_bulk_copy_gbps = {bulk:?}, \
              cluster_store_ns = 0.0, cluster_handoff_chunk_ns = 0.0, \
              cluster_handoff_bw_gbps = {handoff:?}, cluster_max_active_clusters = {active}, \
+             cluster_sm_ingest_gbps = 1e6, \
              cluster_smem_bytes = {smem}, cluster_reduce_ns = 1066.0, \
              cluster_reduce_source_ns = 110.0"
         )
@@ -900,6 +912,7 @@ iterations = 1
             "cluster_fill_ns = 4515.0, cluster_bulk_copy_gbps = 47.9, cluster_store_ns = 0.0, \
              cluster_handoff_chunk_ns = 0.0, \
              cluster_handoff_bw_gbps = 1793.0, cluster_max_active_clusters = 15, \
+             cluster_sm_ingest_gbps = 1e6, \
              cluster_smem_bytes = 232448, cluster_reduce_ns = 1066.0, \
              cluster_reduce_source_ns = 1100.0"
                 .to_string(),
