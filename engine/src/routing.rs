@@ -178,21 +178,63 @@ pub fn generate(workload: &WorkloadSpec, num_ranks: u32) -> RoutingTable {
     }
 }
 
-/// Put the indices of the `k` largest values first in `order` (descending; ties by index).
+/// Put the indices of the `k` largest values first in `order` (descending; ties by index;
+/// what follows them is unspecified).
+///
+/// One pass keeping the best `k` so far in order: a value enters only when it beats the
+/// `k`-th best, which for random scores happens ≈ k·ln(n/k) times (a selection plus a sort
+/// of the whole index array took ≈ 8 % of an EP64 normal run's time). The order is total
+/// (value, then index), so the result is the one any exact top-k gives.
 fn top_indices(values: &[f64], order: &mut [u32], k: usize) {
-    for (i, o) in order.iter_mut().enumerate() {
-        *o = i as u32;
+    let k = k.min(values.len()).min(order.len());
+    if k == 0 {
+        return;
     }
-    let cmp = |a: &u32, b: &u32| values[*b as usize].total_cmp(&values[*a as usize]).then(a.cmp(b));
-    if k < order.len() {
-        order.select_nth_unstable_by(k, cmp);
+    // `a` (the later index) ranks before `b`: strictly larger value (an equal value keeps
+    // the smaller index first).
+    let beats = |a: u32, b: u32| values[a as usize].total_cmp(&values[b as usize]).is_gt();
+    let mut n = 0;
+    for i in 0..values.len() as u32 {
+        let mut pos = if n < k {
+            n += 1;
+            n - 1
+        } else if beats(i, order[k - 1]) {
+            k - 1
+        } else {
+            continue;
+        };
+        while pos > 0 && beats(i, order[pos - 1]) {
+            order[pos] = order[pos - 1];
+            pos -= 1;
+        }
+        order[pos] = i;
     }
-    order[..k.min(values.len())].sort_unstable_by(cmp);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass top-k gives what a selection and a sort under the same total order give,
+    /// with many ties and for every k.
+    #[test]
+    fn top_indices_matches_select_and_sort() {
+        let mut rng = Rng::new(9, 0);
+        for case in 0..2_000 {
+            let n = 1 + rng.below(300) as usize;
+            let distinct = 1 + rng.below(if case % 2 == 0 { 4 } else { 1_000 });
+            let values: Vec<f64> = (0..n).map(|_| rng.below(distinct) as f64 - 1.0).collect();
+            let k = rng.below(n as u32 + 2) as usize;
+            let mut want: Vec<u32> = (0..n as u32).collect();
+            want.sort_unstable_by(|a, b| {
+                values[*b as usize].total_cmp(&values[*a as usize]).then(a.cmp(b))
+            });
+            let mut got = vec![u32::MAX; n];
+            top_indices(&values, &mut got, k);
+            let k = k.min(n);
+            assert_eq!(got[..k], want[..k], "n {n} k {k} values {values:?}");
+        }
+    }
 
     fn workload(routing: RoutingKind, tokens: u32, experts: u32) -> WorkloadSpec {
         let mut w: WorkloadSpec = toml::from_str(&format!(

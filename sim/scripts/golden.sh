@@ -6,6 +6,10 @@
 #
 #   sim/scripts/golden.sh record DIR    # before a change: write the reference results to DIR
 #   sim/scripts/golden.sh check DIR     # after: run again into a temp dir and compare with DIR
+#
+# A change that is meant to move results slightly (documented in results/sim/README.md) is
+# measured with sim/scripts/result-diff.py REF_DIR NEW_DIR instead: per file and field, the
+# number of differing values and the largest relative difference.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:?record|check}

@@ -185,6 +185,11 @@ pub struct Net {
     pub single_lane: Option<u8>,
     /// Lanes the run's jobs use.
     pub job_lanes: LaneMask,
+    /// Switch output ports reserve arriving packets when nothing is queued ([`Core::reserve`]):
+    /// a single lane and static routing.
+    pub reserving: bool,
+    /// Routing does not depend on the fabric's state (not adaptive).
+    static_routing: bool,
     // Geometry of the rail-optimized fat tree.
     rails: u32,
     nodes_per_leaf: u32,
@@ -245,6 +250,8 @@ impl Net {
             lossless,
             single_lane: None,
             job_lanes: 0,
+            reserving: false,
+            static_routing: !params.adaptive,
             rails,
             nodes_per_leaf,
             leaves_per_rail,
@@ -432,6 +439,7 @@ impl Net {
         let schedulable = !self.unschedulable;
         self.single_lane = (lanes.count_ones() == 1 && lanes & schedulable != 0)
             .then(|| lanes.trailing_zeros() as u8);
+        self.reserving = self.single_lane.is_some() && self.static_routing;
     }
 
     pub fn lanes_in_use(&self) -> LaneMask {
@@ -535,7 +543,12 @@ impl Core {
     /// Absorb the credit returns of (port, lane) that are due.
     #[inline]
     fn absorb_credits(&mut self, li: usize) -> i32 {
-        let now = self.now;
+        self.absorb_credits_upto(li, self.now)
+    }
+
+    /// Absorb the credit returns of (port, lane) due by `now` (a reserved start's time).
+    #[inline]
+    fn absorb_credits_upto(&mut self, li: usize, now: Time) -> i32 {
         let q = &mut self.net.returns[li];
         let mut got = 0i32;
         while let Some(&(t, b)) = q.front() {
@@ -561,9 +574,12 @@ impl Core {
         // Every return is due after now, and a drained ring's returns were all due by now:
         // the latest return ever queued bounds the ring's last entry exactly when there is one.
         let l = &mut net.lanes[li];
-        let t = t.max(l.returns_last);
-        l.returns_last = t;
-        net.returns[li].push_back((t, blocks as u32));
+        if t >= l.returns_last {
+            l.returns_last = t;
+            net.returns[li].push_back((t, blocks as u32));
+        } else {
+            net.returns[li].insert_sorted_by_key((t, blocks as u32), |r| r.0);
+        }
         // A port idle for lack of credits must learn about them.
         let port = &net.ports[p as usize];
         if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
@@ -714,25 +730,67 @@ impl Core {
             let (pkt, wire, dst) = self.take_qp_packet(p, lane as u8, head.item & !QP_ITEM);
             (pkt, wire, dst, NONE)
         } else {
+            let net = &mut self.net;
+            let l = &mut net.lanes[li];
+            l.q.pop_front();
+            match l.q.front() {
+                Some(next) => l.head_wire = next.wire,
+                None => net.ports[pi].nonempty &= !(1 << lane),
+            }
+            if head.from == NONE {
+                // Leaving its NIC: an ACK can no longer absorb later completions.
+                net.pkts[head.item].at_nic = false;
+            }
             (head.item, head.wire, head.dst, head.from)
         };
+        self.send(p, lane, pkt_id, wire, dst, from, now);
+    }
+
+    /// A packet reaching switch output port `p` when nothing is queued there (on any lane)
+    /// starts when the port is free, `max(now, busy_until)`, without entering the queue: the
+    /// port is reserved for it now, and its next hop scheduled. Nothing else can start on the
+    /// port before then (the lane is the run's only one, and any later arrival finds the port
+    /// reserved), so the start time is the one the queue would give, provided the credits due
+    /// by then suffice; if the returns known now do not show that, the packet queues as usual
+    /// (false). Only the push order of its next events differs: they are pushed now, not at
+    /// the start. Not with adaptive routing, which reads the queued bytes.
+    #[inline(never)]
+    fn reserve(&mut self, p: u32, lane: u8, e: QEntry) -> bool {
+        let pi = p as usize;
+        let li = self.net.li(pi, lane as usize);
+        let start = self.now.max(self.net.ports[pi].busy_until);
+        let need = e.wire.div_ceil(64) as i32;
+        if self.net.lanes[li].credits < need && self.absorb_credits_upto(li, start) < need {
+            return false;
+        }
+        self.send(p, lane as usize, e.item, e.wire, e.dst, e.from, start);
+        true
+    }
+
+    /// Start packet `pkt_id` (already out of its queue) on port `p` at `start` (now, or a
+    /// reserved time when the port is free): credits, serialization, the credit return to
+    /// the port it came from, and its arrival at the next switch or NIC.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn send(
+        &mut self,
+        p: u32,
+        lane: usize,
+        pkt_id: u32,
+        wire: u32,
+        dst: u32,
+        from: u32,
+        start: Time,
+    ) {
+        let pi = p as usize;
+        let np = self.net.nports;
+        let li = lane * np + pi;
         // The lanes, ports and queue borrowed apart (no reload of a vector's length and
         // address after every store through another one).
         let Core { net, queue, params, violations, .. } = self;
         let lanes = &mut net.lanes[..];
         let ports = &mut net.ports[..];
         let l = &mut lanes[li];
-        if head.item & QP_ITEM == 0 {
-            l.q.pop_front();
-            match l.q.front() {
-                Some(next) => l.head_wire = next.wire,
-                None => ports[pi].nonempty &= !(1 << lane),
-            }
-            if from == NONE {
-                // Leaving its NIC: an ACK can no longer absorb later completions.
-                net.pkts[pkt_id].at_nic = false;
-            }
-        }
         let port = &mut ports[pi];
         let to = port.to;
         // The lane's next item is served a packet time from now: fetch what it will touch (a
@@ -752,32 +810,35 @@ impl Core {
             overdraft(violations, &net.port_names[pi], lane, l.credits, blocks);
         }
         l.credits -= blocks;
-        if now < port.busy_until {
-            over_capacity(violations, &net.port_names[pi], now, port.busy_until);
+        if start < port.busy_until {
+            over_capacity(violations, &net.port_names[pi], start, port.busy_until);
         }
         let ser = port.rate.time(wire as u64);
-        port.busy_until = now + ser;
+        port.busy_until = start + ser;
         port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
         // Every time below is after now (serialization and latencies are positive): the
         // queue is used directly, without the past-event check.
         if port.nonempty != 0 {
-            port.done_at = now + ser;
-            queue.push(now + ser, Ev::PortDone(p));
+            port.done_at = start + ser;
+            queue.push(start + ser, Ev::PortDone(p));
         } else {
             port.done_at = Time::MAX;
         }
         let latency = params.link_latency;
         // The packet leaves the input buffer it sat in: credits flow back upstream.
         if from != NONE && net.lossless & (1 << lane) != 0 {
-            let t = now + latency + params.credit_delay;
+            let t = start + latency + params.credit_delay;
             let lf = lane * np + from as usize;
-            // Every return is due after now, and a drained ring's returns were all due by
-            // now: the latest return ever queued bounds the ring's last entry exactly when
-            // there is one.
+            // Returns are kept in due-time order: the latest one queued bounds the ring's
+            // last entry exactly when there is one (a drained ring's were all due by now).
+            // A reserved start's return can be due after a later start's.
             let lu = &mut lanes[lf];
-            let t = t.max(lu.returns_last);
-            lu.returns_last = t;
-            net.returns[lf].push_back((t, blocks as u32));
+            if t >= lu.returns_last {
+                lu.returns_last = t;
+                net.returns[lf].push_back((t, blocks as u32));
+            } else {
+                net.returns[lf].insert_sorted_by_key((t, blocks as u32), |r| r.0);
+            }
             // A port idle for lack of credits must learn about them.
             let up = &mut ports[from as usize];
             if up.done_at == Time::MAX && up.nonempty & (1 << lane) != 0 && up.wake_at > t {
@@ -787,12 +848,12 @@ impl Core {
         }
         if self.trace.is_some() {
             let pkt = self.net.pkts[pkt_id];
-            self.trace_packet(p, now, ser, &pkt);
+            self.trace_packet(p, start, ser, &pkt);
         }
         if to & TO_NIC == 0 {
             let params = &self.params;
             let ser_next = params.link_rate.time(wire as u64);
-            let mut t = now + latency + params.switch_latency;
+            let mut t = start + latency + params.switch_latency;
             if params.cut_through {
                 // The next hop cannot finish before the tail is in.
                 t += ser.saturating_sub(ser_next);
@@ -809,7 +870,7 @@ impl Core {
             let ev = Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane };
             self.queue.push(t, ev);
         } else {
-            self.nic_receive(to & !TO_NIC, p, pkt_id, now + latency, now + ser + latency);
+            self.nic_receive(to & !TO_NIC, p, pkt_id, start + latency, start + ser + latency);
         }
     }
 
@@ -942,7 +1003,14 @@ impl Core {
     pub(crate) fn switch_arrive(&mut self, from: u32, pkt: u32, dst: u32, wire: u32, lane: u8) {
         let sw = self.net.ports[from as usize].to;
         let out = self.route(sw, dst);
-        self.enqueue(out, lane, QEntry { item: pkt, wire, from, dst });
+        let e = QEntry { item: pkt, wire, from, dst };
+        if self.net.reserving
+            && self.net.ports[out as usize].nonempty == 0
+            && self.reserve(out, lane, e)
+        {
+            return;
+        }
+        self.enqueue(out, lane, e);
     }
 }
 

@@ -87,6 +87,26 @@ impl<T: Copy> Ring<T> {
         self.head = 0;
     }
 
+    /// Insert `x` behind every item whose key is not greater than its own (the ring stays
+    /// sorted by `key` when it was; equal keys keep their insertion order). A push at the
+    /// back when the last item's key is not greater, else a walk from the back.
+    pub fn insert_sorted_by_key<K: Ord>(&mut self, x: T, key: impl Fn(&T) -> K) {
+        self.push_back(x);
+        let mask = self.mask() as usize;
+        let k = key(&x);
+        let mut i = self.len as usize - 1;
+        while i > 0 {
+            let prev = (self.head as usize + i - 1) & mask;
+            if key(&self.buf[prev]) <= k {
+                break;
+            }
+            let cur = (self.head as usize + i) & mask;
+            self.buf[cur] = self.buf[prev];
+            i -= 1;
+        }
+        self.buf[(self.head as usize + i) & mask] = x;
+    }
+
     /// The items front to back.
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         let mask = self.mask() as usize;
@@ -117,6 +137,28 @@ mod tests {
             assert_eq!(ring.len(), want.len());
             assert_eq!(ring.front(), want.front());
             assert_eq!(ring.second(), want.get(1));
+        }
+        assert!(ring.iter().eq(want.iter()));
+    }
+
+    /// Sorted insertion keeps the ring sorted (stable for equal keys) across growth and
+    /// wrap-around, as a sorted `Vec` insertion would.
+    #[test]
+    fn insert_sorted_matches_a_sorted_vec() {
+        let mut rng = eptwin_engine::rng::Rng::new(5, 0);
+        let mut ring: Ring<(u64, u32)> = Ring::default();
+        let mut want: VecDeque<(u64, u32)> = VecDeque::new();
+        for i in 0..20_000u32 {
+            if rng.below(100) < 55 {
+                let t = rng.below(64) as u64;
+                ring.insert_sorted_by_key((t, i), |e| e.0);
+                let at = want.iter().position(|e| e.0 > t).unwrap_or(want.len());
+                want.insert(at, (t, i));
+            } else if !want.is_empty() {
+                want.pop_front();
+                ring.pop_front();
+            }
+            assert_eq!(ring.len(), want.len());
         }
         assert!(ring.iter().eq(want.iter()));
     }

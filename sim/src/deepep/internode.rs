@@ -111,6 +111,8 @@ pub struct InternodeProgram {
     cf_stream: Vec<Vec<u32>>,
     cf_pos: Vec<u32>,
     cf_batch: Vec<u32>,
+    /// Per (group, local j): where in the NVL ring's `slot_of` the group's last token was.
+    cf_slot_cur: Vec<u32>,
     /// Consumed flags per NVL ring slot (combine reads out of order across node groups).
     consumed: Vec<Vec<bool>>,
     nvl_head_pub: Vec<u32>,
@@ -212,6 +214,7 @@ impl InternodeProgram {
             cf_stream: Vec::new(),
             cf_pos: Vec::new(),
             cf_batch: Vec::new(),
+            cf_slot_cur: Vec::new(),
             consumed: Vec::new(),
             nvl_head_pub: Vec::new(),
             cr_next: Vec::new(),
@@ -396,6 +399,7 @@ impl InternodeProgram {
         }
         self.cf_pos = vec![0; (n * ch * nodes) as usize];
         self.cf_batch = vec![0; (n * ch * nodes) as usize];
+        self.cf_slot_cur = vec![0; (n * ch * nodes * P) as usize];
         self.cr_next = (0..n * ch).map(|i| self.range(i % ch).0).collect();
         self.cr_pos = vec![0; (n * ch * nodes) as usize];
         self.cr_credit_last = vec![0; (n * ch * nodes) as usize];
@@ -948,7 +952,7 @@ impl InternodeProgram {
                     continue;
                 }
                 let rj = self.rcj(r2, c, j);
-                let slot = self.slot(rj, id);
+                let slot = self.slot(rj, id, x, j);
                 if core.value(self.nvl[rj].tail) <= slot as u64 {
                     blocked = Some((rj, slot));
                     break;
@@ -967,7 +971,7 @@ impl InternodeProgram {
                     continue;
                 }
                 let rj = self.rcj(r2, c, j);
-                let slot = self.slot(rj, id);
+                let slot = self.slot(rj, id, x, j);
                 if self.nvl[rj].data.get(slot as usize) != Some(&id) {
                     self.ranks.fail(format!(
                         "rank {r2} channel {c}: NVL slot {slot} from local {j} does not hold token {t} of node {m}"
@@ -998,12 +1002,27 @@ impl InternodeProgram {
         core.wake_at(end.max(core.now + 1), self.me, self.a_group(x));
     }
 
-    fn slot(&self, ring: usize, id: u32) -> u32 {
+    /// The slot of token `id` in NVL ring `ring` (u32::MAX: not there), for group `x`'s
+    /// local `j`. A group takes its tokens in stream order, and the ring's entries of its
+    /// node are that stream's tokens for `j`, in the same order: the token looked up is
+    /// usually the one at the group's cursor or the next; else a binary search (the same
+    /// answer, whatever the order).
+    fn slot(&mut self, ring: usize, id: u32, x: usize, j: u32) -> u32 {
         let v = &self.slot_of[ring];
-        match v.binary_search_by_key(&id, |&(t, _)| t) {
-            Ok(k) => v[k].1,
-            Err(_) => u32::MAX,
-        }
+        let cur = &mut self.cf_slot_cur[x * P as usize + j as usize];
+        let k = *cur as usize;
+        let k = if v.get(k).is_some_and(|e| e.0 == id) {
+            k
+        } else if v.get(k + 1).is_some_and(|e| e.0 == id) {
+            k + 1
+        } else {
+            match v.binary_search_by_key(&id, |&(t, _)| t) {
+                Ok(k) => k,
+                Err(_) => return u32::MAX,
+            }
+        };
+        *cur = k as u32;
+        v[k].1
     }
 
     /// Free the combine NVL slots consumed in order (the head each sender waits on).
