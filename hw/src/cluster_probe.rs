@@ -119,14 +119,52 @@ pub fn shapes() -> Vec<ProbeShape> {
 
 /// The shapes of the kinds named in `EPTWIN_CLUSTER_PROBE_ONLY` (`warp` or `tma`; both when
 /// unset): a kernel that faults takes the context down, so kinds can run in separate processes.
+/// `load` selects only the [`load_shapes`] (which `tma` includes).
 fn selected(fit: u32) -> Vec<ProbeShape> {
     let only = std::env::var("EPTWIN_CLUSTER_PROBE_ONLY").unwrap_or_default();
+    if only == "load" {
+        return load_shapes(fit);
+    }
     let kind = |s: &ProbeShape| if s.tma() { "tma" } else { "warp" };
     let mut v = shapes();
     v.extend(waves(fit));
     v.extend(kernel_slots(fit));
     v.extend(handoff_only(fit));
+    v.extend(load_shapes(fit));
     v.into_iter().filter(|s| only.is_empty() || only.split(',').any(|k| k == kind(s))).collect()
+}
+
+/// The handoff as more of the GPU loads memory: 1, 2, 4, 8 clusters and a whole wave
+/// (`fit`), every cluster the same. One slot without stores: a pair's period is its refill
+/// chain alone (head seen, bulk copy from HBM, landed), so these measure the refill's latency
+/// at each load. Four 7,168 B slots without stores: each SM's intake at each load. The
+/// combine's 2 × 14,368 B slots with and without stores: its pairs at each load. Shapes the
+/// other families already measure are left out.
+fn load_shapes(fit: u32) -> Vec<ProbeShape> {
+    let fit = fit.max(1);
+    let mut v = Vec::new();
+    let shape = |clusters, slots, chunk_bytes, store| ProbeShape {
+        kernel: "probe_cluster_tma_handoff",
+        module: "cluster_512",
+        threads: 512,
+        clusters,
+        slots,
+        chunk_bytes,
+        store,
+    };
+    let counts: Vec<u32> = [1, 2, 4, 8, fit].into_iter().filter(|&k| k <= fit).collect();
+    for &k in &counts {
+        v.push(shape(k, 1, 7168, false));
+        if k != 1 && k != fit {
+            v.push(shape(k, 4, 7168, false));
+            v.push(shape(k, 2, 14368, true));
+        }
+        if k != fit {
+            v.push(shape(k, 2, 14368, false));
+        }
+    }
+    v.dedup();
+    v
 }
 
 /// One whole wave with the normal cluster kernels' slot shapes (dispatch 3 x 7,472 B, combine
@@ -413,6 +451,8 @@ mod tests {
             .chain(waves(0))
             .chain(kernel_slots(15))
             .chain(handoff_only(15))
+            .chain(load_shapes(15))
+            .chain(load_shapes(1))
         {
             // 227 KiB of dynamic shared memory per block on sm_90.
             assert!(s.smem_bytes() <= 232_448, "{s:?}: {} bytes", s.smem_bytes());
@@ -423,5 +463,22 @@ mod tests {
             assert_eq!(s.chunk_bytes % 16, 0, "bulk copies move multiples of 16 bytes");
             assert!(MODULES.iter().any(|&(m, t)| m == s.module && t == s.threads));
         }
+    }
+
+    #[test]
+    fn load_shapes_step_up_to_the_whole_wave_without_repeats() {
+        let v = load_shapes(15);
+        let keys: Vec<String> = v.iter().map(|s| s.key()).collect();
+        assert!(keys.contains(&"tma_8x512_1cl_1x7168B_nostore".to_string()));
+        assert!(keys.contains(&"tma_120x512_15cl_1x7168B_nostore".to_string()));
+        assert!(keys.contains(&"tma_64x512_8cl_2x14368B".to_string()));
+        // The families measured elsewhere are not measured twice.
+        let others: Vec<String> =
+            handoff_only(15).iter().chain(&kernel_slots(15)).map(|s| s.key()).collect();
+        for k in &keys {
+            assert!(!others.contains(k), "{k} is measured by another family");
+            assert_eq!(keys.iter().filter(|x| *x == k).count(), 1, "{k} twice");
+        }
+        assert!(load_shapes(1).iter().all(|s| s.clusters == 1));
     }
 }
