@@ -142,15 +142,20 @@ pub struct GpuMemory {
     /// The normal kernels with their rings in thread-block-cluster shared memory
     /// (`kernels/cuda/intranode_cluster.cu`, sm_90+, at most 8 ranks: one cluster of one block
     /// per rank per channel), measured by the backend's cluster handoff probe
-    /// (`probe.cluster_handoff_*`). All eight present: the simulator models those kernels for a
+    /// (`probe.cluster_handoff_*`). All present: the simulator models those kernels for a
     /// job of at most 8 ranks on this GPU; all absent: the global-memory rings.
     ///
-    /// A slot's refill, ns: from the consumer releasing the slot (head) to the consumer seeing
-    /// the next chunk in it (the producer sees the head, issues the bulk copy global → peer
-    /// shared memory, the copy lands on the slot's mbarrier).
+    /// A slot's refill with one cluster on the GPU, ns, besides the chunk's bytes at
+    /// `cluster_bulk_copy_gbps`: from the consumer releasing the slot (head) to the consumer
+    /// seeing the next chunk in it (the producer sees the head, issues the bulk copy global →
+    /// peer shared memory, the copy lands on the slot's mbarrier).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_fill_ns: Option<f64>,
-    /// A consumer's bulk store reading its slots out, GB/s per consumer warp (with every
+    /// The same with a whole wave of clusters resident (`cluster_max_active_clusters`), ns;
+    /// in between, in proportion to the SMs the kernel's resident clusters take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_fill_wave_ns: Option<f64>,
+    /// One bulk copy's bytes, GB/s per copy: a fill's, a consumer's store's (with every
     /// consumer of the block storing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_bulk_copy_gbps: Option<f64>,
@@ -159,16 +164,21 @@ pub struct GpuMemory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_store_ns: Option<f64>,
     /// The whole GPU's rate of bulk copies into a peer block's shared memory, GB/s of bytes
-    /// handed over (every cluster's fills share it) ...
+    /// handed over (every cluster's fills share it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_handoff_bw_gbps: Option<f64>,
-    /// ... plus this much of its time per chunk handed over, ns.
+    /// The L2's time per bulk transfer of a ring chunk besides its bytes, ns: each fill of a
+    /// slot, each slot a consumer bulk-stores out (whole waves of the handoff probe: more,
+    /// smaller chunks of the same bytes take longer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster_handoff_chunk_ns: Option<f64>,
+    pub cluster_transfer_l2_ns: Option<f64>,
     /// One SM's intake of bulk copies into its shared memory from its cluster's blocks, GB/s
-    /// (every fill of its rings crosses it): one cluster alone without the consumers' stores.
+    /// (every fill of its rings crosses it) ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_sm_ingest_gbps: Option<f64>,
+    /// ... plus this much per chunk, ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_ingest_chunk_ns: Option<f64>,
     /// Clusters of 8 one-block-per-SM blocks resident at once (`cuOccupancyMaxActiveClusters`);
     /// a grid of more runs in waves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -191,11 +201,13 @@ impl GpuMemory {
     pub fn cluster_keys(&self) -> Result<bool, String> {
         let keys = [
             ("cluster_fill_ns", self.cluster_fill_ns.is_some()),
+            ("cluster_fill_wave_ns", self.cluster_fill_wave_ns.is_some()),
             ("cluster_bulk_copy_gbps", self.cluster_bulk_copy_gbps.is_some()),
             ("cluster_store_ns", self.cluster_store_ns.is_some()),
             ("cluster_handoff_bw_gbps", self.cluster_handoff_bw_gbps.is_some()),
-            ("cluster_handoff_chunk_ns", self.cluster_handoff_chunk_ns.is_some()),
+            ("cluster_transfer_l2_ns", self.cluster_transfer_l2_ns.is_some()),
             ("cluster_sm_ingest_gbps", self.cluster_sm_ingest_gbps.is_some()),
+            ("cluster_ingest_chunk_ns", self.cluster_ingest_chunk_ns.is_some()),
             ("cluster_max_active_clusters", self.cluster_max_active_clusters.is_some()),
             ("cluster_smem_bytes", self.cluster_smem_bytes.is_some()),
             ("cluster_reduce_ns", self.cluster_reduce_ns.is_some()),
@@ -495,7 +507,9 @@ mod tests {
             toml::from_str(&format!("[gpu.memory]\n{}", memory.join("\n"))).unwrap();
         let err = resolve(&cluster).unwrap_err();
         assert_eq!(err.key, "gpu.memory");
-        assert!(err.message.contains("missing cluster_bulk_copy_gbps"), "{}", err.message);
+        assert!(err.message.contains("missing cluster_fill_wave_ns"), "{}", err.message);
+        assert!(err.message.contains("cluster_bulk_copy_gbps"), "{}", err.message);
+        assert!(err.message.contains("cluster_ingest_chunk_ns"), "{}", err.message);
     }
 
     #[test]

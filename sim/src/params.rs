@@ -122,19 +122,23 @@ pub struct OneGpu {
 /// `cluster_*`, docs/calibration.md "h200-single").
 #[derive(Debug, Clone, Copy)]
 pub struct ClusterRings {
-    /// A slot's refill: head release → producer issues the bulk copy → the chunk lands and the
-    /// consumer sees it.
+    /// A slot's refill besides its bytes at `bulk`: head release → producer issues the bulk
+    /// copy → the chunk lands and the consumer sees it; with one cluster on the GPU, and with a
+    /// whole wave of `max_active_clusters`.
     pub fill: Time,
-    /// A consumer's bulk store reading its slots out.
+    pub fill_wave: Time,
+    /// One bulk copy's bytes: a fill's, a consumer's store's.
     pub bulk: Rate,
     /// A consumer's fixed time per bulk store (issue, read completion, head release).
     pub store: Time,
-    /// Every bulk copy into a peer's shared memory on the GPU, together: bytes at `handoff`
-    /// plus `handoff_chunk` per chunk.
+    /// Every bulk copy into a peer's shared memory on the GPU, together: bytes at `handoff`.
     pub handoff: Rate,
-    pub handoff_chunk: Time,
-    /// Each SM's intake of the bulk copies into its shared memory.
+    /// The L2's time per bulk transfer of a chunk (a fill, a slot stored out) besides its bytes.
+    pub transfer_l2: Time,
+    /// Each SM's intake of the bulk copies into its shared memory: `ingest_chunk` per chunk
+    /// plus its bytes at `sm_ingest`.
     pub sm_ingest: Rate,
+    pub ingest_chunk: Time,
     /// Clusters of 8 one-block-per-SM blocks resident at once.
     pub max_active_clusters: u32,
     /// Dynamic shared memory per block, bytes.
@@ -232,29 +236,37 @@ impl Params {
                 },
                 ll_recv_poll: m.ll_recv_poll_ns.map(ns_f),
                 cluster: match (
-                    (m.cluster_fill_ns, m.cluster_bulk_copy_gbps, m.cluster_store_ns),
+                    (
+                        m.cluster_fill_ns,
+                        m.cluster_fill_wave_ns,
+                        m.cluster_bulk_copy_gbps,
+                        m.cluster_store_ns,
+                    ),
                     (
                         m.cluster_handoff_bw_gbps,
-                        m.cluster_handoff_chunk_ns,
+                        m.cluster_transfer_l2_ns,
                         m.cluster_sm_ingest_gbps,
+                        m.cluster_ingest_chunk_ns,
                     ),
                     m.cluster_max_active_clusters,
                     m.cluster_smem_bytes,
                     (m.cluster_reduce_ns, m.cluster_reduce_source_ns),
                 ) {
                     (
-                        (Some(fill), Some(bulk), Some(store)),
-                        (Some(handoff), Some(chunk), Some(ingest)),
+                        (Some(fill), Some(fill_wave), Some(bulk), Some(store)),
+                        (Some(handoff), Some(chunk), Some(ingest), Some(ingest_chunk)),
                         Some(act),
                         Some(smem),
                         (Some(reduce), Some(reduce_source)),
                     ) => Some(ClusterRings {
                         fill: ns_f(fill),
+                        fill_wave: ns_f(fill_wave),
                         bulk: Rate::from_gbps(bulk),
                         store: ns_f(store),
                         handoff: Rate::from_gbps(handoff),
-                        handoff_chunk: ns_f(chunk),
+                        transfer_l2: ns_f(chunk),
                         sm_ingest: Rate::from_gbps(ingest),
+                        ingest_chunk: ns_f(ingest_chunk),
                         max_active_clusters: act.max(1),
                         smem_bytes: smem,
                         reduce: ns_f(reduce),

@@ -130,9 +130,10 @@ def cluster_shapes(runs, launch_us):
 
 def pair_period_ns(k, slots, b):
     """The simulator's pair_period (sim/src/deepep/one_gpu_cluster.rs), ns per chunk: a slot
-    cycles through a refill and a store; the consumer's stores follow one another."""
+    cycles through a refill (fill_ns and its bytes) and a store; the consumer's stores follow
+    one another."""
     store = k["store_ns"] + b / k["bulk_gbps"]
-    return max(store, (k["fill_ns"] + store) / max(1, slots))
+    return max(store, (k["fill_ns"] + b / k["bulk_gbps"] + store) / max(1, slots))
 
 
 def reduce_runs(path):
@@ -165,43 +166,72 @@ def reduce_fit(runs):
 
 
 def cluster_lines(runs, src, m, mem, runs_reduce=()):
-    """The eight cluster_* lines and a table of every shape, model against measurement.
+    """The cluster_* lines and a table of every shape, model against measurement.
 
     One cluster alone (64 pairs): with 4 x 7,168 B and 2 x 14,368 B slots the consumer's
-    stores bind, so store_ns + b / bulk solves from the two chunk sizes; with one slot nothing
-    overlaps, so the refill is T(1 slot) - T(4 slots). One whole wave, 4 x 7,168 B and
-    2 x 14,336 B: the GPU's handoff, X / rate + chunks x chunk_ns (two equations)."""
+    stores bind, so store_ns + b / bulk solves from the two chunk sizes. With one slot and no
+    stores a pair's period is its refill chain alone: fill_ns + 7,168 B / bulk, with one
+    cluster (cluster_fill_ns) and with a whole wave (cluster_fill_wave_ns) on the GPU. Without
+    stores, 4 x 7,168 B and 2 x 14,368 B: each block takes in a chunk per producer warp per
+    period, ingest_chunk_ns + b / sm_ingest (two equations). Whole waves with at least two
+    slots: the L2's time per transfer (least squares) and the handoff's lower bound."""
     launch_us = m["probe.empty_kernel_event_us"]
     shapes = cluster_shapes(runs, launch_us)
     active = next((a for _, a, _ in runs if a), None) or 15
-    need = ["tma_8x512_1cl_1x7168B", "tma_8x512_1cl_4x7168B", "tma_8x512_1cl_2x14368B",
-            f"tma_{8 * active}x512_{active}cl_4x7168B_nostore",
-            f"tma_{8 * active}x512_{active}cl_2x14336B_nostore", "tma_8x512_1cl_4x7168B_nostore"]
+    wave = f"tma_{8 * active}x512_{active}cl"
+    need = ["tma_8x512_1cl_4x7168B", "tma_8x512_1cl_2x14368B",
+            "tma_8x512_1cl_1x7168B_nostore", f"{wave}_1x7168B_nostore",
+            "tma_8x512_1cl_4x7168B_nostore", "tma_8x512_1cl_2x14368B_nostore"]
     missing = [k for k in need if k not in shapes]
     if missing:
         return [], [f"{src} lacks {', '.join(missing)}: no cluster keys"]
-    p1, p4, p2 = (shapes[k]["pair_us"] * 1e3 for k in need[:3])
+    p4, p2, f1, fw = (shapes[k]["pair_us"] * 1e3 for k in need[:4])
     bulk = (14368 - 7168) / (p2 - p4)  # bytes per ns = GB/s
     store = p4 - 7168 / bulk
-    fill = p1 - p4
-    a, b = shapes[need[3]], shapes[need[4]]
-    na, nb = a["bytes"] / 7168, b["bytes"] / 14336
-    chunk_ns = (a["t_us"] - b["t_us"]) * 1e3 / (na - nb)
-    handoff = a["bytes"] / (a["t_us"] * 1e3 - na * chunk_ns)
-    # One cluster alone without stores: each block takes in a chunk per producer warp of the
-    # cluster (threads / 64 per block, one ring each in every block) per pair period.
-    nost = shapes[need[5]]
-    producers = nost["threads"] // 64
-    ingest = producers * nost["chunk"] / (nost["pair_us"] * 1e3)
+    fill = f1 - 7168 / bulk
+    fill_wave = fw - 7168 / bulk
+    # Per block and chunk taken in: the pair period over the producer warps of the cluster
+    # (threads / 64 per block, one ring each in every block).
+    i4, i2 = (shapes[k]["pair_us"] * 1e3 / (shapes[k]["threads"] // 64) for k in need[4:])
+    ingest = (14368 - 7168) / (i2 - i4)
+    ingest_chunk = i4 - 7168 / ingest
+    # Whole waves (every cluster resident from the start, no straggling wave) with at least two
+    # slots (with one the chain binds): the L2's time per bulk transfer besides the bytes, the
+    # one value that brings the model's L2 server (plus that time per transfer; the HBM server
+    # as it is) closest to all of them, least squares. A transfer is a chunk's fill, and its
+    # store out of the slot where the consumers store.
+    waves = {key: s for key, s in shapes.items() if s["clusters"] % active == 0 and s["slots"] > 1}
+
+    def l2_hbm_us(s):
+        moved = 2 * s["bytes"] if s["store"] else s["bytes"]
+        l2_us = moved / mem["l2_bw_gbps"] / 1e3 + (moved + mem["l2_bytes"]) / mem["l2_hbm_bw_gbps"] / 1e3
+        return l2_us, (moved + mem["l2_bytes"]) / mem["dram_bw_gbps"] / 1e3
+
+    def transfers(s):
+        return s["bytes"] / s["chunk"] * (2 if s["store"] else 1)
+
+    def wave_err(c_ns):
+        return sum((max(l2 + transfers(s) * c_ns / 1e3, hbm) - s["t_us"]) ** 2
+                   for s in waves.values() for l2, hbm in [l2_hbm_us(s)])
+
+    transfer_ns = min((i / 1000 for i in range(0, 3001)), key=wave_err)
+    # The rate of the handoff alone is not separable from these: every whole wave without
+    # stores is bound by the L2 in the model. Its lower bound: the fastest of them.
+    nostore = [s for s in waves.values() if not s["store"]]
+    handoff = max(s["bytes"] / (s["t_us"] * 1e3) for s in nostore)
     k = dict(fill_ns=fill, bulk_gbps=bulk, store_ns=store)
     lines = [
-        f"cluster_fill_ns = {fill:.0f} # T(1 x 7168) - T(4 x 7168) = {p1 / 1e3:.3f} - {p4 / 1e3:.3f} us {src}",
+        f"cluster_fill_ns = {fill:.0f} # {need[2]}: {f1 / 1e3:.3f} us per chunk - 7,168 B / {bulk:.2f} GB/s {src}",
+        f"cluster_fill_wave_ns = {fill_wave:.0f} # {need[3]}: {fw / 1e3:.3f} us per chunk - 7,168 B / {bulk:.2f} GB/s {src}",
         f"cluster_bulk_copy_gbps = {bulk:.2f} # (14,368 - 7,168) B / ({p2 / 1e3:.3f} - {p4 / 1e3:.3f}) us {src}",
         f"cluster_store_ns = {store:.0f} # {p4 / 1e3:.3f} us - 7,168 B / {bulk:.2f} GB/s {src}",
-        f"cluster_handoff_bw_gbps = {handoff:.0f} # {need[3]} and {need[4]} {src}",
-        f"cluster_handoff_chunk_ns = {chunk_ns:.3f} # the same two shapes {src}",
-        f"cluster_sm_ingest_gbps = {ingest:.1f} # {need[5]}: {producers} chunks of 7,168 B into "
-        f"each block per {shapes[need[5]]['pair_us']:.3f} us {src}",
+        f"cluster_handoff_bw_gbps = {handoff:.0f} # the fastest whole wave without stores, bytes / time "
+        f"(a lower bound) {src}",
+        f"cluster_transfer_l2_ns = {transfer_ns:.3f} # least squares over the {len(waves)} whole-wave shapes "
+        f"(L2 work + transfers x this against the kernel time) {src}",
+        f"cluster_sm_ingest_gbps = {ingest:.0f} # (14,368 - 7,168) B / ({i2:.1f} - {i4:.1f}) ns per chunk into a "
+        f"block, {need[5]} and {need[4]} {src}",
+        f"cluster_ingest_chunk_ns = {ingest_chunk:.1f} # {i4:.1f} ns - 7,168 B / {ingest:.0f} GB/s {src}",
         f"cluster_max_active_clusters = {active} # probe.cluster_handoff_max_active_clusters {src}",
         f"cluster_smem_bytes = {SMEM_BYTES} # sm_90 opt-in dynamic shared memory per block",
     ]
@@ -218,28 +248,30 @@ def cluster_lines(runs, src, m, mem, runs_reduce=()):
              f"{'pair ns':>8} {'chain ns':>8}  binds"]
     for key, s in shapes.items():
         pairs_per_cluster = CLUSTER_BLOCKS * (s["threads"] // 64)
+        # The refill at this occupancy (sim fill_at: in proportion to the SMs taken).
+        k_res = min(s["clusters"], active)
+        f_at = fill + (fill_wave - fill) * (k_res - 1) / max(1, active - 1)
+        ks = dict(k, fill_ns=f_at)
         # Without stores a slot cycles through its refill only; every chunk crosses its
         # consumer's SM intake, a chunk per producer warp of the cluster per period.
-        intake = s["threads"] // 64 * s["chunk"] / ingest
+        intake = s["threads"] // 64 * (ingest_chunk + s["chunk"] / ingest)
         if s["store"]:
-            chain = max(pair_period_ns(k, s["slots"], s["chunk"]), intake)
+            chain = max(pair_period_ns(ks, s["slots"], s["chunk"]), intake)
         else:
-            chain = max(fill / s["slots"], intake)
+            chain = max((f_at + s["chunk"] / bulk) / s["slots"], intake)
         t, left, binds = 0.0, s["clusters"], set()
         while left > 0:
             k_cl = min(left, active)
             chunks = k_cl * pairs_per_cluster * s["cpw"]
-            by_rate = (chunks * s["chunk"] / handoff + chunks * chunk_ns) / 1e3
+            by_rate = chunks * s["chunk"] / handoff / 1e3
             by_chain = s["cpw"] * chain / 1e3
             t += max(by_rate, by_chain)
             binds.add("handoff" if by_rate >= by_chain else "chain")
             left -= k_cl
-        x = s["bytes"]
         # Read once; written once more when the consumers store (the flushed L2's dirty lines
-        # are written back either way).
-        moved = 2 * x if s["store"] else x
-        hbm_us = (moved + mem["l2_bytes"]) / mem["dram_bw_gbps"] / 1e3
-        l2_us = moved / mem["l2_bw_gbps"] / 1e3 + (moved + mem["l2_bytes"]) / mem["l2_hbm_bw_gbps"] / 1e3
+        # are written back either way); the L2 also spends transfer_ns per bulk transfer.
+        l2_us, hbm_us = l2_hbm_us(s)
+        l2_us += transfers(s) * transfer_ns / 1e3
         if max(hbm_us, l2_us) > t:
             binds.add("L2/HBM servers")
             t = max(hbm_us, l2_us)

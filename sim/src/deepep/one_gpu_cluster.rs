@@ -14,14 +14,24 @@
 //! * **A pair's chain.** A slot's refill takes `cluster_fill_ns` (the consumer's head release
 //!   seen by the producer, the bulk copy issued, global memory read, the chunk landing on the
 //!   slot's mbarrier and the consumer seeing it) plus the chunk's bytes at
-//!   `cluster_bulk_copy_gbps`; a bulk store reads a slot out at the same rate. The one-cluster
-//!   probe shapes measure this alone ([`pair_period`] is the steady state they see).
+//!   `cluster_bulk_copy_gbps`, measured with one slot and no stores, where a pair's period is
+//!   the refill alone; with the whole GPU's clusters refilling at once it takes
+//!   `cluster_fill_wave_ns` instead (the same probe shape with a whole wave), in between in
+//!   proportion to the SMs the kernel's resident clusters take ([`fill_at`]). A bulk store reads
+//!   a slot out at the same rate. The one-cluster probe shapes with stores see
+//!   [`pair_period`].
+//! * **Each SM's intake.** Every chunk into a block's shared memory crosses its SM's FIFO
+//!   server: `cluster_ingest_chunk_ns` plus the bytes at `cluster_sm_ingest_gbps`.
 //! * **The GPU's handoff rate.** Every bulk copy into a peer block's shared memory crosses one
-//!   FIFO server at `cluster_handoff_bw_gbps` (the 15-cluster probe shapes: every SM of the
-//!   wave handing over at once).
+//!   FIFO server at `cluster_handoff_bw_gbps` (a lower bound from the whole-wave probe shapes).
 //! * **L2 and HBM** as in the global-ring model (`one_gpu`): the fills' global reads (from HBM
 //!   the first time a token is read, from L2 after), the outputs' stores (written back), the
-//!   timing's flushed L2.
+//!   timing's flushed L2; the L2 also spends `cluster_transfer_l2_ns` per bulk transfer of a
+//!   chunk (each fill, each slot stored out): the whole-wave probe shapes move the same bytes
+//!   in more time the more, smaller chunks they take.
+//! * **Senders take turns.** Senders due at the same time issue one fill each, in turn (a
+//!   picosecond apart), as the SMs issue in parallel; one sender filling all its free slots
+//!   before the next issues at all would hand the first channels all the memory at the start.
 //! * **Grid.** `num_sms / 2` channels, one cluster of n blocks each, at most
 //!   `cluster_max_active_clusters` × 8 / n clusters resident at once (the rest run in later
 //!   waves, a cluster starting when one ends), one block per SM.
@@ -88,7 +98,25 @@ fn ring_slots(recv_tokens: u32, ranks: u32, slot_bytes: u64, extra: u64, smem: u
 /// this (results/h200/probe-run/profile-from-probes.py `pair_period`).
 pub fn pair_period(c: &ClusterRings, slots: u32, bytes: u64) -> Time {
     let store = c.store + c.bulk.time(bytes);
-    store.max((c.fill + store) / slots.max(1) as u64)
+    store.max((c.fill + c.bulk.time(bytes) + store) / slots.max(1) as u64)
+}
+
+/// A slot's refill besides its bytes with `resident` clusters of `blocks` blocks on the GPU:
+/// the one-cluster chain, and the whole wave's (every SM the probe's clusters can take) in
+/// proportion to the SMs taken.
+fn fill_at(c: &ClusterRings, resident: u32, blocks: u32) -> Time {
+    let one = PROBE_CLUSTER_BLOCKS as u64;
+    let wave = c.max_active_clusters as u64 * one;
+    if wave <= one {
+        return c.fill;
+    }
+    let above = ((resident * blocks) as u64).clamp(one, wave) - one;
+    let span = wave - one;
+    if c.fill_wave >= c.fill {
+        c.fill + (c.fill_wave - c.fill) * above / span
+    } else {
+        c.fill - (c.fill - c.fill_wave) * above / span
+    }
 }
 
 /// Whether job `meta` runs the cluster kernels: the one-GPU model applies (`one_gpu::applies`,
@@ -178,6 +206,8 @@ pub struct ClusterProgram {
     waiting: VecDeque<u32>,
     channels_left: u32,
     slots: u32,
+    /// A slot's refill besides its bytes at this kernel's occupancy (`fill_at`).
+    fill_fixed: Time,
     /// Every bulk copy into a peer's shared memory; each SM's intake of them.
     handoff: Server,
     ingest: Vec<Server>,
@@ -252,6 +282,7 @@ impl ClusterProgram {
             waiting: (0..channels).collect(),
             channels_left: channels,
             slots,
+            fill_fixed: fill_at(&c, resident, n),
             handoff: Server::new(c.handoff),
             ingest: (0..resident * n).map(|_| Server::new(c.sm_ingest)).collect(),
             ranks_started: 0,
@@ -372,24 +403,21 @@ impl ClusterProgram {
     /// Fill the next slot of ring `ri` with token `t` from producer block `(c, src)`: the bulk
     /// copy reads `read` bytes of global memory (`hbm` of them from HBM) and lands in the
     /// consumer's slot after the refill chain, the GPU's handoff server and the L2/HBM servers
-    /// allow; the tail (the slot's mbarrier) counts it then.
+    /// (the L2 with its time per transfer) allow; the tail (the slot's mbarrier) counts it then.
     fn fill(&mut self, core: &mut Core, ri: usize, c: u32, src: u32, t: u32, hbm: u64) {
         let now = core.now;
-        // The handoff's per-chunk time goes with what takes a chunk out of a ring: each
-        // combine slot; a dispatch receiver's bulk store, however many slots it takes.
-        let chunk = if self.dispatch { 0 } else { self.c.handoff_chunk };
-        let d = self.c.handoff.time(self.slot_bytes) + chunk;
-        let (_, handed) = self.handoff.reserve_for(now, self.slot_bytes, d);
+        let (_, handed) = self.handoff.reserve(now, self.slot_bytes);
+        // The chain: the refill at this occupancy and the chunk's bytes at one copy's rate.
+        let chain = self.fill_fixed + self.c.bulk.time(self.slot_bytes);
         // The consumer's SM takes the chunk in at the end of the chain (the chain's own
-        // transfer at that rate, which the probe's lone pair included): concurrent fills into
-        // one block queue there.
+        // intake, which the probe's lone pair included): concurrent fills into one block
+        // queue there.
         let dst = ri as u32 % self.n;
         let into = self.sm(c, dst) as usize;
-        let own = self.c.sm_ingest.time(self.slot_bytes).min(self.c.fill);
-        let (_, taken) = self.ingest[into].reserve(now + self.c.fill - own, self.slot_bytes);
+        let own = (self.c.ingest_chunk + self.c.sm_ingest.time(self.slot_bytes)).min(chain);
+        let (_, taken) = self.ingest[into].reserve_for(now + chain - own, self.slot_bytes, own);
         let handed = handed.max(taken);
         let dram = hbm + self.flushed.take(hbm);
-        let chain = self.c.fill;
         let sm = self.sm(c, src);
         let landed = core
             .sm_traffic(
@@ -398,7 +426,7 @@ impl ClusterProgram {
                 sm,
                 self.read_bytes,
                 dram,
-                0,
+                self.c.transfer_l2,
                 chain,
                 Action::None,
                 self.me,
@@ -422,30 +450,32 @@ impl ClusterProgram {
         let (c, s) = (wk / (self.n * self.n), wk / self.n % self.n);
         let (lo, hi) = channel_range(self.tokens, self.channels, c);
         let windows = (hi - lo).div_ceil(WINDOW_TOKENS);
-        loop {
-            let j = self.sent[ri] as usize;
-            let next = self.lists[ri].get(j).copied();
-            // The window of the next token, or the channel's last: the warp's loop walks every
-            // window either way.
-            let w = next.map_or(windows, |t| (t - lo) / WINDOW_TOKENS + 1);
-            if self.windows[ri] < w {
-                let k = (w - self.windows[ri]) as u64;
-                self.windows[ri] = w;
-                core.wake_at(core.now + k * self.m.load_l2, self.me, wk);
-                return;
-            }
-            let Some(t) = next else {
-                return self.worker_done(core, wk);
-            };
-            let need = self.rings[ri].head_needed(1);
-            if !core.wait(self.rings[ri].head, need, self.me, wk) {
-                return;
-            }
-            let i = (s * self.tokens + t) as usize;
-            let hbm = if self.read_once[i] { 0 } else { self.read_bytes };
-            self.read_once[i] = true;
-            self.fill(core, ri, c, s, t, hbm);
+        let j = self.sent[ri] as usize;
+        let next = self.lists[ri].get(j).copied();
+        // The window of the next token, or the channel's last: the warp's loop walks every
+        // window either way.
+        let w = next.map_or(windows, |t| (t - lo) / WINDOW_TOKENS + 1);
+        if self.windows[ri] < w {
+            let k = (w - self.windows[ri]) as u64;
+            self.windows[ri] = w;
+            core.wake_at(core.now + k * self.m.load_l2, self.me, wk);
+            return;
         }
+        let Some(t) = next else {
+            return self.worker_done(core, wk);
+        };
+        let need = self.rings[ri].head_needed(1);
+        if !core.wait(self.rings[ri].head, need, self.me, wk) {
+            return;
+        }
+        let i = (s * self.tokens + t) as usize;
+        let hbm = if self.read_once[i] { 0 } else { self.read_bytes };
+        self.read_once[i] = true;
+        self.fill(core, ri, c, s, t, hbm);
+        // One fill per turn: every SM's sender issues at once on the GPU; here senders
+        // due at the same time take turns (1 ps apart), or the first would take every
+        // free slot's memory bandwidth before the others issue at all.
+        core.wake_at(core.now + 1, self.me, wk);
     }
 
     /// Receiver warp of ring `ri` (channel c, source s, destination d): waits for slot j's
@@ -501,16 +531,15 @@ impl ClusterProgram {
             self.sm(c, d),
             out,
             dram,
-            0,
+            // One transfer per slot stored: its row and scales, one chunk as a fill is.
+            k * self.c.transfer_l2,
             store,
             Action::None,
             self.me,
             0,
         );
-        let (_, handed) = self.handoff.reserve_for(now, 0, self.c.handoff_chunk);
-        let end = end.max(handed);
         // The slots go back once the store has read them; the next store follows.
-        let read = (now + store).max(handed);
+        let read = now + store;
         core.act_at(read, Action::Add { counter: self.rings[ri].head, delta: k as u32 });
         self.store_end[ri] = end;
         core.wake_at(read, self.me, wk);
@@ -529,18 +558,18 @@ impl ClusterProgram {
             return;
         }
         let (c, h) = (wk / (self.n * self.n), wk / self.n % self.n);
-        loop {
-            let j = self.sent[ri] as usize;
-            let Some(&t) = self.lists[ri].get(j) else {
-                return self.worker_done(core, wk);
-            };
-            let need = self.rings[ri].head_needed(1);
-            if !core.wait(self.rings[ri].head, need, self.me, wk) {
-                return;
-            }
-            // Expert outputs come from HBM, each read once.
-            self.fill(core, ri, c, h, t, self.read_bytes);
+        let j = self.sent[ri] as usize;
+        let Some(&t) = self.lists[ri].get(j) else {
+            return self.worker_done(core, wk);
+        };
+        let need = self.rings[ri].head_needed(1);
+        if !core.wait(self.rings[ri].head, need, self.me, wk) {
+            return;
         }
+        // Expert outputs come from HBM, each read once.
+        self.fill(core, ri, c, h, t, self.read_bytes);
+        // One fill per turn, as the dispatch's senders.
+        core.wake_at(core.now + 1, self.me, wk);
     }
 
     /// The reducers of block (channel c, rank r): the channel's tokens in order. The ring
@@ -724,11 +753,13 @@ mod tests {
     fn rings(fill_ns: u64, bulk_gbps: f64) -> ClusterRings {
         ClusterRings {
             fill: ns(fill_ns),
+            fill_wave: ns(fill_ns),
             bulk: Rate::from_gbps(bulk_gbps),
             store: 0,
             handoff: Rate::from_gbps(1000.0),
-            handoff_chunk: 0,
+            transfer_l2: 0,
             sm_ingest: Rate::from_gbps(1e6),
+            ingest_chunk: 0,
             max_active_clusters: 15,
             smem_bytes: 232_448,
             reduce: ns(1000),
@@ -737,17 +768,40 @@ mod tests {
     }
 
     #[test]
+    fn the_refill_goes_from_one_cluster_to_the_whole_wave_with_the_sms_taken() {
+        let mut c = rings(2000, 6.25);
+        c.fill_wave = ns(2900);
+        // One cluster of 8 blocks, a whole wave (15 x 8 SMs), half way, and beyond the wave.
+        assert_eq!(fill_at(&c, 1, 8), ns(2000));
+        assert_eq!(fill_at(&c, 15, 8), ns(2900));
+        assert_eq!(fill_at(&c, 30, 4), ns(2900));
+        assert_eq!(fill_at(&c, 8, 8), ns(2000) + ns(900) * 56 / 112);
+        assert_eq!(fill_at(&c, 40, 8), ns(2900));
+        // Fewer SMs than one probe cluster count as one; a GPU of one cluster never loads.
+        assert_eq!(fill_at(&c, 1, 2), ns(2000));
+        c.max_active_clusters = 1;
+        assert_eq!(fill_at(&c, 15, 8), ns(2000));
+        // More clusters never make a refill faster.
+        let mut c = rings(2000, 6.25);
+        c.fill_wave = ns(2900);
+        for k in 1..20 {
+            assert!(fill_at(&c, k + 1, 8) >= fill_at(&c, k, 8));
+        }
+    }
+
+    #[test]
     fn pair_period_is_the_slower_cycle() {
-        // 1,000 B at 1 GB/s = a 1,000 ns store. Two slots: every slot cycles through a
-        // 4,000 ns refill and a store, two of them at once: 2,500 ns per chunk.
+        // 1,000 B at 1 GB/s: a 1,000 ns store, a 4,000 + 1,000 ns refill. Two slots: every
+        // slot cycles through a refill and a store, two of them at once: 3,000 ns per chunk.
         let c = rings(4000, 1.0);
-        assert_eq!(pair_period(&c, 2, 1000), ns(2500));
-        assert_eq!(pair_period(&c, 3, 1000), ns(5000) / 3);
+        assert_eq!(pair_period(&c, 2, 1000), ns(3000));
+        assert_eq!(pair_period(&c, 3, 1000), ns(2000));
+        assert_eq!(pair_period(&c, 4, 1000), ns(1500));
         // Slow stores: the consumer's stores one after another bind.
         let slow = rings(500, 0.25);
         assert_eq!(pair_period(&slow, 3, 1000), ns(4000));
         // One slot: nothing overlaps.
-        assert_eq!(pair_period(&c, 1, 1000), ns(5000));
+        assert_eq!(pair_period(&c, 1, 1000), ns(6000));
         // More slots never slow a pair down.
         for s in 2..10 {
             assert!(pair_period(&c, s + 1, 7472) <= pair_period(&c, s, 7472));
@@ -812,10 +866,11 @@ iterations = 1
 
     fn keys(fill: f64, bulk: f64, handoff: f64, active: u32, smem: u64) -> String {
         format!(
-            "cluster_fill_ns = {fill:?}, cluster_bulk_copy_gbps = {bulk:?}, \
-             cluster_store_ns = 0.0, cluster_handoff_chunk_ns = 0.0, \
+            "cluster_fill_ns = {fill:?}, cluster_fill_wave_ns = {fill:?}, \
+             cluster_bulk_copy_gbps = {bulk:?}, \
+             cluster_store_ns = 0.0, cluster_transfer_l2_ns = 0.0, \
              cluster_handoff_bw_gbps = {handoff:?}, cluster_max_active_clusters = {active}, \
-             cluster_sm_ingest_gbps = 1e6, \
+             cluster_sm_ingest_gbps = 1e6, cluster_ingest_chunk_ns = 0.0, \
              cluster_smem_bytes = {smem}, cluster_reduce_ns = 1066.0, \
              cluster_reduce_source_ns = 110.0"
         )
@@ -891,9 +946,11 @@ iterations = 1
             let got = (mean_us(&r, "dispatch") - 2.8) / 512.0;
             let store = c.bulk.time(7392) as f64 / PS_PER_US as f64;
             if store >= want * 0.999 {
-                // (Batches amortise a store's fixed time, zero here: no faster, never slower.)
+                // (Batches amortise a store's fixed time, zero here: no faster, never slower
+                // but for the first refill, which nothing overlaps.)
+                let first = (c.fill + c.bulk.time(7472)) as f64 / PS_PER_US as f64 / 512.0;
                 assert!(
-                    got <= want * 1.001,
+                    got <= want * 1.001 + first,
                     "{recv} slots, stores bind: {got} us per token, {want}"
                 );
                 continue;
@@ -909,13 +966,19 @@ iterations = 1
             keys(9000.0, 47.9, 1793.0, 15, 232_448),
             keys(4515.0, 10.0, 1793.0, 15, 232_448),
             keys(4515.0, 47.9, 900.0, 15, 232_448),
-            "cluster_fill_ns = 4515.0, cluster_bulk_copy_gbps = 47.9, cluster_store_ns = 0.0, \
-             cluster_handoff_chunk_ns = 0.0, \
+            "cluster_fill_ns = 4515.0, cluster_fill_wave_ns = 4515.0, \
+             cluster_bulk_copy_gbps = 47.9, cluster_store_ns = 0.0, \
+             cluster_transfer_l2_ns = 0.0, \
              cluster_handoff_bw_gbps = 1793.0, cluster_max_active_clusters = 15, \
-             cluster_sm_ingest_gbps = 1e6, \
+             cluster_sm_ingest_gbps = 1e6, cluster_ingest_chunk_ns = 0.0, \
              cluster_smem_bytes = 232448, cluster_reduce_ns = 1066.0, \
              cluster_reduce_source_ns = 1100.0"
                 .to_string(),
+            // A slower refill at the kernels' occupancy, a slower intake, more L2 time per
+            // transfer.
+            prov().replace("cluster_fill_wave_ns = 4515.0", "cluster_fill_wave_ns = 9000.0"),
+            prov().replace("cluster_ingest_chunk_ns = 0.0", "cluster_ingest_chunk_ns = 2000.0"),
+            prov().replace("cluster_transfer_l2_ns = 0.0", "cluster_transfer_l2_ns = 50.0"),
         ];
         for k in &slower {
             let r = run_cluster(8, 256, (8, 256), EP8, &memory(REAL, k));
