@@ -41,15 +41,17 @@ warps per block each filling its ring in a peer block (one TMA bulk copy per chu
 consumer warps bulk-storing the slots out; it hands X bytes over in T = kernel_us - launch, each
 producer warp cpw = X / (producer warps x chunk) chunks, so a pair takes p = T / cpw per chunk.
   * One cluster alone: with 4 x 7,168 B and 2 x 14,368 B slots the consumer's stores bind
-    (pair_period = max(store, (fill + store) / slots), store = cluster_store_ns + b / bulk), so
-    cluster_store_ns and cluster_bulk_copy_gbps solve from the two chunk sizes; with one slot
-    nothing overlaps: cluster_fill_ns = T(1 x 7168) - T(4 x 7168) per chunk.
-  * One whole wave without the consumers' stores (key suffix _nostore), 4 x 7,168 B and
-    2 x 14,336 B: X / cluster_handoff_bw_gbps + chunks x cluster_handoff_chunk_ns = T (two
-    equations). With the stores a whole wave reads and writes every byte once and HBM binds
-    (2X / dram_bw_gbps), which says nothing about the handoff; without them HBM sees X, and the
-    2 x 14,336 B wave still comes within a few per cent of X / dram_bw_gbps, so the rate solved
-    is a lower bound of the handoff's (it never binds before HBM in the model).
+    (pair_period = max(store, (fill + b / bulk + store) / slots), store = cluster_store_ns +
+    b / bulk), so cluster_store_ns and cluster_bulk_copy_gbps solve from the two chunk sizes.
+  * One slot without stores (key suffix _nostore): a pair's period is its refill alone,
+    fill + 7,168 B / bulk: cluster_fill_ns with one cluster, cluster_fill_wave_ns with a whole
+    wave (the load shapes, hw/src/cluster_probe.rs load_shapes).
+  * One cluster without stores, 4 x 7,168 B and 2 x 14,368 B: each block takes in a chunk per
+    producer warp per period, cluster_ingest_chunk_ns + b / cluster_sm_ingest_gbps.
+  * Whole waves with at least two slots, with and without stores: cluster_transfer_l2_ns, the
+    L2's time per bulk transfer (a fill; a slot stored out) that brings the model's L2 server
+    (its L2 work plus that per transfer; the HBM server as it is) closest to all of them, least
+    squares; cluster_handoff_bw_gbps the fastest wave without stores (a lower bound).
 The reducer probe (kernels/cuda/intranode_cluster.cu probe_cluster_reduce,
 probe.cluster_reduce_ns_per_token, shape {blocks}blk.k{sources}): a combine block's reduction of
 one token from k partials in shared memory. cluster_reduce_ns + k x cluster_reduce_source_ns,
