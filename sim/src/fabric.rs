@@ -41,8 +41,9 @@ pub enum PktKind {
 
 /// A packet: what its destination NIC needs. Switch hops never touch it: the events and port
 /// queues carry what forwarding needs ([`QEntry`]). Its source NIC is not stored: the trace
-/// derives it from the message's QP.
+/// derives it from the message's QP. 32 bytes, aligned: two to a cache line.
 #[derive(Debug, Clone, Copy)]
+#[repr(align(32))]
 pub struct Pkt {
     /// The message (data, atomic request) or the QP (ACK, atomic response).
     pub msg: u32,
@@ -59,8 +60,6 @@ pub struct Pkt {
     pub kind: PktKind,
     /// The op (program) the packet is charged to.
     pub prog: u16,
-    /// Still waiting in its NIC's port queue (an ACK there can absorb later completions).
-    pub at_nic: bool,
 }
 
 /// An item in a port lane's queue: a packet with what forwarding it needs (its wire bytes,
@@ -106,6 +105,30 @@ pub struct Port {
     pub arb: ArbState,
 }
 
+/// A pending credit return, one word: its due time (below 2^48 ps ≈ 281 s, past the run
+/// limit) above the blocks returned (a packet's, at most 1,024 for 64 KiB). Half the size of a
+/// (time, blocks) pair, so a lane's list of returns takes half the cache lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CreditReturn(u64);
+
+impl CreditReturn {
+    #[inline(always)]
+    pub fn new(due: Time, blocks: i32) -> CreditReturn {
+        debug_assert!(due < 1 << 48 && (0..1 << 16).contains(&blocks));
+        CreditReturn(due << 16 | blocks as u64)
+    }
+
+    #[inline(always)]
+    pub fn due(self) -> Time {
+        self.0 >> 16
+    }
+
+    #[inline(always)]
+    pub fn blocks(self) -> i32 {
+        (self.0 & 0xFFFF) as i32
+    }
+}
+
 /// Set in `Ev::SwitchArrive::lane` when the switch reached delivers to the destination NIC.
 pub const LAST_HOP: u8 = 0x80;
 
@@ -123,6 +146,10 @@ pub struct Lane {
     /// Due time of the latest credit return queued for this lane (returns are kept in time
     /// order; this record is hot where the returns' ring is not).
     pub returns_last: Time,
+    /// Items ever taken from the front of `q`: an item pushed when `popped + q.len()` was `n`
+    /// is still queued while `popped <= n` (a NIC's ACK can absorb later completions until
+    /// it leaves; [`crate::nic::Qp::ack_pos`]).
+    pub popped: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -163,7 +190,7 @@ pub struct Net {
     /// table (starvation), Time::MAX when not.
     pub bypassed_since: Vec<Time>,
     /// Pending credit returns per (port, lane) at [`Net::li`]: (due time, blocks), time-ordered.
-    pub returns: Vec<Ring<(Time, u32)>>,
+    pub returns: Vec<Ring<CreditReturn>>,
     pub switches: Vec<Switch>,
     pub sw_ports: Vec<u32>,
     pub nics: Vec<Nic>,
@@ -263,7 +290,13 @@ impl Net {
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
             for lane in 0..MAX_LANES {
                 let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
-                net.lanes.push(Lane { q: Ring::default(), head_wire: 0, credits, returns_last: 0 });
+                net.lanes.push(Lane {
+                    q: Ring::default(),
+                    head_wire: 0,
+                    credits,
+                    returns_last: 0,
+                    popped: 0,
+                });
                 net.bypassed_since.push(Time::MAX);
             }
             let to = match to {
@@ -551,11 +584,11 @@ impl Core {
     fn absorb_credits_upto(&mut self, li: usize, now: Time) -> i32 {
         let q = &mut self.net.returns[li];
         let mut got = 0i32;
-        while let Some(&(t, b)) = q.front() {
-            if t > now {
+        while let Some(&r) = q.front() {
+            if r.due() > now {
                 break;
             }
-            got += b as i32;
+            got += r.blocks();
             q.pop_front();
         }
         let lane = &mut self.net.lanes[li];
@@ -576,9 +609,9 @@ impl Core {
         let l = &mut net.lanes[li];
         if t >= l.returns_last {
             l.returns_last = t;
-            net.returns[li].push_back((t, blocks as u32));
+            net.returns[li].push_back(CreditReturn::new(t, blocks));
         } else {
-            net.returns[li].insert_sorted_by_key((t, blocks as u32), |r| r.0);
+            net.returns[li].insert_sorted_by_key(CreditReturn::new(t, blocks), |r| r.due());
         }
         // A port idle for lack of credits must learn about them.
         let port = &net.ports[p as usize];
@@ -668,8 +701,8 @@ impl Core {
             }
             if credits >= need {
                 eligible |= 1 << lane;
-            } else if let Some(&(t, _)) = self.net.returns[lane * np + pi].front() {
-                next_return = next_return.min(t);
+            } else if let Some(r) = self.net.returns[lane * np + pi].front() {
+                next_return = next_return.min(r.due());
             }
         }
         if eligible == 0 {
@@ -712,8 +745,8 @@ impl Core {
             let l = &self.net.lanes[li];
             let need = l.head_wire.div_ceil(64) as i32;
             if l.credits < need && self.absorb_credits(li) < need {
-                if let Some(&(t, _)) = self.net.returns[li].front() {
-                    self.wake_port(p, t);
+                if let Some(r) = self.net.returns[li].front() {
+                    self.wake_port(p, r.due());
                 }
                 return;
             }
@@ -733,13 +766,10 @@ impl Core {
             let net = &mut self.net;
             let l = &mut net.lanes[li];
             l.q.pop_front();
+            l.popped += 1;
             match l.q.front() {
                 Some(next) => l.head_wire = next.wire,
                 None => net.ports[pi].nonempty &= !(1 << lane),
-            }
-            if head.from == NONE {
-                // Leaving its NIC: an ACK can no longer absorb later completions.
-                net.pkts[head.item].at_nic = false;
             }
             (head.item, head.wire, head.dst, head.from)
         };
@@ -835,9 +865,9 @@ impl Core {
             let lu = &mut lanes[lf];
             if t >= lu.returns_last {
                 lu.returns_last = t;
-                net.returns[lf].push_back((t, blocks as u32));
+                net.returns[lf].push_back(CreditReturn::new(t, blocks));
             } else {
-                net.returns[lf].insert_sorted_by_key((t, blocks as u32), |r| r.0);
+                net.returns[lf].insert_sorted_by_key(CreditReturn::new(t, blocks), |r| r.due());
             }
             // A port idle for lack of credits must learn about them.
             let up = &mut ports[from as usize];

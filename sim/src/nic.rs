@@ -53,14 +53,20 @@ pub struct Qp {
     pub db: u32,
     pub posted: u32,
     pub rung: u32,
-    pub in_flight: u32,
+    /// Completed messages (those in flight are `posted - completed`: [`Qp::in_flight`]).
     pub completed: u32,
     // Responder: next message to execute, in order.
     pub exec: u32,
     pub exec_seq: u32,
+    /// Messages fully arrived and not yet executed: while none is, the next one to execute
+    /// has not arrived, without a look at its record.
+    pub arrived: u32,
+    /// That ACK's position in its NIC port lane's queue (counted as [`Lane::popped`](crate::fabric::Lane::popped)
+    /// counts): it is still queued while the lane has popped no more than this.
+    pub ack_pos: u64,
     /// The responder's last ACK for this QP (NONE: none). While it still waits in its NIC
-    /// port (the packet is an ACK of this QP marked `at_nic`), a later message's execution
-    /// bumps it instead of queueing another (ACKs are cumulative).
+    /// port, a later message's execution bumps it instead of queueing another (ACKs are
+    /// cumulative).
     pub ack_pkt: u32,
     pub prog: ProgId,
     pub lane: u8,
@@ -112,6 +118,14 @@ pub struct Msg {
     pub arrived_all: bool,
 }
 
+impl Qp {
+    /// Work requests posted and not completed.
+    #[inline]
+    pub fn in_flight(&self) -> u32 {
+        self.posted - self.completed
+    }
+}
+
 impl Core {
     /// Create a queue pair from `nic` to `peer_nic` on `lane`.
     #[allow(clippy::too_many_arguments)]
@@ -140,10 +154,11 @@ impl Core {
                 db: NONE,
                 posted: 0,
                 rung: 0,
-                in_flight: 0,
                 completed: 0,
                 exec: NONE,
                 exec_seq: 0,
+                arrived: 0,
+                ack_pos: 0,
                 ack_pkt: NONE,
                 prog,
                 lane,
@@ -227,9 +242,8 @@ impl Core {
             q.exec = m;
         }
         q.posted += 1;
-        q.in_flight += 1;
-        if q.in_flight > q.depth {
-            let (depth, in_flight, check) = (q.depth, q.in_flight, q.check_depth);
+        if q.in_flight() > q.depth {
+            let (depth, in_flight, check) = (q.depth, q.in_flight(), q.check_depth);
             let label = self.net.qp_labels[qp as usize];
             let what = format!(
                 "QP overrun: job {} rank {} -> rank {} QP {}: {in_flight} work requests in flight > NVSHMEM_QP_DEPTH {depth} (IBGDA does not check for free WQE slots; the ring overwrites unconsumed WQEs)",
@@ -353,7 +367,6 @@ impl Core {
             lane,
             kind,
             prog,
-            at_nic: false,
         });
         let ob = &mut self.op_bytes[prog as usize];
         ob.wire += wire as u64;
@@ -388,6 +401,7 @@ impl Core {
         let li = self.net.li(port as usize, lane as usize);
         let l = &mut self.net.lanes[li];
         l.q.pop_front();
+        l.popped += 1;
         if more {
             // No try_start: the caller is arbitrating this port.
             l.q.push_back(QEntry { item: QP_ITEM | qp, wire: qp_wire, from: next, dst });
@@ -457,7 +471,9 @@ impl Core {
         match k.kind {
             PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
                 self.net.msgs[k.msg].arrived_all = true;
-                self.execute_in_order(self.net.msgs[k.msg].qp);
+                let qp = self.net.msgs[k.msg].qp;
+                self.net.qps[qp as usize].arrived += 1;
+                self.execute_in_order(qp);
             }
             PktKind::Ack | PktKind::AtomicResp => self.complete_upto(k.msg, k.payload),
         }
@@ -466,7 +482,13 @@ impl Core {
     /// Execute (make visible and acknowledge) the QP's fully arrived messages, in post order.
     fn execute_in_order(&mut self, qp: u32) {
         loop {
-            let m = self.net.qps[qp as usize].exec;
+            let q = &self.net.qps[qp as usize];
+            // None arrived unexecuted: the next one (a record at random, and with in-order
+            // delivery never arrived yet) is not read.
+            if q.arrived == 0 {
+                return;
+            }
+            let m = q.exec;
             if m == NONE || !self.net.msgs[m].arrived_all {
                 return;
             }
@@ -483,6 +505,7 @@ impl Core {
             let q = &mut self.net.qps[qp as usize];
             q.exec_seq += 1;
             q.exec = msg.next;
+            q.arrived -= 1;
             let (src, dst, lane) = (q.nic, q.peer_nic, q.lane);
             // Data (or the atomic's result) is visible in GPU memory after the PCIe write.
             let visible = self.now + self.params.rx_latency;
@@ -509,13 +532,13 @@ impl Core {
             } else {
                 (PktKind::Ack, self.params.hdr.ack)
             };
-            let pending = self.net.qps[qp as usize].ack_pkt;
-            if kind == PktKind::Ack && pending != NONE && {
-                // Still queued at this NIC (a recycled record is another QP's or another
-                // kind, or has left).
-                let k = &self.net.pkts[pending];
-                k.kind == PktKind::Ack && k.msg == qp && k.at_nic
-            } {
+            let port = self.net.nics[dst as usize].tx_port;
+            let li = self.net.li(port as usize, lane as usize);
+            let (pending, pos) =
+                (self.net.qps[qp as usize].ack_pkt, self.net.qps[qp as usize].ack_pos);
+            // Still queued at this NIC: not yet taken from the lane it was pushed to (the
+            // lane's count, not the packet record, which may be long evicted or recycled).
+            if kind == PktKind::Ack && pending != NONE && pos >= self.net.lanes[li].popped {
                 // Coalesce into the ACK still queued at the NIC.
                 self.net.pkts[pending].payload = msg.seq;
                 continue;
@@ -532,14 +555,16 @@ impl Core {
                 lane,
                 kind,
                 prog: msg.prog,
-                at_nic: true,
             });
             self.ensure_op(msg.prog);
             self.op_bytes[msg.prog as usize].wire += wire as u64;
             if kind == PktKind::Ack {
-                self.net.qps[qp as usize].ack_pkt = ack;
+                let l = &self.net.lanes[li];
+                let pos = l.popped + l.q.len() as u64;
+                let q = &mut self.net.qps[qp as usize];
+                q.ack_pkt = ack;
+                q.ack_pos = pos;
             }
-            let port = self.net.nics[dst as usize].tx_port;
             self.enqueue(port, lane, QEntry { item: ack, wire, from: NONE, dst: src });
         }
     }
@@ -559,7 +584,6 @@ impl Core {
             if q.head == NONE {
                 q.tail = NONE;
             }
-            q.in_flight -= 1;
             q.completed += 1;
             self.net.msgs.remove(head);
             self.act(msg.local);

@@ -5,14 +5,16 @@
 /// FIFO ring; capacity 0 or a power of two, `head` always below it.
 #[derive(Debug, Clone)]
 pub struct Ring<T> {
-    buf: Vec<T>,
+    /// A boxed slice, not a `Vec`: its length is the capacity, so the ring is 16 bytes of
+    /// pointer and length plus `head` and `len` (a port lane's record stays 48 bytes).
+    buf: Box<[T]>,
     head: u32,
     len: u32,
 }
 
 impl<T> Default for Ring<T> {
     fn default() -> Self {
-        Ring { buf: Vec::new(), head: 0, len: 0 }
+        Ring { buf: Box::default(), head: 0, len: 0 }
     }
 }
 
@@ -83,7 +85,7 @@ impl<T: Copy> Ring<T> {
             buf.push(self.buf[(h + k) & (old - 1)]);
         }
         buf.resize(cap, fill);
-        self.buf = buf;
+        self.buf = buf.into_boxed_slice();
         self.head = 0;
     }
 
