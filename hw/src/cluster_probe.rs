@@ -142,8 +142,25 @@ fn selected(fit: u32) -> Vec<ProbeShape> {
 /// other families already measure are left out.
 fn load_shapes(fit: u32) -> Vec<ProbeShape> {
     let fit = fit.max(1);
+    let mut counts: Vec<u32> = [1, 2, 4, 8, fit].into_iter().filter(|&k| k <= fit).collect();
+    counts.dedup();
     let mut v = Vec::new();
-    let shape = |clusters, slots, chunk_bytes, store| ProbeShape {
+    for k in counts {
+        v.push(tma_512(k, 1, 7168, false));
+        if k != 1 && k != fit {
+            v.push(tma_512(k, 4, 7168, false));
+            v.push(tma_512(k, 2, 14368, true));
+        }
+        if k != fit {
+            v.push(tma_512(k, 2, 14368, false));
+        }
+    }
+    v
+}
+
+/// A bulk-copy probe shape of the 512-thread module (what every family but `shapes` uses).
+fn tma_512(clusters: u32, slots: u32, chunk_bytes: u32, store: bool) -> ProbeShape {
+    ProbeShape {
         kernel: "probe_cluster_tma_handoff",
         module: "cluster_512",
         threads: 512,
@@ -151,20 +168,7 @@ fn load_shapes(fit: u32) -> Vec<ProbeShape> {
         slots,
         chunk_bytes,
         store,
-    };
-    let counts: Vec<u32> = [1, 2, 4, 8, fit].into_iter().filter(|&k| k <= fit).collect();
-    for &k in &counts {
-        v.push(shape(k, 1, 7168, false));
-        if k != 1 && k != fit {
-            v.push(shape(k, 4, 7168, false));
-            v.push(shape(k, 2, 14368, true));
-        }
-        if k != fit {
-            v.push(shape(k, 2, 14368, false));
-        }
     }
-    v.dedup();
-    v
 }
 
 /// One whole wave with the normal cluster kernels' slot shapes (dispatch 3 x 7,472 B, combine
@@ -172,15 +176,7 @@ fn load_shapes(fit: u32) -> Vec<ProbeShape> {
 fn kernel_slots(fit: u32) -> Vec<ProbeShape> {
     [(3, 7472), (2, 14368)]
         .into_iter()
-        .map(|(slots, chunk_bytes)| ProbeShape {
-            kernel: "probe_cluster_tma_handoff",
-            module: "cluster_512",
-            threads: 512,
-            clusters: fit.max(1),
-            slots,
-            chunk_bytes,
-            store: true,
-        })
+        .map(|(slots, chunk_bytes)| tma_512(fit.max(1), slots, chunk_bytes, true))
         .collect()
 }
 
@@ -191,15 +187,7 @@ fn kernel_slots(fit: u32) -> Vec<ProbeShape> {
 fn handoff_only(fit: u32) -> Vec<ProbeShape> {
     [(fit.max(1), 4, 7168), (fit.max(1), 2, 14336), (fit.max(1), 2, 14368), (1, 4, 7168)]
         .into_iter()
-        .map(|(clusters, slots, chunk_bytes)| ProbeShape {
-            kernel: "probe_cluster_tma_handoff",
-            module: "cluster_512",
-            threads: 512,
-            clusters,
-            slots,
-            chunk_bytes,
-            store: false,
-        })
+        .map(|(clusters, slots, chunk_bytes)| tma_512(clusters, slots, chunk_bytes, false))
         .collect()
 }
 
@@ -208,15 +196,7 @@ fn waves(fit: u32) -> Vec<ProbeShape> {
     let mut v = Vec::new();
     for (slots, chunk_bytes) in [(4, 7168), (2, 14336)] {
         for waves in [1, 2, 4, 8] {
-            v.push(ProbeShape {
-                kernel: "probe_cluster_tma_handoff",
-                module: "cluster_512",
-                threads: 512,
-                clusters: fit.max(1) * waves,
-                slots,
-                chunk_bytes,
-                store: true,
-            });
+            v.push(tma_512(fit.max(1) * waves, slots, chunk_bytes, true));
         }
     }
     v

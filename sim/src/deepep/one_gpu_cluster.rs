@@ -206,8 +206,10 @@ pub struct ClusterProgram {
     waiting: VecDeque<u32>,
     channels_left: u32,
     slots: u32,
-    /// A slot's refill besides its bytes at this kernel's occupancy (`fill_at`).
-    fill_fixed: Time,
+    /// A slot's refill: the chain at this kernel's occupancy (`fill_at`) and the slot's bytes
+    /// at one copy's rate; of it, the consumer SM's intake of the slot.
+    chain: Time,
+    intake: Time,
     /// Every bulk copy into a peer's shared memory; each SM's intake of them.
     handoff: Server,
     ingest: Vec<Server>,
@@ -282,7 +284,8 @@ impl ClusterProgram {
             waiting: (0..channels).collect(),
             channels_left: channels,
             slots,
-            fill_fixed: fill_at(&c, resident, n),
+            chain: fill_at(&c, resident, n) + c.bulk.time(slot_bytes),
+            intake: c.ingest_chunk + c.sm_ingest.time(slot_bytes),
             handoff: Server::new(c.handoff),
             ingest: (0..resident * n).map(|_| Server::new(c.sm_ingest)).collect(),
             ranks_started: 0,
@@ -407,14 +410,13 @@ impl ClusterProgram {
     fn fill(&mut self, core: &mut Core, ri: usize, c: u32, src: u32, t: u32, hbm: u64) {
         let now = core.now;
         let (_, handed) = self.handoff.reserve(now, self.slot_bytes);
-        // The chain: the refill at this occupancy and the chunk's bytes at one copy's rate.
-        let chain = self.fill_fixed + self.c.bulk.time(self.slot_bytes);
+        let chain = self.chain;
         // The consumer's SM takes the chunk in at the end of the chain (the chain's own
         // intake, which the probe's lone pair included): concurrent fills into one block
         // queue there.
         let dst = ri as u32 % self.n;
         let into = self.sm(c, dst) as usize;
-        let own = (self.c.ingest_chunk + self.c.sm_ingest.time(self.slot_bytes)).min(chain);
+        let own = self.intake.min(chain);
         let (_, taken) = self.ingest[into].reserve_for(now + chain - own, self.slot_bytes, own);
         let handed = handed.max(taken);
         let dram = hbm + self.flushed.take(hbm);
