@@ -14,7 +14,7 @@ use eptwin_engine::scenario::schema::FabricTopology;
 
 use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
 use crate::core::{Core, Ev, prefetch, prefetch_at};
-use crate::nic::{Msg, Nic, Qp, QpTx};
+use crate::nic::{Msgs, Nic, Qp, QpTx};
 use crate::queue::EventQueue;
 use crate::ring::Ring;
 use crate::slab::{NONE, Slab};
@@ -195,7 +195,7 @@ pub struct Net {
     pub sw_ports: Vec<u32>,
     pub nics: Vec<Nic>,
     pub pkts: Slab<Pkt>,
-    pub msgs: Slab<Msg>,
+    pub msgs: Msgs,
     pub qps: Vec<Qp>,
     /// Who each QP belongs to (for messages only; apart from the hot [`Qp`]).
     pub qp_labels: Vec<crate::nic::QpLabel>,
@@ -267,7 +267,7 @@ impl Net {
             // Room for the records a large run keeps in flight (EP256 low latency: ≈ 315 k
             // messages, 56 k packets), reserved up front so the slabs never copy themselves.
             pkts: Slab::with_capacity(1 << 17),
-            msgs: Slab::with_capacity(1 << 19),
+            msgs: Msgs::with_capacity(1 << 19),
             qps: Vec::new(),
             qp_labels: Vec::new(),
             msg_posted_at: Vec::new(),
@@ -922,7 +922,7 @@ impl Core {
                     {
                         prefetch_at(&self.net.qp_tx, (head.item & !QP_ITEM) as usize);
                         if head.from != NONE {
-                            self.net.msgs.prefetch(head.from);
+                            self.net.msgs.prefetch_send(head.from);
                         }
                     }
                 }
@@ -965,7 +965,7 @@ impl Core {
     fn src_nic(&self, pkt: &Pkt) -> u32 {
         match pkt.kind {
             PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
-                self.net.qps[self.net.msgs[pkt.msg].qp as usize].nic
+                self.net.qps[pkt.qp as usize].nic
             }
             PktKind::Ack | PktKind::AtomicResp => self.net.qps[pkt.msg as usize].peer_nic,
         }

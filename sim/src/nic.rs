@@ -8,9 +8,9 @@
 //! reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
-use crate::core::{Action, Core, Ev, ProgId, prefetch, prefetch_at};
+use crate::core::{Action, Core, Ev, ProgId, prefetch_at};
 use crate::fabric::{Pkt, PktKind, QEntry, QP_ITEM};
-use crate::slab::NONE;
+use crate::slab::{NONE, Slab};
 use crate::time::Time;
 
 #[derive(Debug, Clone)]
@@ -46,7 +46,7 @@ pub struct Qp {
     pub nic: u32,
     pub peer_nic: u32,
     pub depth: u32,
-    // Requester: messages in post order, linked through `Msg::next`.
+    // Requester: messages in post order, linked through `MsgSend::next` (and `MsgDone::next`).
     pub head: u32,
     pub tail: u32,
     /// First message not yet covered by a doorbell.
@@ -98,24 +98,167 @@ pub struct QpTx {
     pub ready_pending: bool,
 }
 
-/// A message (work request): one cache line, since a message is touched at random among the
-/// hundreds of thousands in flight (post, doorbell, send, execution, completion). Its post
-/// time is kept apart, and only when tracing ([`Net::msg_posted_at`](crate::fabric::Net::msg_posted_at)).
+/// A message's send side (the requester NIC's WQE processing and packetizing), 16 bytes: four
+/// to a cache line. A message is touched at random among the hundreds of thousands in flight,
+/// and each phase reads only its own part: the doorbell and the send engine this one, the
+/// responder's execution and the requester's completion [`MsgDone`]. Its post time is kept
+/// apart, and only when tracing ([`Net::msg_posted_at`](crate::fabric::Net::msg_posted_at)).
 #[derive(Debug, Clone, Copy)]
-#[repr(C, align(64))]
-pub struct Msg {
-    pub ready_at: Time,
-    pub qp: u32,
-    pub seq: u32,
-    pub bytes: u32,
+#[repr(C, align(16))]
+pub struct MsgSend {
+    /// When it may start sending (doorbell, WQE processing, tx latency) above its program in
+    /// the low 16 bits, one word (as [`CreditReturn`](crate::fabric::CreditReturn) packs its
+    /// due time): times stay below 2^48 ps ≈ 281 s, past the run limit; all ones above the
+    /// program: not rung yet.
+    ready_prog: u64,
+    /// The next message posted on its QP (NONE: none yet).
     pub next: u32,
-    /// Packets arrived (adaptive routing only: they may arrive out of order).
-    pub arrived: u32,
+    /// Payload bytes, or [`ATOMIC`] (an atomic carries none).
+    size: u32,
+}
+
+/// [`MsgSend::size`] of an atomic.
+const ATOMIC: u32 = u32::MAX;
+/// [`MsgSend::ready_prog`]'s time field when not rung.
+const NOT_RUNG: u64 = u64::MAX >> 16;
+
+impl MsgSend {
+    fn new(bytes: u32, atomic: bool, prog: ProgId) -> MsgSend {
+        debug_assert!(atomic || bytes != ATOMIC);
+        let size = if atomic { ATOMIC } else { bytes };
+        MsgSend { ready_prog: NOT_RUNG << 16 | prog as u64, next: NONE, size }
+    }
+
+    /// When it may start sending (Time::MAX: not rung yet).
+    #[inline]
+    pub fn ready_at(&self) -> Time {
+        let t = self.ready_prog >> 16;
+        if t == NOT_RUNG { Time::MAX } else { t }
+    }
+
+    #[inline]
+    fn set_ready_at(&mut self, t: Time) {
+        assert!(t < NOT_RUNG, "ready time {t} ps beyond 2^48 ps");
+        self.ready_prog = t << 16 | (self.ready_prog & 0xFFFF);
+    }
+
+    #[inline]
+    pub fn prog(&self) -> ProgId {
+        self.ready_prog as ProgId
+    }
+
+    #[inline]
+    pub fn atomic(&self) -> bool {
+        self.size == ATOMIC
+    }
+
+    /// Payload bytes (0 for an atomic).
+    #[inline]
+    pub fn bytes(&self) -> u32 {
+        if self.atomic() { 0 } else { self.size }
+    }
+}
+
+/// A message's execution and completion side (the responder executes it, the requester
+/// completes it an ACK's round trip later, often while the line is still cached): 32 bytes,
+/// two to a cache line. Its sequence number on the QP is not stored: the QP executes and
+/// completes its messages in post order, so it is the QP's `exec_seq` at execution and
+/// `completed` at completion.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+pub struct MsgDone {
     pub remote: Action,
     pub local: Action,
+    /// The next message posted on its QP (NONE: none yet), as [`MsgSend::next`].
+    pub next: u32,
     pub prog: ProgId,
     pub atomic: bool,
     pub arrived_all: bool,
+}
+
+/// The messages: a slab of [`MsgDone`] records (which hands out the ids) with the
+/// [`MsgSend`] records in a parallel array, and, under adaptive routing only, a count of
+/// packets arrived per message.
+#[derive(Debug, Clone, Default)]
+pub struct Msgs {
+    done: Slab<MsgDone>,
+    send: Vec<MsgSend>,
+    /// Packets arrived per message (adaptive routing only: they may arrive out of order).
+    arrived: Vec<u32>,
+}
+
+impl Msgs {
+    /// Room for `n` messages before the arrays grow (see [`Slab::with_capacity`]).
+    pub fn with_capacity(n: usize) -> Msgs {
+        Msgs {
+            done: Slab::with_capacity(n),
+            send: crate::slab::with_capacity_huge(n),
+            arrived: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn insert(&mut self, send: MsgSend, done: MsgDone, adaptive: bool) -> u32 {
+        let m = self.done.insert(done);
+        // The slab hands out a fresh id exactly at the end of its array, which the parallel
+        // arrays follow.
+        if m as usize == self.send.len() {
+            crate::slab::push_huge(&mut self.send, send);
+        } else {
+            self.send[m as usize] = send;
+        }
+        if adaptive {
+            if self.arrived.len() <= m as usize {
+                self.arrived.resize(m as usize + 1, 0);
+            }
+            self.arrived[m as usize] = 0;
+        }
+        m
+    }
+
+    #[inline]
+    fn remove(&mut self, m: u32) {
+        self.done.remove(m);
+    }
+
+    #[inline]
+    pub fn send(&self, m: u32) -> &MsgSend {
+        &self.send[m as usize]
+    }
+
+    #[inline]
+    pub fn done(&self, m: u32) -> &MsgDone {
+        &self.done[m]
+    }
+
+    /// Fetch message `m`'s send record ahead of use (no bounds check, no effect on results).
+    #[inline(always)]
+    pub fn prefetch_send(&self, m: u32) {
+        crate::core::prefetch_at(&self.send, m as usize);
+    }
+
+    /// Fetch message `m`'s execution/completion record ahead of use (likewise).
+    #[inline(always)]
+    pub fn prefetch_done(&self, m: u32) {
+        self.done.prefetch(m);
+    }
+
+    /// Forget every message, keeping the buffers.
+    pub fn clear(&mut self) {
+        self.done.clear();
+        self.send.clear();
+        self.arrived.clear();
+    }
+
+    /// Messages currently posted and not completed.
+    pub fn live(&self) -> usize {
+        self.done.live()
+    }
+
+    /// Messages the buffers hold before they have to grow.
+    pub fn reserved(&self) -> usize {
+        self.done.reserved().min(self.send.capacity())
+    }
 }
 
 impl Qp {
@@ -196,20 +339,8 @@ impl Core {
         local: Action,
         prog: ProgId,
     ) {
-        let seq = self.net.qps[qp as usize].posted;
-        let m = self.net.msgs.insert(crate::nic::Msg {
-            ready_at: Time::MAX,
-            qp,
-            seq,
-            bytes: if atomic { 0 } else { bytes },
-            next: NONE,
-            arrived: 0,
-            remote,
-            local,
-            prog,
-            atomic,
-            arrived_all: false,
-        });
+        let done = MsgDone { remote, local, next: NONE, prog, atomic, arrived_all: false };
+        let m = self.net.msgs.insert(MsgSend::new(bytes, atomic, prog), done, self.params.adaptive);
         if self.trace.is_some() {
             let at = &mut self.net.msg_posted_at;
             if at.len() <= m as usize {
@@ -220,7 +351,8 @@ impl Core {
         let q = &mut self.net.qps[qp as usize];
         if q.tail != NONE {
             let tail = q.tail;
-            self.net.msgs[tail].next = m;
+            self.net.msgs.send[tail as usize].next = m;
+            self.net.msgs.done[tail].next = m;
             let tx = &mut self.net.qp_tx[qp as usize];
             if tx.send == tail {
                 tx.send_next = m;
@@ -278,14 +410,16 @@ impl Core {
             let start = self.net.nics[nic].engine_free.max(now);
             let ready = start + self.params.wqe_process;
             self.net.nics[nic].engine_free = ready;
-            self.net.msgs[m].ready_at = ready + self.params.tx_latency;
+            let send = &mut self.net.msgs.send[m as usize];
+            send.set_ready_at(ready + self.params.tx_latency);
+            let next = send.next;
             let tx = &mut self.net.qp_tx[qp as usize];
             if tx.send == m {
                 tx.send_ready = ready + self.params.tx_latency;
             }
             let q = &mut self.net.qps[qp as usize];
             q.rung += 1;
-            q.db = self.net.msgs[m].next;
+            q.db = next;
         }
         self.kick_qp(qp);
     }
@@ -322,8 +456,8 @@ impl Core {
         let (bytes, atomic, prog, ready, next) = if m == NONE {
             (0, false, 0, Time::MAX, NONE)
         } else {
-            let msg = &self.net.msgs[m];
-            (msg.bytes, msg.atomic, msg.prog, msg.ready_at, msg.next)
+            let msg = self.net.msgs.send(m);
+            (msg.bytes(), msg.atomic(), msg.prog(), msg.ready_at(), msg.next)
         };
         let next_wire = if atomic {
             self.params.hdr.atomic_req
@@ -384,7 +518,7 @@ impl Core {
         // for its next turn (slab ids stay in range: always an address).
         let next = self.net.qp_tx[qp as usize].send_next;
         if next != NONE {
-            prefetch(&self.net.msgs[next]);
+            self.net.msgs.prefetch_send(next);
         }
         // Pop the QP from the lane queue; back of the round robin if it has more ready.
         let q = &mut self.net.qp_tx[qp as usize];
@@ -434,9 +568,10 @@ impl Core {
                 // Static routing keeps a QP's packets in order: the last one completes the
                 // message. Adaptive routing may reorder them, so count.
                 let complete = if self.params.adaptive {
-                    let m = &mut self.net.msgs[k.msg];
-                    m.arrived += 1;
-                    m.arrived == self.params.packets(m.bytes)
+                    let msgs = &mut self.net.msgs;
+                    let arrived = &mut msgs.arrived[k.msg as usize];
+                    *arrived += 1;
+                    *arrived == self.params.packets(msgs.send[k.msg as usize].bytes())
                 } else {
                     k.kind == PktKind::DataLast
                 };
@@ -462,7 +597,7 @@ impl Core {
     pub(crate) fn prefetch_delivery(&self, pkt: u32, qp: u32, msg: u32) {
         self.net.pkts.prefetch(pkt);
         prefetch_at(&self.net.qps, qp as usize);
-        self.net.msgs.prefetch(msg);
+        self.net.msgs.prefetch_done(msg);
     }
 
     pub(crate) fn nic_deliver(&mut self, pkt: u32) {
@@ -470,10 +605,9 @@ impl Core {
         self.net.pkts.remove(pkt);
         match k.kind {
             PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
-                self.net.msgs[k.msg].arrived_all = true;
-                let qp = self.net.msgs[k.msg].qp;
-                self.net.qps[qp as usize].arrived += 1;
-                self.execute_in_order(qp);
+                self.net.msgs.done[k.msg].arrived_all = true;
+                self.net.qps[k.qp as usize].arrived += 1;
+                self.execute_in_order(k.qp);
             }
             PktKind::Ack | PktKind::AtomicResp => self.complete_upto(k.msg, k.payload),
         }
@@ -489,20 +623,13 @@ impl Core {
                 return;
             }
             let m = q.exec;
-            if m == NONE || !self.net.msgs[m].arrived_all {
+            if m == NONE || !self.net.msgs.done(m).arrived_all {
                 return;
             }
-            let msg = self.net.msgs[m];
+            let msg = *self.net.msgs.done(m);
             let q = &mut self.net.qps[qp as usize];
-            if msg.seq != q.exec_seq {
-                let label = self.net.qp_labels[qp as usize];
-                let what = format!(
-                    "per-QP order: QP {qp} (rank {} -> {}) executes message {} while {} is next",
-                    label.src_rank, label.dst_rank, msg.seq, q.exec_seq
-                );
-                self.violation(what);
-            }
-            let q = &mut self.net.qps[qp as usize];
+            // The QP's messages execute in post order: this one's sequence number.
+            let seq = q.exec_seq;
             q.exec_seq += 1;
             q.exec = msg.next;
             q.arrived -= 1;
@@ -540,7 +667,7 @@ impl Core {
             // lane's count, not the packet record, which may be long evicted or recycled).
             if kind == PktKind::Ack && pending != NONE && pos >= self.net.lanes[li].popped {
                 // Coalesce into the ACK still queued at the NIC.
-                self.net.pkts[pending].payload = msg.seq;
+                self.net.pkts[pending].payload = seq;
                 continue;
             }
             // An ACK carries (QP, sequence) rather than the message id: with adaptive routing a
@@ -550,7 +677,7 @@ impl Core {
                 qp,
                 hint: m,
                 wire,
-                payload: msg.seq,
+                payload: seq,
                 dst_nic: src,
                 lane,
                 kind,
@@ -578,23 +705,25 @@ impl Core {
                 self.violation(format!("ACK on QP {qp} with nothing outstanding"));
                 return;
             }
-            let msg = self.net.msgs[head];
+            let msg = *self.net.msgs.done(head);
             let q = &mut self.net.qps[qp as usize];
+            // Completions are in post order too: the message's sequence number.
+            let seq = q.completed;
             q.head = msg.next;
             if q.head == NONE {
                 q.tail = NONE;
             }
             q.completed += 1;
+            if self.trace.is_some() {
+                self.trace_message(qp, head, seq);
+            }
             self.net.msgs.remove(head);
             self.act(msg.local);
-            if self.trace.is_some() {
-                self.trace_message(qp, head, &msg);
-            }
         }
     }
 
     /// Trace a completed work request on its QP's track (post to completion).
-    fn trace_message(&mut self, qp: u32, m: u32, msg: &Msg) {
+    fn trace_message(&mut self, qp: u32, m: u32, seq: u32) {
         use crate::trace::{PID_NIC, TID_QP};
         let q = &self.net.qps[qp as usize];
         let label = self.net.qp_labels[qp as usize];
@@ -604,12 +733,14 @@ impl Core {
             "QP {} rank {}->{} #{} (VL{})",
             qp, label.src_rank, label.dst_rank, label.index, q.lane
         );
-        let what = if msg.atomic { "atomic".to_string() } else { format!("write {} B", msg.bytes) };
+        let msg = self.net.msgs.send(m);
+        let what =
+            if msg.atomic() { "atomic".to_string() } else { format!("write {} B", msg.bytes()) };
         let nic = q.nic;
         let now = self.now;
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &format!("NIC {nic}"));
         tr.name_thread(pid, tid, &name);
-        tr.span(pid, tid, &what, posted_at, now, &format!("\"seq\":{}", msg.seq));
+        tr.span(pid, tid, &what, posted_at, now, &format!("\"seq\":{seq}"));
     }
 }
