@@ -160,29 +160,56 @@ impl MsgSend {
 }
 
 /// A message's execution and completion side (the responder executes it, the requester
-/// completes it an ACK's round trip later, often while the line is still cached): 32 bytes,
-/// two to a cache line. Its sequence number on the QP is not stored: the QP executes and
-/// completes its messages in post order, so it is the QP's `exec_seq` at execution and
-/// `completed` at completion.
+/// completes it an ACK's round trip later, often while the line is still cached): 16 bytes,
+/// four to a cache line. The remote action is inline when it is a counter increment (all
+/// DeepEP messages: it or none); a wake, or any local action (background traffic's), lives in
+/// [`Msgs::side`], read only when [`SIDE`] is set. Its sequence number on the QP is not
+/// stored: the QP executes and completes its messages in post order, so it is the QP's
+/// `exec_seq` at execution and `completed` at completion.
 #[derive(Debug, Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C, align(16))]
 pub struct MsgDone {
-    pub remote: Action,
-    pub local: Action,
+    /// The remote action `Add { counter, delta }` when [`REMOTE_ADD`] is set.
+    counter: u32,
+    delta: u32,
     /// The next message posted on its QP (NONE: none yet), as [`MsgSend::next`].
     pub next: u32,
     pub prog: ProgId,
-    pub atomic: bool,
-    pub arrived_all: bool,
+    /// [`ATOMIC_MSG`], [`ARRIVED`], [`REMOTE_ADD`], [`SIDE`].
+    flags: u8,
+}
+
+/// [`MsgDone::flags`]: an atomic.
+const ATOMIC_MSG: u8 = 1;
+/// [`MsgDone::flags`]: every packet arrived (it may execute once the earlier ones have).
+const ARRIVED: u8 = 2;
+/// [`MsgDone::flags`]: the remote action is `Add { counter, delta }`.
+const REMOTE_ADD: u8 = 4;
+/// [`MsgDone::flags`]: the actions are in [`Msgs::side`].
+const SIDE: u8 = 8;
+
+impl MsgDone {
+    #[inline]
+    pub fn atomic(&self) -> bool {
+        self.flags & ATOMIC_MSG != 0
+    }
+
+    /// Every packet arrived.
+    #[inline]
+    pub fn arrived_all(&self) -> bool {
+        self.flags & ARRIVED != 0
+    }
 }
 
 /// The messages: a slab of [`MsgDone`] records (which hands out the ids) with the
-/// [`MsgSend`] records in a parallel array, and, under adaptive routing only, a count of
-/// packets arrived per message.
+/// [`MsgSend`] records in a parallel array, the actions that do not fit a [`MsgDone`], and,
+/// under adaptive routing only, a count of packets arrived per message.
 #[derive(Debug, Clone, Default)]
 pub struct Msgs {
     done: Slab<MsgDone>,
     send: Vec<MsgSend>,
+    /// (remote, local) actions of the messages with [`SIDE`] set (any other entry is stale).
+    side: Vec<(Action, Action)>,
     /// Packets arrived per message (adaptive routing only: they may arrive out of order).
     arrived: Vec<u32>,
 }
@@ -193,12 +220,30 @@ impl Msgs {
         Msgs {
             done: Slab::with_capacity(n),
             send: crate::slab::with_capacity_huge(n),
+            side: Vec::new(),
             arrived: Vec::new(),
         }
     }
 
+    /// A new message (not yet linked to its QP's next): its id.
     #[inline]
-    fn insert(&mut self, send: MsgSend, done: MsgDone, adaptive: bool) -> u32 {
+    fn insert(&mut self, send: MsgSend, remote: Action, local: Action, adaptive: bool) -> u32 {
+        let prog = send.prog();
+        let mut done = MsgDone { counter: 0, delta: 0, next: NONE, prog, flags: 0 };
+        if send.atomic() {
+            done.flags |= ATOMIC_MSG;
+        }
+        match remote {
+            Action::Add { counter, delta } => {
+                (done.counter, done.delta) = (counter, delta);
+                done.flags |= REMOTE_ADD;
+            }
+            Action::Wake { .. } => done.flags |= SIDE,
+            Action::None => {}
+        }
+        if local != Action::None {
+            done.flags |= SIDE;
+        }
         let m = self.done.insert(done);
         // The slab hands out a fresh id exactly at the end of its array, which the parallel
         // arrays follow.
@@ -206,6 +251,12 @@ impl Msgs {
             crate::slab::push_huge(&mut self.send, send);
         } else {
             self.send[m as usize] = send;
+        }
+        if done.flags & SIDE != 0 {
+            if self.side.len() <= m as usize {
+                self.side.resize(m as usize + 1, (Action::None, Action::None));
+            }
+            self.side[m as usize] = (remote, local);
         }
         if adaptive {
             if self.arrived.len() <= m as usize {
@@ -231,6 +282,25 @@ impl Msgs {
         &self.done[m]
     }
 
+    /// Message `m`'s remote action (run at the responder when it takes effect), from its
+    /// record `d`.
+    #[inline]
+    fn remote(&self, m: u32, d: &MsgDone) -> Action {
+        if d.flags & REMOTE_ADD != 0 {
+            Action::Add { counter: d.counter, delta: d.delta }
+        } else if d.flags & SIDE != 0 {
+            self.side[m as usize].0
+        } else {
+            Action::None
+        }
+    }
+
+    /// Message `m`'s local action (run at the requester on completion), from its record `d`.
+    #[inline]
+    fn local(&self, m: u32, d: &MsgDone) -> Action {
+        if d.flags & SIDE != 0 { self.side[m as usize].1 } else { Action::None }
+    }
+
     /// Fetch message `m`'s send record ahead of use (no bounds check, no effect on results).
     #[inline(always)]
     pub fn prefetch_send(&self, m: u32) {
@@ -247,6 +317,7 @@ impl Msgs {
     pub fn clear(&mut self) {
         self.done.clear();
         self.send.clear();
+        self.side.clear();
         self.arrived.clear();
     }
 
@@ -339,8 +410,8 @@ impl Core {
         local: Action,
         prog: ProgId,
     ) {
-        let done = MsgDone { remote, local, next: NONE, prog, atomic, arrived_all: false };
-        let m = self.net.msgs.insert(MsgSend::new(bytes, atomic, prog), done, self.params.adaptive);
+        let send = MsgSend::new(bytes, atomic, prog);
+        let m = self.net.msgs.insert(send, remote, local, self.params.adaptive);
         if self.trace.is_some() {
             let at = &mut self.net.msg_posted_at;
             if at.len() <= m as usize {
@@ -605,7 +676,7 @@ impl Core {
         self.net.pkts.remove(pkt);
         match k.kind {
             PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
-                self.net.msgs.done[k.msg].arrived_all = true;
+                self.net.msgs.done[k.msg].flags |= ARRIVED;
                 self.net.qps[k.qp as usize].arrived += 1;
                 self.execute_in_order(k.qp);
             }
@@ -623,7 +694,7 @@ impl Core {
                 return;
             }
             let m = q.exec;
-            if m == NONE || !self.net.msgs.done(m).arrived_all {
+            if m == NONE || !self.net.msgs.done(m).arrived_all() {
                 return;
             }
             let msg = *self.net.msgs.done(m);
@@ -636,7 +707,8 @@ impl Core {
             let (src, dst, lane) = (q.nic, q.peer_nic, q.lane);
             // Data (or the atomic's result) is visible in GPU memory after the PCIe write.
             let visible = self.now + self.params.rx_latency;
-            self.act_at(visible, msg.remote);
+            let remote = self.net.msgs.remote(m, &msg);
+            self.act_at(visible, remote);
             if let Some(tr) = self.trace.as_mut() {
                 use crate::trace::{PID_NIC, TID_NIC_PORT, TID_QP};
                 // The message's path through the fabric: post at the requester, delivery at
@@ -654,7 +726,7 @@ impl Core {
                     visible,
                 );
             }
-            let (kind, wire) = if msg.atomic {
+            let (kind, wire) = if msg.atomic() {
                 (PktKind::AtomicResp, self.params.hdr.atomic_resp)
             } else {
                 (PktKind::Ack, self.params.hdr.ack)
@@ -717,8 +789,9 @@ impl Core {
             if self.trace.is_some() {
                 self.trace_message(qp, head, seq);
             }
+            let local = self.net.msgs.local(head, &msg);
             self.net.msgs.remove(head);
-            self.act(msg.local);
+            self.act(local);
         }
     }
 
