@@ -562,17 +562,7 @@ impl Core {
             let last = payload >= q.send_left;
             (payload, if last { PktKind::DataLast } else { PktKind::Data }, last)
         };
-        let pkt = self.net.pkts.insert(Pkt {
-            msg: m,
-            qp,
-            hint: NONE,
-            wire,
-            payload,
-            dst_nic: dst,
-            lane,
-            kind,
-            prog,
-        });
+        let pkt = self.net.pkts.insert(Pkt { msg: m, qp, payload, prog, kind });
         let ob = &mut self.op_bytes[prog as usize];
         ob.wire += wire as u64;
         ob.rdma_payload += payload as u64;
@@ -618,21 +608,34 @@ impl Core {
         (pkt, wire, dst)
     }
 
-    /// A packet's head reaches NIC `n` through port `p` at `head_t`, its tail at `tail_t`.
-    pub(crate) fn nic_receive(&mut self, n: u32, p: u32, pkt: u32, head_t: Time, tail_t: Time) {
-        let k = self.net.pkts[pkt];
-        if k.dst_nic != n {
+    /// A packet (of `wire` bytes on `lane`, for NIC `dst`) reaches NIC `n` through port `p`:
+    /// its head at `head_t`, its tail at `tail_t`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn nic_receive(
+        &mut self,
+        n: u32,
+        p: u32,
+        lane: u8,
+        pkt: u32,
+        wire: u32,
+        dst: u32,
+        head_t: Time,
+        tail_t: Time,
+    ) {
+        if dst != n {
             self.violation(format!(
-                "misrouted packet: for nic {} delivered to nic {n} via {}",
-                k.dst_nic, self.net.port_names[p as usize]
+                "misrouted packet: for nic {dst} delivered to nic {n} via {}",
+                self.net.port_names[p as usize]
             ));
         }
+        let k = self.net.pkts[pkt];
         let nic = &mut self.net.nics[n as usize];
         let start = head_t.max(nic.rx_free);
-        let done = (start + self.params.pcie_rate.time(k.wire as u64)).max(tail_t);
+        let done = (start + self.params.pcie_rate.time(wire as u64)).max(tail_t);
         nic.rx_free = done;
         let lat = self.params.link_latency;
-        self.return_credits(p, k.lane, k.blocks(), done + lat + self.params.credit_delay);
+        let blocks = wire.div_ceil(64) as i32;
+        self.return_credits(p, lane, blocks, done + lat + self.params.credit_delay);
         match k.kind {
             PktKind::Data | PktKind::DataLast => {
                 self.op_bytes[k.prog as usize].rdma_delivered += k.payload as u64;
@@ -655,7 +658,7 @@ impl Core {
             PktKind::AtomicReq => self.push(done, Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg }),
             // The requester sees a completion once the CQE is written.
             PktKind::Ack | PktKind::AtomicResp => {
-                let ev = Ev::NicDeliver { pkt, qp: k.qp, msg: k.hint };
+                let ev = Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg };
                 self.push(done + self.params.rx_latency, ev)
             }
         }
@@ -680,7 +683,7 @@ impl Core {
                 self.net.qps[k.qp as usize].arrived += 1;
                 self.execute_in_order(k.qp);
             }
-            PktKind::Ack | PktKind::AtomicResp => self.complete_upto(k.msg, k.payload),
+            PktKind::Ack | PktKind::AtomicResp => self.complete_upto(k.qp, k.payload),
         }
     }
 
@@ -742,19 +745,9 @@ impl Core {
                 self.net.pkts[pending].payload = seq;
                 continue;
             }
-            // An ACK carries (QP, sequence) rather than the message id: with adaptive routing a
-            // later cumulative ACK may already have retired the message.
-            let ack = self.net.pkts.insert(Pkt {
-                msg: qp,
-                qp,
-                hint: m,
-                wire,
-                payload: seq,
-                dst_nic: src,
-                lane,
-                kind,
-                prog: msg.prog,
-            });
+            // An ACK acts on (QP, sequence), its message id only a hint: with adaptive routing
+            // a later cumulative ACK may already have retired the message.
+            let ack = self.net.pkts.insert(Pkt { msg: m, qp, payload: seq, prog: msg.prog, kind });
             self.ensure_op(msg.prog);
             self.op_bytes[msg.prog as usize].wire += wire as u64;
             if kind == PktKind::Ack {
