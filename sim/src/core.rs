@@ -381,7 +381,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<crate::fabric::CreditReturn>(), 8);
         assert_eq!(std::mem::size_of::<crate::nic::QpTx>(), 32);
         assert_eq!(std::mem::size_of::<crate::nic::Qp>(), 64);
-        assert_eq!(std::mem::size_of::<crate::fabric::Pkt>(), 32);
-        assert_eq!(std::mem::size_of::<crate::nic::Msg>(), 64);
+        assert_eq!(std::mem::size_of::<crate::fabric::Pkt>(), 16);
+        assert_eq!(std::mem::size_of::<crate::nic::MsgSend>(), 16);
+        assert_eq!(std::mem::size_of::<crate::nic::MsgDone>(), 16);
     }
 }

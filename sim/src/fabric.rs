@@ -14,7 +14,7 @@ use eptwin_engine::scenario::schema::FabricTopology;
 
 use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
 use crate::core::{Core, Ev, prefetch, prefetch_at};
-use crate::nic::{Msg, Nic, Qp, QpTx};
+use crate::nic::{Msgs, Nic, Qp, QpTx};
 use crate::queue::EventQueue;
 use crate::ring::Ring;
 use crate::slab::{NONE, Slab};
@@ -39,27 +39,25 @@ pub enum PktKind {
     AtomicResp,
 }
 
-/// A packet: what its destination NIC needs. Switch hops never touch it: the events and port
-/// queues carry what forwarding needs ([`QEntry`]). Its source NIC is not stored: the trace
-/// derives it from the message's QP. 32 bytes, aligned: two to a cache line.
+/// A packet: what its destination NIC needs beyond what its port queue entry ([`QEntry`])
+/// and events carry (wire bytes, destination NIC, lane: every hop has them at hand, so they
+/// are not stored twice). Switch hops never touch it. Its source NIC is not stored: the trace
+/// derives it from its QP. 16 bytes, aligned: four to a cache line.
 #[derive(Debug, Clone, Copy)]
-#[repr(align(32))]
+#[repr(align(16))]
 pub struct Pkt {
-    /// The message (data, atomic request) or the QP (ACK, atomic response).
+    /// The message (data, atomic request); for an ACK (atomic response) its first
+    /// acknowledged message, most likely the requester's oldest outstanding one: a prefetch
+    /// hint only (the record may be retired by then; an ACK acts on its QP and `payload`).
     pub msg: u32,
     /// The QP the packet belongs to (so the event loop can fetch its record ahead of a
     /// delivery without reading the message first).
     pub qp: u32,
-    /// An ACK's (atomic response's) first acknowledged message, most likely the requester's
-    /// oldest outstanding one: a prefetch hint only (the record may be retired by then).
-    pub hint: u32,
-    pub wire: u32,
+    /// Payload bytes (data); the sequence number acknowledged (ACK, atomic response).
     pub payload: u32,
-    pub dst_nic: u32,
-    pub lane: u8,
-    pub kind: PktKind,
     /// The op (program) the packet is charged to.
     pub prog: u16,
+    pub kind: PktKind,
 }
 
 /// An item in a port lane's queue: a packet with what forwarding it needs (its wire bytes,
@@ -74,13 +72,6 @@ pub struct QEntry {
     /// none was posted yet when the QP was queued).
     pub from: u32,
     pub dst: u32,
-}
-
-impl Pkt {
-    #[inline]
-    pub fn blocks(&self) -> i32 {
-        self.wire.div_ceil(64) as i32
-    }
 }
 
 /// An output port's hot state: exactly one cache line. Its lanes live in [`Net::lanes`], the
@@ -195,7 +186,7 @@ pub struct Net {
     pub sw_ports: Vec<u32>,
     pub nics: Vec<Nic>,
     pub pkts: Slab<Pkt>,
-    pub msgs: Slab<Msg>,
+    pub msgs: Msgs,
     pub qps: Vec<Qp>,
     /// Who each QP belongs to (for messages only; apart from the hot [`Qp`]).
     pub qp_labels: Vec<crate::nic::QpLabel>,
@@ -267,7 +258,7 @@ impl Net {
             // Room for the records a large run keeps in flight (EP256 low latency: ≈ 315 k
             // messages, 56 k packets), reserved up front so the slabs never copy themselves.
             pkts: Slab::with_capacity(1 << 17),
-            msgs: Slab::with_capacity(1 << 19),
+            msgs: Msgs::with_capacity(1 << 19),
             qps: Vec::new(),
             qp_labels: Vec::new(),
             msg_posted_at: Vec::new(),
@@ -878,7 +869,7 @@ impl Core {
         }
         if self.trace.is_some() {
             let pkt = self.net.pkts[pkt_id];
-            self.trace_packet(p, start, ser, &pkt);
+            self.trace_packet(p, start, ser, &pkt, lane as u8, wire, dst);
         }
         if to & TO_NIC == 0 {
             let params = &self.params;
@@ -900,7 +891,8 @@ impl Core {
             let ev = Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane };
             self.queue.push(t, ev);
         } else {
-            self.nic_receive(to & !TO_NIC, p, pkt_id, start + latency, start + ser + latency);
+            let (head_t, tail_t) = (start + latency, start + ser + latency);
+            self.nic_receive(to & !TO_NIC, p, lane as u8, pkt_id, wire, dst, head_t, tail_t);
         }
     }
 
@@ -922,7 +914,7 @@ impl Core {
                     {
                         prefetch_at(&self.net.qp_tx, (head.item & !QP_ITEM) as usize);
                         if head.from != NONE {
-                            self.net.msgs.prefetch(head.from);
+                            self.net.msgs.prefetch_send(head.from);
                         }
                     }
                 }
@@ -965,21 +957,31 @@ impl Core {
     fn src_nic(&self, pkt: &Pkt) -> u32 {
         match pkt.kind {
             PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
-                self.net.qps[self.net.msgs[pkt.msg].qp as usize].nic
+                self.net.qps[pkt.qp as usize].nic
             }
-            PktKind::Ack | PktKind::AtomicResp => self.net.qps[pkt.msg as usize].peer_nic,
+            PktKind::Ack | PktKind::AtomicResp => self.net.qps[pkt.qp as usize].peer_nic,
         }
     }
 
     /// Trace one packet on its port's track, with credit and queue counters.
-    fn trace_packet(&mut self, p: u32, now: Time, ser: Time, pkt: &Pkt) {
+    #[allow(clippy::too_many_arguments)]
+    fn trace_packet(
+        &mut self,
+        p: u32,
+        now: Time,
+        ser: Time,
+        pkt: &Pkt,
+        lane: u8,
+        wire: u32,
+        dst: u32,
+    ) {
         use crate::trace::{PID_NIC, PID_SWITCH, TID_NIC_PORT};
         let (pid, tid, pname) = match self.net.port_from[p as usize] {
             Endpoint::Nic(n) => (PID_NIC + n, TID_NIC_PORT, format!("NIC {n}")),
             Endpoint::Switch(s) => (PID_SWITCH + s, p, self.net.switches[s as usize].name.clone()),
         };
         let tname = self.net.port_names[p as usize].clone();
-        let credits = self.net.lanes[self.net.li(p as usize, pkt.lane as usize)].credits;
+        let credits = self.net.lanes[self.net.li(p as usize, lane as usize)].credits;
         let queued = self.net.ports[p as usize].queued_bytes;
         let kind = match pkt.kind {
             PktKind::Data | PktKind::DataLast => "data",
@@ -987,19 +989,19 @@ impl Core {
             PktKind::AtomicReq => "atomic",
             PktKind::AtomicResp => "atomic-resp",
         };
-        let lossless = self.net.lossless & (1 << pkt.lane) != 0;
+        let lossless = self.net.lossless & (1 << lane) != 0;
         let src_nic = self.src_nic(pkt);
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &pname);
         tr.name_thread(pid, tid, &tname);
         let args = format!(
             "\"bytes\":{},\"payload\":{},\"src_nic\":{},\"dst_nic\":{}",
-            pkt.wire, pkt.payload, src_nic, pkt.dst_nic
+            wire, pkt.payload, src_nic, dst
         );
-        tr.span(pid, tid, &format!("VL{} {kind}", pkt.lane), now, now + ser, &args);
+        tr.span(pid, tid, &format!("VL{} {kind}", lane), now, now + ser, &args);
         if lossless {
-            let name = format!("{tname} VL{} credits", pkt.lane);
-            tr.counter(pid, (p, pkt.lane), &name, now, "credits", credits as i64);
+            let name = format!("{tname} VL{} credits", lane);
+            tr.counter(pid, (p, lane), &name, now, "credits", credits as i64);
         }
         tr.counter(pid, (p, 255), &format!("{tname} queue"), now, "bytes", queued as i64);
     }

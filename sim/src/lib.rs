@@ -83,7 +83,7 @@ pub struct Simulator {
 /// See [`Simulator::spare`].
 struct Spare {
     pkts: slab::Slab<fabric::Pkt>,
-    msgs: slab::Slab<nic::Msg>,
+    msgs: nic::Msgs,
     qps: Vec<nic::Qp>,
     qp_tx: Vec<nic::QpTx>,
     qp_labels: Vec<nic::QpLabel>,

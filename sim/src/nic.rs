@@ -8,9 +8,9 @@
 //! reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
-use crate::core::{Action, Core, Ev, ProgId, prefetch, prefetch_at};
+use crate::core::{Action, Core, Ev, ProgId, prefetch_at};
 use crate::fabric::{Pkt, PktKind, QEntry, QP_ITEM};
-use crate::slab::NONE;
+use crate::slab::{NONE, Slab};
 use crate::time::Time;
 
 #[derive(Debug, Clone)]
@@ -46,7 +46,7 @@ pub struct Qp {
     pub nic: u32,
     pub peer_nic: u32,
     pub depth: u32,
-    // Requester: messages in post order, linked through `Msg::next`.
+    // Requester: messages in post order, linked through `MsgSend::next` (and `MsgDone::next`).
     pub head: u32,
     pub tail: u32,
     /// First message not yet covered by a doorbell.
@@ -98,24 +98,238 @@ pub struct QpTx {
     pub ready_pending: bool,
 }
 
-/// A message (work request): one cache line, since a message is touched at random among the
-/// hundreds of thousands in flight (post, doorbell, send, execution, completion). Its post
-/// time is kept apart, and only when tracing ([`Net::msg_posted_at`](crate::fabric::Net::msg_posted_at)).
+/// A message's send side (the requester NIC's WQE processing and packetizing), 16 bytes: four
+/// to a cache line. A message is touched at random among the hundreds of thousands in flight,
+/// and each phase reads only its own part: the doorbell and the send engine this one, the
+/// responder's execution and the requester's completion [`MsgDone`]. Its post time is kept
+/// apart, and only when tracing ([`Net::msg_posted_at`](crate::fabric::Net::msg_posted_at)).
 #[derive(Debug, Clone, Copy)]
-#[repr(C, align(64))]
-pub struct Msg {
-    pub ready_at: Time,
-    pub qp: u32,
-    pub seq: u32,
-    pub bytes: u32,
+#[repr(C, align(16))]
+pub struct MsgSend {
+    /// When it may start sending (doorbell, WQE processing, tx latency) above its program in
+    /// the low 16 bits, one word (as [`CreditReturn`](crate::fabric::CreditReturn) packs its
+    /// due time): times stay below 2^48 ps ≈ 281 s, past the run limit; all ones above the
+    /// program: not rung yet.
+    ready_prog: u64,
+    /// The next message posted on its QP (NONE: none yet).
     pub next: u32,
-    /// Packets arrived (adaptive routing only: they may arrive out of order).
-    pub arrived: u32,
-    pub remote: Action,
-    pub local: Action,
+    /// Payload bytes, or [`ATOMIC`] (an atomic carries none).
+    size: u32,
+}
+
+/// [`MsgSend::size`] of an atomic.
+const ATOMIC: u32 = u32::MAX;
+/// [`MsgSend::ready_prog`]'s time field when not rung.
+const NOT_RUNG: u64 = u64::MAX >> 16;
+
+impl MsgSend {
+    fn new(bytes: u32, atomic: bool, prog: ProgId) -> MsgSend {
+        debug_assert!(atomic || bytes != ATOMIC);
+        let size = if atomic { ATOMIC } else { bytes };
+        MsgSend { ready_prog: NOT_RUNG << 16 | prog as u64, next: NONE, size }
+    }
+
+    /// When it may start sending (Time::MAX: not rung yet).
+    #[inline]
+    pub fn ready_at(&self) -> Time {
+        let t = self.ready_prog >> 16;
+        if t == NOT_RUNG { Time::MAX } else { t }
+    }
+
+    #[inline]
+    fn set_ready_at(&mut self, t: Time) {
+        assert!(t < NOT_RUNG, "ready time {t} ps beyond 2^48 ps");
+        self.ready_prog = t << 16 | (self.ready_prog & 0xFFFF);
+    }
+
+    #[inline]
+    pub fn prog(&self) -> ProgId {
+        self.ready_prog as ProgId
+    }
+
+    #[inline]
+    pub fn atomic(&self) -> bool {
+        self.size == ATOMIC
+    }
+
+    /// Payload bytes (0 for an atomic).
+    #[inline]
+    pub fn bytes(&self) -> u32 {
+        if self.atomic() { 0 } else { self.size }
+    }
+}
+
+/// A message's execution and completion side (the responder executes it, the requester
+/// completes it an ACK's round trip later, often while the line is still cached): 16 bytes,
+/// four to a cache line. The remote action is inline when it is a counter increment (all
+/// DeepEP messages: it or none); a wake, or any local action (background traffic's), lives in
+/// [`Msgs::side`], read only when [`SIDE`] is set. Its sequence number on the QP is not
+/// stored: the QP executes and completes its messages in post order, so it is the QP's
+/// `exec_seq` at execution and `completed` at completion.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(16))]
+pub struct MsgDone {
+    /// The remote action `Add { counter, delta }` when [`REMOTE_ADD`] is set.
+    counter: u32,
+    delta: u32,
+    /// The next message posted on its QP (NONE: none yet), as [`MsgSend::next`].
+    pub next: u32,
     pub prog: ProgId,
-    pub atomic: bool,
-    pub arrived_all: bool,
+    /// [`ATOMIC_MSG`], [`ARRIVED`], [`REMOTE_ADD`], [`SIDE`].
+    flags: u8,
+}
+
+/// [`MsgDone::flags`]: an atomic.
+const ATOMIC_MSG: u8 = 1;
+/// [`MsgDone::flags`]: every packet arrived (it may execute once the earlier ones have).
+const ARRIVED: u8 = 2;
+/// [`MsgDone::flags`]: the remote action is `Add { counter, delta }`.
+const REMOTE_ADD: u8 = 4;
+/// [`MsgDone::flags`]: the actions are in [`Msgs::side`].
+const SIDE: u8 = 8;
+
+impl MsgDone {
+    #[inline]
+    pub fn atomic(&self) -> bool {
+        self.flags & ATOMIC_MSG != 0
+    }
+
+    /// Every packet arrived.
+    #[inline]
+    pub fn arrived_all(&self) -> bool {
+        self.flags & ARRIVED != 0
+    }
+}
+
+/// The messages: a slab of [`MsgDone`] records (which hands out the ids) with the
+/// [`MsgSend`] records in a parallel array, the actions that do not fit a [`MsgDone`], and,
+/// under adaptive routing only, a count of packets arrived per message.
+#[derive(Debug, Clone, Default)]
+pub struct Msgs {
+    done: Slab<MsgDone>,
+    send: Vec<MsgSend>,
+    /// (remote, local) actions of the messages with [`SIDE`] set (any other entry is stale).
+    side: Vec<(Action, Action)>,
+    /// Packets arrived per message (adaptive routing only: they may arrive out of order).
+    arrived: Vec<u32>,
+}
+
+impl Msgs {
+    /// Room for `n` messages before the arrays grow (see [`Slab::with_capacity`]).
+    pub fn with_capacity(n: usize) -> Msgs {
+        Msgs {
+            done: Slab::with_capacity(n),
+            send: crate::slab::with_capacity_huge(n),
+            side: Vec::new(),
+            arrived: Vec::new(),
+        }
+    }
+
+    /// A new message (not yet linked to its QP's next): its id.
+    #[inline]
+    fn insert(&mut self, send: MsgSend, remote: Action, local: Action, adaptive: bool) -> u32 {
+        let prog = send.prog();
+        let mut done = MsgDone { counter: 0, delta: 0, next: NONE, prog, flags: 0 };
+        if send.atomic() {
+            done.flags |= ATOMIC_MSG;
+        }
+        match remote {
+            Action::Add { counter, delta } => {
+                (done.counter, done.delta) = (counter, delta);
+                done.flags |= REMOTE_ADD;
+            }
+            Action::Wake { .. } => done.flags |= SIDE,
+            Action::None => {}
+        }
+        if local != Action::None {
+            done.flags |= SIDE;
+        }
+        let m = self.done.insert(done);
+        // The slab hands out a fresh id exactly at the end of its array, which the parallel
+        // arrays follow.
+        if m as usize == self.send.len() {
+            crate::slab::push_huge(&mut self.send, send);
+        } else {
+            self.send[m as usize] = send;
+        }
+        if done.flags & SIDE != 0 {
+            if self.side.len() <= m as usize {
+                self.side.resize(m as usize + 1, (Action::None, Action::None));
+            }
+            self.side[m as usize] = (remote, local);
+        }
+        if adaptive {
+            if self.arrived.len() <= m as usize {
+                self.arrived.resize(m as usize + 1, 0);
+            }
+            self.arrived[m as usize] = 0;
+        }
+        m
+    }
+
+    #[inline]
+    fn remove(&mut self, m: u32) {
+        self.done.remove(m);
+    }
+
+    #[inline]
+    pub fn send(&self, m: u32) -> &MsgSend {
+        &self.send[m as usize]
+    }
+
+    #[inline]
+    pub fn done(&self, m: u32) -> &MsgDone {
+        &self.done[m]
+    }
+
+    /// Message `m`'s remote action (run at the responder when it takes effect), from its
+    /// record `d`.
+    #[inline]
+    fn remote(&self, m: u32, d: &MsgDone) -> Action {
+        if d.flags & REMOTE_ADD != 0 {
+            Action::Add { counter: d.counter, delta: d.delta }
+        } else if d.flags & SIDE != 0 {
+            self.side[m as usize].0
+        } else {
+            Action::None
+        }
+    }
+
+    /// Message `m`'s local action (run at the requester on completion), from its record `d`.
+    #[inline]
+    fn local(&self, m: u32, d: &MsgDone) -> Action {
+        if d.flags & SIDE != 0 { self.side[m as usize].1 } else { Action::None }
+    }
+
+    /// Fetch message `m`'s send record ahead of use (no bounds check, no effect on results).
+    #[inline(always)]
+    pub fn prefetch_send(&self, m: u32) {
+        crate::core::prefetch_at(&self.send, m as usize);
+    }
+
+    /// Fetch message `m`'s execution/completion record ahead of use (likewise).
+    #[inline(always)]
+    pub fn prefetch_done(&self, m: u32) {
+        self.done.prefetch(m);
+    }
+
+    /// Forget every message, keeping the buffers.
+    pub fn clear(&mut self) {
+        self.done.clear();
+        self.send.clear();
+        self.side.clear();
+        self.arrived.clear();
+    }
+
+    /// Messages currently posted and not completed.
+    pub fn live(&self) -> usize {
+        self.done.live()
+    }
+
+    /// Messages the buffers hold before they have to grow.
+    pub fn reserved(&self) -> usize {
+        self.done.reserved().min(self.send.capacity())
+    }
 }
 
 impl Qp {
@@ -196,20 +410,8 @@ impl Core {
         local: Action,
         prog: ProgId,
     ) {
-        let seq = self.net.qps[qp as usize].posted;
-        let m = self.net.msgs.insert(crate::nic::Msg {
-            ready_at: Time::MAX,
-            qp,
-            seq,
-            bytes: if atomic { 0 } else { bytes },
-            next: NONE,
-            arrived: 0,
-            remote,
-            local,
-            prog,
-            atomic,
-            arrived_all: false,
-        });
+        let send = MsgSend::new(bytes, atomic, prog);
+        let m = self.net.msgs.insert(send, remote, local, self.params.adaptive);
         if self.trace.is_some() {
             let at = &mut self.net.msg_posted_at;
             if at.len() <= m as usize {
@@ -220,7 +422,8 @@ impl Core {
         let q = &mut self.net.qps[qp as usize];
         if q.tail != NONE {
             let tail = q.tail;
-            self.net.msgs[tail].next = m;
+            self.net.msgs.send[tail as usize].next = m;
+            self.net.msgs.done[tail].next = m;
             let tx = &mut self.net.qp_tx[qp as usize];
             if tx.send == tail {
                 tx.send_next = m;
@@ -278,14 +481,16 @@ impl Core {
             let start = self.net.nics[nic].engine_free.max(now);
             let ready = start + self.params.wqe_process;
             self.net.nics[nic].engine_free = ready;
-            self.net.msgs[m].ready_at = ready + self.params.tx_latency;
+            let send = &mut self.net.msgs.send[m as usize];
+            send.set_ready_at(ready + self.params.tx_latency);
+            let next = send.next;
             let tx = &mut self.net.qp_tx[qp as usize];
             if tx.send == m {
                 tx.send_ready = ready + self.params.tx_latency;
             }
             let q = &mut self.net.qps[qp as usize];
             q.rung += 1;
-            q.db = self.net.msgs[m].next;
+            q.db = next;
         }
         self.kick_qp(qp);
     }
@@ -322,8 +527,8 @@ impl Core {
         let (bytes, atomic, prog, ready, next) = if m == NONE {
             (0, false, 0, Time::MAX, NONE)
         } else {
-            let msg = &self.net.msgs[m];
-            (msg.bytes, msg.atomic, msg.prog, msg.ready_at, msg.next)
+            let msg = self.net.msgs.send(m);
+            (msg.bytes(), msg.atomic(), msg.prog(), msg.ready_at(), msg.next)
         };
         let next_wire = if atomic {
             self.params.hdr.atomic_req
@@ -357,17 +562,7 @@ impl Core {
             let last = payload >= q.send_left;
             (payload, if last { PktKind::DataLast } else { PktKind::Data }, last)
         };
-        let pkt = self.net.pkts.insert(Pkt {
-            msg: m,
-            qp,
-            hint: NONE,
-            wire,
-            payload,
-            dst_nic: dst,
-            lane,
-            kind,
-            prog,
-        });
+        let pkt = self.net.pkts.insert(Pkt { msg: m, qp, payload, prog, kind });
         let ob = &mut self.op_bytes[prog as usize];
         ob.wire += wire as u64;
         ob.rdma_payload += payload as u64;
@@ -384,7 +579,7 @@ impl Core {
         // for its next turn (slab ids stay in range: always an address).
         let next = self.net.qp_tx[qp as usize].send_next;
         if next != NONE {
-            prefetch(&self.net.msgs[next]);
+            self.net.msgs.prefetch_send(next);
         }
         // Pop the QP from the lane queue; back of the round robin if it has more ready.
         let q = &mut self.net.qp_tx[qp as usize];
@@ -413,30 +608,44 @@ impl Core {
         (pkt, wire, dst)
     }
 
-    /// A packet's head reaches NIC `n` through port `p` at `head_t`, its tail at `tail_t`.
-    pub(crate) fn nic_receive(&mut self, n: u32, p: u32, pkt: u32, head_t: Time, tail_t: Time) {
-        let k = self.net.pkts[pkt];
-        if k.dst_nic != n {
+    /// A packet (of `wire` bytes on `lane`, for NIC `dst`) reaches NIC `n` through port `p`:
+    /// its head at `head_t`, its tail at `tail_t`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn nic_receive(
+        &mut self,
+        n: u32,
+        p: u32,
+        lane: u8,
+        pkt: u32,
+        wire: u32,
+        dst: u32,
+        head_t: Time,
+        tail_t: Time,
+    ) {
+        if dst != n {
             self.violation(format!(
-                "misrouted packet: for nic {} delivered to nic {n} via {}",
-                k.dst_nic, self.net.port_names[p as usize]
+                "misrouted packet: for nic {dst} delivered to nic {n} via {}",
+                self.net.port_names[p as usize]
             ));
         }
+        let k = self.net.pkts[pkt];
         let nic = &mut self.net.nics[n as usize];
         let start = head_t.max(nic.rx_free);
-        let done = (start + self.params.pcie_rate.time(k.wire as u64)).max(tail_t);
+        let done = (start + self.params.pcie_rate.time(wire as u64)).max(tail_t);
         nic.rx_free = done;
         let lat = self.params.link_latency;
-        self.return_credits(p, k.lane, k.blocks(), done + lat + self.params.credit_delay);
+        let blocks = wire.div_ceil(64) as i32;
+        self.return_credits(p, lane, blocks, done + lat + self.params.credit_delay);
         match k.kind {
             PktKind::Data | PktKind::DataLast => {
                 self.op_bytes[k.prog as usize].rdma_delivered += k.payload as u64;
                 // Static routing keeps a QP's packets in order: the last one completes the
                 // message. Adaptive routing may reorder them, so count.
                 let complete = if self.params.adaptive {
-                    let m = &mut self.net.msgs[k.msg];
-                    m.arrived += 1;
-                    m.arrived == self.params.packets(m.bytes)
+                    let msgs = &mut self.net.msgs;
+                    let arrived = &mut msgs.arrived[k.msg as usize];
+                    *arrived += 1;
+                    *arrived == self.params.packets(msgs.send[k.msg as usize].bytes())
                 } else {
                     k.kind == PktKind::DataLast
                 };
@@ -449,7 +658,7 @@ impl Core {
             PktKind::AtomicReq => self.push(done, Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg }),
             // The requester sees a completion once the CQE is written.
             PktKind::Ack | PktKind::AtomicResp => {
-                let ev = Ev::NicDeliver { pkt, qp: k.qp, msg: k.hint };
+                let ev = Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg };
                 self.push(done + self.params.rx_latency, ev)
             }
         }
@@ -462,7 +671,7 @@ impl Core {
     pub(crate) fn prefetch_delivery(&self, pkt: u32, qp: u32, msg: u32) {
         self.net.pkts.prefetch(pkt);
         prefetch_at(&self.net.qps, qp as usize);
-        self.net.msgs.prefetch(msg);
+        self.net.msgs.prefetch_done(msg);
     }
 
     pub(crate) fn nic_deliver(&mut self, pkt: u32) {
@@ -470,12 +679,11 @@ impl Core {
         self.net.pkts.remove(pkt);
         match k.kind {
             PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
-                self.net.msgs[k.msg].arrived_all = true;
-                let qp = self.net.msgs[k.msg].qp;
-                self.net.qps[qp as usize].arrived += 1;
-                self.execute_in_order(qp);
+                self.net.msgs.done[k.msg].flags |= ARRIVED;
+                self.net.qps[k.qp as usize].arrived += 1;
+                self.execute_in_order(k.qp);
             }
-            PktKind::Ack | PktKind::AtomicResp => self.complete_upto(k.msg, k.payload),
+            PktKind::Ack | PktKind::AtomicResp => self.complete_upto(k.qp, k.payload),
         }
     }
 
@@ -489,27 +697,21 @@ impl Core {
                 return;
             }
             let m = q.exec;
-            if m == NONE || !self.net.msgs[m].arrived_all {
+            if m == NONE || !self.net.msgs.done(m).arrived_all() {
                 return;
             }
-            let msg = self.net.msgs[m];
+            let msg = *self.net.msgs.done(m);
             let q = &mut self.net.qps[qp as usize];
-            if msg.seq != q.exec_seq {
-                let label = self.net.qp_labels[qp as usize];
-                let what = format!(
-                    "per-QP order: QP {qp} (rank {} -> {}) executes message {} while {} is next",
-                    label.src_rank, label.dst_rank, msg.seq, q.exec_seq
-                );
-                self.violation(what);
-            }
-            let q = &mut self.net.qps[qp as usize];
+            // The QP's messages execute in post order: this one's sequence number.
+            let seq = q.exec_seq;
             q.exec_seq += 1;
             q.exec = msg.next;
             q.arrived -= 1;
             let (src, dst, lane) = (q.nic, q.peer_nic, q.lane);
             // Data (or the atomic's result) is visible in GPU memory after the PCIe write.
             let visible = self.now + self.params.rx_latency;
-            self.act_at(visible, msg.remote);
+            let remote = self.net.msgs.remote(m, &msg);
+            self.act_at(visible, remote);
             if let Some(tr) = self.trace.as_mut() {
                 use crate::trace::{PID_NIC, TID_NIC_PORT, TID_QP};
                 // The message's path through the fabric: post at the requester, delivery at
@@ -527,7 +729,7 @@ impl Core {
                     visible,
                 );
             }
-            let (kind, wire) = if msg.atomic {
+            let (kind, wire) = if msg.atomic() {
                 (PktKind::AtomicResp, self.params.hdr.atomic_resp)
             } else {
                 (PktKind::Ack, self.params.hdr.ack)
@@ -540,22 +742,12 @@ impl Core {
             // lane's count, not the packet record, which may be long evicted or recycled).
             if kind == PktKind::Ack && pending != NONE && pos >= self.net.lanes[li].popped {
                 // Coalesce into the ACK still queued at the NIC.
-                self.net.pkts[pending].payload = msg.seq;
+                self.net.pkts[pending].payload = seq;
                 continue;
             }
-            // An ACK carries (QP, sequence) rather than the message id: with adaptive routing a
-            // later cumulative ACK may already have retired the message.
-            let ack = self.net.pkts.insert(Pkt {
-                msg: qp,
-                qp,
-                hint: m,
-                wire,
-                payload: msg.seq,
-                dst_nic: src,
-                lane,
-                kind,
-                prog: msg.prog,
-            });
+            // An ACK acts on (QP, sequence), its message id only a hint: with adaptive routing
+            // a later cumulative ACK may already have retired the message.
+            let ack = self.net.pkts.insert(Pkt { msg: m, qp, payload: seq, prog: msg.prog, kind });
             self.ensure_op(msg.prog);
             self.op_bytes[msg.prog as usize].wire += wire as u64;
             if kind == PktKind::Ack {
@@ -578,23 +770,26 @@ impl Core {
                 self.violation(format!("ACK on QP {qp} with nothing outstanding"));
                 return;
             }
-            let msg = self.net.msgs[head];
+            let msg = *self.net.msgs.done(head);
             let q = &mut self.net.qps[qp as usize];
+            // Completions are in post order too: the message's sequence number.
+            let seq = q.completed;
             q.head = msg.next;
             if q.head == NONE {
                 q.tail = NONE;
             }
             q.completed += 1;
-            self.net.msgs.remove(head);
-            self.act(msg.local);
             if self.trace.is_some() {
-                self.trace_message(qp, head, &msg);
+                self.trace_message(qp, head, seq);
             }
+            let local = self.net.msgs.local(head, &msg);
+            self.net.msgs.remove(head);
+            self.act(local);
         }
     }
 
     /// Trace a completed work request on its QP's track (post to completion).
-    fn trace_message(&mut self, qp: u32, m: u32, msg: &Msg) {
+    fn trace_message(&mut self, qp: u32, m: u32, seq: u32) {
         use crate::trace::{PID_NIC, TID_QP};
         let q = &self.net.qps[qp as usize];
         let label = self.net.qp_labels[qp as usize];
@@ -604,12 +799,14 @@ impl Core {
             "QP {} rank {}->{} #{} (VL{})",
             qp, label.src_rank, label.dst_rank, label.index, q.lane
         );
-        let what = if msg.atomic { "atomic".to_string() } else { format!("write {} B", msg.bytes) };
+        let msg = self.net.msgs.send(m);
+        let what =
+            if msg.atomic() { "atomic".to_string() } else { format!("write {} B", msg.bytes()) };
         let nic = q.nic;
         let now = self.now;
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &format!("NIC {nic}"));
         tr.name_thread(pid, tid, &name);
-        tr.span(pid, tid, &what, posted_at, now, &format!("\"seq\":{}", msg.seq));
+        tr.span(pid, tid, &what, posted_at, now, &format!("\"seq\":{seq}"));
     }
 }
