@@ -377,7 +377,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Ev>(), 16);
         assert_eq!(std::mem::size_of::<crate::fabric::Port>(), 64);
         assert_eq!(std::mem::size_of::<crate::fabric::QEntry>(), 16);
-        assert_eq!(std::mem::size_of::<crate::fabric::Lane>(), 48);
+        assert_eq!(std::mem::size_of::<crate::fabric::Lane>(), 40);
         assert_eq!(std::mem::size_of::<crate::fabric::CreditReturn>(), 8);
         assert_eq!(std::mem::size_of::<crate::nic::QpTx>(), 32);
         assert_eq!(std::mem::size_of::<crate::nic::Qp>(), 64);

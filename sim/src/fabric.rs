@@ -6,7 +6,7 @@
 //! Port queues are rings of 16-byte entries (a packet id with what forwarding needs, so a
 //! switch hop never reads the packet record), and at a NIC also queue pairs: a QP in the queue stands for "its next packet", produced when
 //! the arbiter serves it, so a 1 MiB message never exists as 256 queued packets. Credit
-//! returns are lazy: each port keeps a time-ordered list of returns and absorbs those that are
+//! returns are lazy: each port keeps a list of returns (in no particular order) and absorbs those that are
 //! due when it arbitrates; only a port actually blocked on credits schedules a wake-up.
 
 use eptwin_engine::Plan;
@@ -134,9 +134,6 @@ pub struct Lane {
     /// Wire bytes of the head item (arbitration reads only this record).
     pub head_wire: u32,
     pub credits: i32,
-    /// Due time of the latest credit return queued for this lane (returns are kept in time
-    /// order; this record is hot where the returns' ring is not).
-    pub returns_last: Time,
     /// Items ever taken from the front of `q`: an item pushed when `popped + q.len()` was `n`
     /// is still queued while `popped <= n` (a NIC's ACK can absorb later completions until
     /// it leaves; [`crate::nic::Qp::ack_pos`]).
@@ -180,7 +177,9 @@ pub struct Net {
     /// Per (port, lane) at [`Net::li`]: since when the lane has been eligible but passed over by the high
     /// table (starvation), Time::MAX when not.
     pub bypassed_since: Vec<Time>,
-    /// Pending credit returns per (port, lane) at [`Net::li`]: (due time, blocks), time-ordered.
+    /// Pending credit returns per (port, lane) at [`Net::li`]: (due time, blocks), in the order
+    /// they were made (not their due order: a port's absorption takes every one due, and the
+    /// earliest is looked for only by a port blocked on credits).
     pub returns: Vec<Ring<CreditReturn>>,
     pub switches: Vec<Switch>,
     pub sw_ports: Vec<u32>,
@@ -281,13 +280,7 @@ impl Net {
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
             for lane in 0..MAX_LANES {
                 let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
-                net.lanes.push(Lane {
-                    q: Ring::default(),
-                    head_wire: 0,
-                    credits,
-                    returns_last: 0,
-                    popped: 0,
-                });
+                net.lanes.push(Lane { q: Ring::default(), head_wire: 0, credits, popped: 0 });
                 net.bypassed_since.push(Time::MAX);
             }
             let to = match to {
@@ -408,6 +401,11 @@ impl Net {
         }
         net.finish(spines);
         net
+    }
+
+    /// When the earliest pending credit return of (port, lane) `li` is due.
+    pub fn earliest_return(&self, li: usize) -> Option<Time> {
+        self.returns[li].iter().map(|r| r.due()).min()
     }
 
     /// Index of (port, lane) in the per-(port, lane) arrays.
@@ -573,21 +571,20 @@ impl Core {
     /// Absorb the credit returns of (port, lane) due by `now` (a reserved start's time).
     #[inline]
     fn absorb_credits_upto(&mut self, li: usize, now: Time) -> i32 {
-        let q = &mut self.net.returns[li];
         let mut got = 0i32;
-        while let Some(&r) = q.front() {
-            if r.due() > now {
-                break;
+        self.net.returns[li].retain(|r| {
+            let due = r.due() <= now;
+            if due {
+                got += r.blocks();
             }
-            got += r.blocks();
-            q.pop_front();
-        }
+            !due
+        });
         let lane = &mut self.net.lanes[li];
         lane.credits += got;
         lane.credits
     }
 
-    /// Return `blocks` credits of `lane` to port `p` at time `t` (kept time-ordered).
+    /// Return `blocks` credits of `lane` to port `p` at time `t`.
     #[inline(always)]
     pub fn return_credits(&mut self, p: u32, lane: u8, blocks: i32, t: Time) {
         let net = &mut self.net;
@@ -595,15 +592,7 @@ impl Core {
             return;
         }
         let li = net.li(p as usize, lane as usize);
-        // Every return is due after now, and a drained ring's returns were all due by now:
-        // the latest return ever queued bounds the ring's last entry exactly when there is one.
-        let l = &mut net.lanes[li];
-        if t >= l.returns_last {
-            l.returns_last = t;
-            net.returns[li].push_back(CreditReturn::new(t, blocks));
-        } else {
-            net.returns[li].insert_sorted_by_key(CreditReturn::new(t, blocks), |r| r.due());
-        }
+        net.returns[li].push_back(CreditReturn::new(t, blocks));
         // A port idle for lack of credits must learn about them.
         let port = &net.ports[p as usize];
         if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
@@ -692,8 +681,8 @@ impl Core {
             }
             if credits >= need {
                 eligible |= 1 << lane;
-            } else if let Some(r) = self.net.returns[lane * np + pi].front() {
-                next_return = next_return.min(r.due());
+            } else if let Some(due) = self.net.earliest_return(lane * np + pi) {
+                next_return = next_return.min(due);
             }
         }
         if eligible == 0 {
@@ -736,8 +725,8 @@ impl Core {
             let l = &self.net.lanes[li];
             let need = l.head_wire.div_ceil(64) as i32;
             if l.credits < need && self.absorb_credits(li) < need {
-                if let Some(r) = self.net.returns[li].front() {
-                    self.wake_port(p, r.due());
+                if let Some(due) = self.net.earliest_return(li) {
+                    self.wake_port(p, due);
                 }
                 return;
             }
@@ -850,16 +839,7 @@ impl Core {
         if from != NONE && net.lossless & (1 << lane) != 0 {
             let t = start + latency + params.credit_delay;
             let lf = lane * np + from as usize;
-            // Returns are kept in due-time order: the latest one queued bounds the ring's
-            // last entry exactly when there is one (a drained ring's were all due by now).
-            // A reserved start's return can be due after a later start's.
-            let lu = &mut lanes[lf];
-            if t >= lu.returns_last {
-                lu.returns_last = t;
-                net.returns[lf].push_back(CreditReturn::new(t, blocks));
-            } else {
-                net.returns[lf].insert_sorted_by_key(CreditReturn::new(t, blocks), |r| r.due());
-            }
+            net.returns[lf].push_back(CreditReturn::new(t, blocks));
             // A port idle for lack of credits must learn about them.
             let up = &mut ports[from as usize];
             if up.done_at == Time::MAX && up.nonempty & (1 << lane) != 0 && up.wake_at > t {

@@ -6,7 +6,7 @@
 #[derive(Debug, Clone)]
 pub struct Ring<T> {
     /// A boxed slice, not a `Vec`: its length is the capacity, so the ring is 16 bytes of
-    /// pointer and length plus `head` and `len` (a port lane's record stays 48 bytes).
+    /// pointer and length plus `head` and `len` (a port lane's record stays 40 bytes).
     buf: Box<[T]>,
     head: u32,
     len: u32,
@@ -109,6 +109,22 @@ impl<T: Copy> Ring<T> {
         self.buf[(self.head as usize + i) & mask] = x;
     }
 
+    /// Keep the items `keep` accepts, in their order (one pass over the ring).
+    #[inline]
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        let mask = self.mask() as usize;
+        let head = self.head as usize;
+        let mut kept = 0;
+        for k in 0..self.len as usize {
+            let x = self.buf[(head + k) & mask];
+            if keep(&x) {
+                self.buf[(head + kept) & mask] = x;
+                kept += 1;
+            }
+        }
+        self.len = kept as u32;
+    }
+
     /// The items front to back.
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         let mask = self.mask() as usize;
@@ -163,5 +179,31 @@ mod tests {
             assert_eq!(ring.len(), want.len());
         }
         assert!(ring.iter().eq(want.iter()));
+    }
+
+    /// `retain` keeps exactly the accepted items, in order, across wrap-around.
+    #[test]
+    fn retain_matches_vecdeque_retain() {
+        let mut rng = eptwin_engine::rng::Rng::new(7, 0);
+        let mut ring = Ring::default();
+        let mut want = VecDeque::new();
+        for i in 0..5_000u32 {
+            match rng.below(10) {
+                0..=5 => {
+                    ring.push_back(i);
+                    want.push_back(i);
+                }
+                6..=8 if !want.is_empty() => {
+                    want.pop_front();
+                    ring.pop_front();
+                }
+                _ => {
+                    let m = 2 + rng.below(3) as u32;
+                    ring.retain(|x| x % m != 0);
+                    want.retain(|x| x % m != 0);
+                }
+            }
+            assert!(ring.iter().eq(want.iter()));
+        }
     }
 }
