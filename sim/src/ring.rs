@@ -198,7 +198,7 @@ mod tests {
                     ring.pop_front();
                 }
                 _ => {
-                    let m = 2 + rng.below(3) as u32;
+                    let m = 2 + rng.below(3);
                     ring.retain(|x| x % m != 0);
                     want.retain(|x| x % m != 0);
                 }
