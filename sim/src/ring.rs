@@ -89,26 +89,6 @@ impl<T: Copy> Ring<T> {
         self.head = 0;
     }
 
-    /// Insert `x` behind every item whose key is not greater than its own (the ring stays
-    /// sorted by `key` when it was; equal keys keep their insertion order). A push at the
-    /// back when the last item's key is not greater, else a walk from the back.
-    pub fn insert_sorted_by_key<K: Ord>(&mut self, x: T, key: impl Fn(&T) -> K) {
-        self.push_back(x);
-        let mask = self.mask() as usize;
-        let k = key(&x);
-        let mut i = self.len as usize - 1;
-        while i > 0 {
-            let prev = (self.head as usize + i - 1) & mask;
-            if key(&self.buf[prev]) <= k {
-                break;
-            }
-            let cur = (self.head as usize + i) & mask;
-            self.buf[cur] = self.buf[prev];
-            i -= 1;
-        }
-        self.buf[(self.head as usize + i) & mask] = x;
-    }
-
     /// Keep the items `keep` accepts, in their order (one pass over the ring).
     #[inline]
     pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
@@ -137,73 +117,35 @@ mod tests {
     use super::*;
     use std::collections::VecDeque;
 
-    /// The ring behaves as a `VecDeque` under any mix of pushes and pops, across growth and
-    /// wrap-around.
+    /// The ring behaves as a `VecDeque` under any mix of pushes, pops and `retain`s, across
+    /// growth and wrap-around.
     #[test]
     fn ring_matches_vecdeque() {
         let mut rng = eptwin_engine::rng::Rng::new(3, 0);
         let mut ring = Ring::default();
         let mut want = VecDeque::new();
         for i in 0..20_000u32 {
-            if rng.below(100) < 55 {
-                ring.push_back(i);
-                want.push_back(i);
-            } else if !want.is_empty() {
-                want.pop_front();
-                ring.pop_front();
+            match rng.below(100) {
+                0..55 => {
+                    ring.push_back(i);
+                    want.push_back(i);
+                }
+                55..97 if !want.is_empty() => {
+                    want.pop_front();
+                    ring.pop_front();
+                }
+                97.. => {
+                    let m = 2 + rng.below(3);
+                    ring.retain(|x| x % m != 0);
+                    want.retain(|x| x % m != 0);
+                    assert!(ring.iter().eq(want.iter()));
+                }
+                _ => {}
             }
             assert_eq!(ring.len(), want.len());
             assert_eq!(ring.front(), want.front());
             assert_eq!(ring.second(), want.get(1));
         }
         assert!(ring.iter().eq(want.iter()));
-    }
-
-    /// Sorted insertion keeps the ring sorted (stable for equal keys) across growth and
-    /// wrap-around, as a sorted `Vec` insertion would.
-    #[test]
-    fn insert_sorted_matches_a_sorted_vec() {
-        let mut rng = eptwin_engine::rng::Rng::new(5, 0);
-        let mut ring: Ring<(u64, u32)> = Ring::default();
-        let mut want: VecDeque<(u64, u32)> = VecDeque::new();
-        for i in 0..20_000u32 {
-            if rng.below(100) < 55 {
-                let t = rng.below(64) as u64;
-                ring.insert_sorted_by_key((t, i), |e| e.0);
-                let at = want.iter().position(|e| e.0 > t).unwrap_or(want.len());
-                want.insert(at, (t, i));
-            } else if !want.is_empty() {
-                want.pop_front();
-                ring.pop_front();
-            }
-            assert_eq!(ring.len(), want.len());
-        }
-        assert!(ring.iter().eq(want.iter()));
-    }
-
-    /// `retain` keeps exactly the accepted items, in order, across wrap-around.
-    #[test]
-    fn retain_matches_vecdeque_retain() {
-        let mut rng = eptwin_engine::rng::Rng::new(7, 0);
-        let mut ring = Ring::default();
-        let mut want = VecDeque::new();
-        for i in 0..5_000u32 {
-            match rng.below(10) {
-                0..=5 => {
-                    ring.push_back(i);
-                    want.push_back(i);
-                }
-                6..=8 if !want.is_empty() => {
-                    want.pop_front();
-                    ring.pop_front();
-                }
-                _ => {
-                    let m = 2 + rng.below(3);
-                    ring.retain(|x| x % m != 0);
-                    want.retain(|x| x % m != 0);
-                }
-            }
-            assert!(ring.iter().eq(want.iter()));
-        }
     }
 }
