@@ -160,6 +160,10 @@ struct NicRoute {
     up: u32,
 }
 
+/// Largest route table kept ([`Net`]'s `route_tab`): 16 MiB of ports, a fat tree of ≈ 10 k
+/// NICs; larger fabrics compute each hop's port.
+const ROUTE_TABLE_MAX: usize = 1 << 22;
+
 /// How long a lane may be passed over by the high-priority table before it counts as starved.
 pub const STARVATION_PS: Time = 1_000_000_000; // 1 ms
 
@@ -215,6 +219,11 @@ pub struct Net {
     /// Per destination NIC, what every switch's forwarding decision needs (its leaf, its
     /// position there and the static up port), computed once: a hop does no division.
     nic_route: Vec<NicRoute>,
+    /// Per (switch, destination NIC), at `sw * nics + dst`: the output port where it does not
+    /// depend on the fabric's state (NONE: an adaptive choice). One load per hop instead of
+    /// three records and two data-dependent branches (spine or leaf, local or up); empty above
+    /// [`ROUTE_TABLE_MAX`] entries, where the hop computes it.
+    route_tab: Vec<u32>,
     /// Starvation reports (port, lane, since) already made.
     pub starved: Vec<(u32, u8)>,
 }
@@ -274,6 +283,7 @@ impl Net {
             leaves_per_rail,
             single,
             nic_route: Vec::new(),
+            route_tab: Vec::new(),
             starved: Vec::new(),
         };
         let credits = params.credits_per_lane;
@@ -433,6 +443,37 @@ impl Net {
         self.fill_routes(spines);
     }
 
+    /// The output port at switch `sw` toward NIC `dst` where it does not depend on the
+    /// fabric's state (NONE: an adaptive choice among up ports).
+    #[inline]
+    fn static_route(&self, sw: u32, dst: u32) -> u32 {
+        if !self.route_tab.is_empty() {
+            return self.route_tab[sw as usize * self.nics.len() + dst as usize];
+        }
+        self.static_route_formula(sw, dst)
+    }
+
+    fn static_route_formula(&self, sw: u32, dst: u32) -> u32 {
+        let s = &self.switches[sw as usize];
+        if self.single {
+            return self.sw_ports[(s.down + dst) as usize];
+        }
+        let r = self.nic_route[dst as usize];
+        if s.spine {
+            return self.sw_ports[(s.down + r.leaf) as usize];
+        }
+        if r.leaf == sw {
+            return self.sw_ports[(s.down + r.pos) as usize];
+        }
+        if !self.static_routing {
+            return NONE;
+        }
+        // d-mod-k on the destination's position at its leaf (OpenSM fat-tree routing): the
+        // spine-to-leaf link toward each NIC carries that NIC's traffic only.
+        debug_assert_eq!(r.up, r.pos % s.n_up);
+        self.sw_ports[(s.up + r.up) as usize]
+    }
+
     fn fill_routes(&mut self, spines: u32) {
         self.nic_route = (0..self.nics.len() as u32)
             .map(|dst| {
@@ -440,6 +481,14 @@ impl Net {
                 NicRoute { leaf: self.leaf_of(dst), pos, up: pos % spines.max(1) }
             })
             .collect();
+        let (switches, nics) = (self.switches.len() as u32, self.nics.len() as u32);
+        self.route_tab = Vec::new();
+        if switches as usize * nics as usize <= ROUTE_TABLE_MAX {
+            self.route_tab = (0..switches)
+                .flat_map(|sw| (0..nics).map(move |dst| (sw, dst)))
+                .map(|(sw, dst)| self.static_route_formula(sw, dst))
+                .collect();
+        }
     }
 
     /// The leaf switch a NIC hangs off (rail = its index in the node).
@@ -467,6 +516,18 @@ impl Net {
     pub fn lanes_in_use(&self) -> LaneMask {
         self.ports.iter().fold(0, |m, p| m | p.nonempty)
     }
+}
+
+/// Whether port `port`, idle with `lane` queued and no wake-up due by `t`, must be woken at `t`
+/// by a credit return. One branch, rarely taken: the three parts are summed rather than
+/// joined by `&&` or `&` (which the compiler splits into three branches, each unpredictable
+/// on its own: cachegrind's branch model counted 2.8 M mispredictions in EP256 LL).
+#[inline(always)]
+fn idle_for_credits(port: &Port, lane: u8, t: Time) -> bool {
+    let idle = (port.done_at == Time::MAX) as u32;
+    let queued = (port.nonempty >> lane) as u32 & 1;
+    let not_due = (port.wake_at > t) as u32;
+    idle + queued + not_due == 3
 }
 
 /// Record a credit overdraft (a model bug), out of the hot path.
@@ -524,25 +585,7 @@ impl Core {
     /// fabric's state (NONE: an adaptive choice among up ports).
     #[inline(always)]
     fn static_route(&self, sw: u32, dst: u32) -> u32 {
-        let net = &self.net;
-        let s = &net.switches[sw as usize];
-        if net.single {
-            return net.sw_ports[(s.down + dst) as usize];
-        }
-        let r = net.nic_route[dst as usize];
-        if s.spine {
-            return net.sw_ports[(s.down + r.leaf) as usize];
-        }
-        if r.leaf == sw {
-            return net.sw_ports[(s.down + r.pos) as usize];
-        }
-        if self.params.adaptive {
-            return NONE;
-        }
-        // d-mod-k on the destination's position at its leaf (OpenSM fat-tree routing): the
-        // spine-to-leaf link toward each NIC carries that NIC's traffic only.
-        debug_assert_eq!(r.up, r.pos % s.n_up);
-        net.sw_ports[(s.up + r.up) as usize]
+        self.net.static_route(sw, dst)
     }
 
     /// Append an item to a port lane and try to send.
@@ -595,7 +638,7 @@ impl Core {
         net.returns[li].push_back(CreditReturn::new(t, blocks));
         // A port idle for lack of credits must learn about them.
         let port = &net.ports[p as usize];
-        if port.done_at == Time::MAX && port.nonempty & (1 << lane) != 0 && port.wake_at > t {
+        if idle_for_credits(port, lane, t) {
             self.wake_idle_port(p, t);
         }
     }
@@ -753,7 +796,7 @@ impl Core {
             }
             (head.item, head.wire, head.dst, head.from)
         };
-        self.send(p, lane, pkt_id, wire, dst, from, now);
+        self.send::<false>(p, lane, pkt_id, wire, dst, from, now);
     }
 
     /// A packet reaching switch output port `p` when nothing is queued there (on any lane)
@@ -764,7 +807,7 @@ impl Core {
     /// by then suffice; if the returns known now do not show that, the packet queues as usual
     /// (false). Only the push order of its next events differs: they are pushed now, not at
     /// the start. Not with adaptive routing, which reads the queued bytes.
-    #[inline(never)]
+    #[inline(always)]
     fn reserve(&mut self, p: u32, lane: u8, e: QEntry) -> bool {
         let pi = p as usize;
         let li = self.net.li(pi, lane as usize);
@@ -773,16 +816,20 @@ impl Core {
         if self.net.lanes[li].credits < need && self.absorb_credits_upto(li, start) < need {
             return false;
         }
-        self.send(p, lane as usize, e.item, e.wire, e.dst, e.from, start);
+        self.send::<true>(p, lane as usize, e.item, e.wire, e.dst, e.from, start);
         true
     }
 
     /// Start packet `pkt_id` (already out of its queue) on port `p` at `start` (now, or a
     /// reserved time when the port is free): credits, serialization, the credit return to
     /// the port it came from, and its arrival at the next switch or NIC.
+    ///
+    /// `RESERVED`: from [`Core::reserve`], whose caller and checks establish that the port's
+    /// queues are empty, its only lane's credits suffice and `start` is not before
+    /// `busy_until`: the checks and updates that cannot apply are left out.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn send(
+    fn send<const RESERVED: bool>(
         &mut self,
         p: u32,
         lane: usize,
@@ -805,7 +852,9 @@ impl Core {
         let to = port.to;
         // The lane's next item is served a packet time from now: fetch what it will touch (a
         // QP's send state; a packet's record where the port delivers to a NIC).
-        if let Some(next) = l.q.front() {
+        if RESERVED {
+            debug_assert!(l.q.is_empty() && port.nonempty == 0 && net.single_lane.is_some());
+        } else if let Some(next) = l.q.front() {
             if next.item & QP_ITEM != 0 {
                 prefetch(&net.qp_tx[(next.item & !QP_ITEM) as usize]);
             } else if to & TO_NIC != 0 {
@@ -813,22 +862,27 @@ impl Core {
             }
         }
         let blocks = wire.div_ceil(64) as i32;
-        if net.single_lane.is_none() {
+        if !RESERVED && net.single_lane.is_none() {
             port.arb.sent(&net.arb, &mut net.drr[pi], lane as u8, wire);
         }
-        if l.credits < blocks && net.lossless & (1 << lane) != 0 {
+        if !RESERVED && l.credits < blocks && net.lossless & (1 << lane) != 0 {
             overdraft(violations, &net.port_names[pi], lane, l.credits, blocks);
         }
+        debug_assert!(l.credits >= blocks || net.lossless & (1 << lane) == 0);
         l.credits -= blocks;
-        if start < port.busy_until {
+        if !RESERVED && start < port.busy_until {
             over_capacity(violations, &net.port_names[pi], start, port.busy_until);
         }
+        debug_assert!(start >= port.busy_until);
         let ser = port.rate.time(wire as u64);
         port.busy_until = start + ser;
-        port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
+        if !RESERVED {
+            // A reserved packet never entered the queue (nothing was queued: zero bytes).
+            port.queued_bytes = port.queued_bytes.saturating_sub(wire as u64);
+        }
         // Every time below is after now (serialization and latencies are positive): the
         // queue is used directly, without the past-event check.
-        if port.nonempty != 0 {
+        if !RESERVED && port.nonempty != 0 {
             port.done_at = start + ser;
             queue.push(start + ser, Ev::PortDone(p));
         } else {
@@ -842,7 +896,7 @@ impl Core {
             net.returns[lf].push_back(CreditReturn::new(t, blocks));
             // A port idle for lack of credits must learn about them.
             let up = &mut ports[from as usize];
-            if up.done_at == Time::MAX && up.nonempty & (1 << lane) != 0 && up.wake_at > t {
+            if idle_for_credits(up, lane as u8, t) {
                 up.wake_at = t;
                 queue.push(t, Ev::PortWake(from));
             }
@@ -866,8 +920,8 @@ impl Core {
             }
             // The switch it reaches delivers to the destination NIC: mark it, so the loop can
             // fetch the packet record (which the NIC reads) ahead of the arrival.
-            let last = self.net.single || self.net.nic_route[dst as usize].leaf == to;
-            let lane = lane as u8 | if last { LAST_HOP } else { 0 };
+            let last = self.net.single | (self.net.nic_route[dst as usize].leaf == to);
+            let lane = lane as u8 | (last as u8) << 7;
             let ev = Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane };
             self.queue.push(t, ev);
         } else {
@@ -882,8 +936,11 @@ impl Core {
     #[inline(always)]
     pub(crate) fn prefetch_near(&self, ev: Ev) {
         match ev {
-            Ev::SwitchArrive { pkt, lane, .. } if lane & LAST_HOP != 0 => {
-                self.net.pkts.prefetch(pkt)
+            Ev::SwitchArrive { pkt, lane, .. } => {
+                // Record 0 where the switch is not the last (a line that stays cached): a
+                // selected address instead of a branch on the hop, which is unpredictable.
+                let last = lane & LAST_HOP != 0;
+                self.net.pkts.prefetch(std::hint::select_unpredictable(last, pkt, 0))
             }
             // Only NIC ports (ids below the NICs') queue QPs.
             Ev::PortDone(p) if (p as usize) < self.net.nics.len() => {
@@ -1056,6 +1113,15 @@ mod tests {
                 assert_eq!(r.pos, node % net.nodes_per_leaf);
                 for s in net.switches.iter().filter(|s| !s.spine) {
                     assert_eq!(r.up, r.pos % s.n_up);
+                }
+            }
+            // The per-(switch, NIC) port table is the formula, entry for entry.
+            assert_eq!(net.route_tab.len(), net.switches.len() * net.nics.len());
+            for sw in 0..net.switches.len() as u32 {
+                for dst in 0..net.nics.len() as u32 {
+                    let port = net.route_tab[sw as usize * net.nics.len() + dst as usize];
+                    assert_eq!(port, net.static_route_formula(sw, dst), "switch {sw}, nic {dst}");
+                    assert_ne!(port, NONE, "static routing has a port everywhere");
                 }
             }
         }

@@ -291,37 +291,49 @@ fn prefetch_bytes(p: *const u8) {
     let _ = p;
 }
 
-/// Sub-buckets a large bucket is first distributed over (by the next 4 bits of time).
-const SUB_SHIFT: u32 = CAL_SHIFT - 4;
+/// Bits of a bucket's time offset each radix pass sorts on (two passes cover the bucket).
+const RADIX_BITS: u32 = CAL_SHIFT.div_ceil(2);
 
 /// Sort a bucket (times in `[start, start + bucket width)`) by time, equal times in their
-/// current (push) order. Large buckets are first distributed over 16 sub-ranges by a stable
-/// counting sort; then an insertion sort (cheap on small or nearly sorted input) finishes.
-fn sort_bucket<T: Copy>(v: &mut Vec<(Time, T)>, start: Time, scratch: &mut Vec<(Time, T)>) {
+/// current (push) order. Large buckets take a two-pass LSD radix sort on the time's offset in
+/// the bucket (stable, and without data-dependent branches: the insertion sort it replaced
+/// mispredicted ≈ 6.4 M times in EP256 LL, cachegrind's branch model); small ones an
+/// insertion sort.
+fn sort_bucket<T: Copy>(v: &mut [(Time, T)], start: Time, scratch: &mut Vec<(Time, T)>) {
     let n = v.len();
-    if n > 16 {
-        let sub = |t: Time| ((t - start) >> SUB_SHIFT) as usize & 15;
-        let mut at = [0u32; 17];
-        for e in v.iter() {
-            at[sub(e.0) + 1] += 1;
-        }
-        for k in 1..17 {
-            at[k] += at[k - 1];
-        }
-        // The scratch buffer only ever grows (its length is at least every bucket's so far).
-        if scratch.len() < n {
-            scratch.resize(n, v[0]);
-        }
-        let out = &mut scratch[..n];
-        for e in v.iter() {
-            let k = sub(e.0);
-            out[at[k] as usize] = *e;
-            at[k] += 1;
-        }
-        std::mem::swap(v, scratch);
-        v.truncate(n);
+    if n <= 16 {
+        insertion_sort(v);
+        return;
     }
-    insertion_sort(v);
+    // The scratch buffer only ever grows (its length is at least every bucket's so far).
+    if scratch.len() < n {
+        scratch.resize(n, v[0]);
+    }
+    const BINS: usize = 1 << RADIX_BITS;
+    let low = |t: Time| (t - start) as usize & (BINS - 1);
+    let high = |t: Time| ((t - start) >> RADIX_BITS) as usize & (BINS - 1);
+    radix_pass(&v[..], &mut scratch[..n], low);
+    radix_pass(&scratch[..n], &mut v[..], high);
+}
+
+/// One stable counting-sort pass of `src` into `dst` by `key` (below `1 << RADIX_BITS`).
+#[inline(always)]
+fn radix_pass<T: Copy>(src: &[(Time, T)], dst: &mut [(Time, T)], key: impl Fn(Time) -> usize) {
+    let mut at = [0u32; 1 << RADIX_BITS];
+    for e in src {
+        at[key(e.0)] += 1;
+    }
+    let mut sum = 0;
+    for slot in at.iter_mut() {
+        let count = *slot;
+        *slot = sum;
+        sum += count;
+    }
+    for e in src {
+        let k = key(e.0);
+        dst[at[k] as usize] = *e;
+        at[k] += 1;
+    }
 }
 
 /// Stable insertion sort by time (on a slice: its length stays in a register).
@@ -631,5 +643,27 @@ mod tests {
         assert_eq!(q.pop(), Some((10, 'b')));
         assert_eq!(q.pop(), Some((10, 'c')));
         assert_eq!(q.pop(), None);
+    }
+
+    proptest! {
+        /// A bucket's sort (insertion sort when small, two radix passes when large) is the
+        /// standard stable sort by time: equal times keep their push order.
+        #[test]
+        fn bucket_sort_is_stable_by_time(
+            start_bucket in 0u64..1_000_000,
+            offsets in proptest::collection::vec(
+                prop_oneof![0u64..(1 << CAL_SHIFT), Just(0u64), Just((1 << CAL_SHIFT) - 1), 500u64..504],
+                0..300,
+            ),
+        ) {
+            let start = start_bucket << CAL_SHIFT;
+            let mut v: Vec<(Time, usize)> =
+                offsets.iter().enumerate().map(|(i, &o)| (start + o, i)).collect();
+            let mut want = v.clone();
+            want.sort_by_key(|e| e.0);
+            let mut scratch = Vec::new();
+            sort_bucket(&mut v, start, &mut scratch);
+            prop_assert_eq!(v, want);
+        }
     }
 }
