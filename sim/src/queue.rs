@@ -144,7 +144,7 @@ const CAL_SLOTS: usize = 4096;
 const CAL_WORDS: usize = CAL_SLOTS / 64;
 const CAL_SLOT_CAPACITY: usize = 128;
 
-/// A calendar queue: a ring of ~1 ns buckets over the next 16.8 µs, a binary heap beyond.
+/// A calendar queue: a ring of ~4 ns buckets over the next 16.8 µs, a binary heap beyond.
 ///
 /// Most events are scheduled a few hundred nanoseconds ahead; each is appended to its bucket
 /// once and sorted once, in a small bucket, when the bucket becomes current (a radix heap
