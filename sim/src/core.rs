@@ -333,10 +333,7 @@ impl Core {
                 self.port_wake(p);
                 1
             }
-            Ev::SwitchArrive { from, pkt, dst, wire, lane } => {
-                self.switch_arrive(from, pkt, dst, wire as u32, lane & !crate::fabric::LAST_HOP);
-                2
-            }
+            Ev::SwitchArrive { .. } => unreachable!("switch hops are handled above"),
             Ev::NicDeliver { pkt, .. } => {
                 self.nic_deliver(pkt);
                 3

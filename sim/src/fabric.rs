@@ -554,7 +554,7 @@ impl Core {
     /// Output port at switch `sw` toward NIC `dst`.
     #[inline]
     fn route(&mut self, sw: u32, dst: u32) -> u32 {
-        let out = self.static_route(sw, dst);
+        let out = self.net.static_route(sw, dst);
         if out != NONE {
             return out;
         }
@@ -579,13 +579,6 @@ impl Core {
             }
         }
         best
-    }
-
-    /// The output port at switch `sw` toward NIC `dst` where it does not depend on the
-    /// fabric's state (NONE: an adaptive choice among up ports).
-    #[inline(always)]
-    fn static_route(&self, sw: u32, dst: u32) -> u32 {
-        self.net.static_route(sw, dst)
     }
 
     /// Append an item to a port lane and try to send.

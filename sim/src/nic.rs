@@ -583,7 +583,7 @@ impl Core {
         }
         // Pop the QP from the lane queue; back of the round robin if it has more ready.
         let q = &mut self.net.qp_tx[qp as usize];
-        let more = (q.send != NONE) & (q.send_ready <= now);
+        let more = q.send != NONE && q.send_ready <= now;
         let qp_wire = q.next_wire as u32;
         if !more {
             q.active = false;
