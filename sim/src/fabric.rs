@@ -482,13 +482,14 @@ impl Net {
             })
             .collect();
         let (switches, nics) = (self.switches.len() as u32, self.nics.len() as u32);
-        self.route_tab = Vec::new();
-        if switches as usize * nics as usize <= ROUTE_TABLE_MAX {
-            self.route_tab = (0..switches)
+        self.route_tab = if switches as usize * nics as usize <= ROUTE_TABLE_MAX {
+            (0..switches)
                 .flat_map(|sw| (0..nics).map(move |dst| (sw, dst)))
                 .map(|(sw, dst)| self.static_route_formula(sw, dst))
-                .collect();
-        }
+                .collect()
+        } else {
+            Vec::new()
+        };
     }
 
     /// The leaf switch a NIC hangs off (rail = its index in the node).
@@ -914,7 +915,7 @@ impl Core {
             // The switch it reaches delivers to the destination NIC: mark it, so the loop can
             // fetch the packet record (which the NIC reads) ahead of the arrival.
             let last = self.net.single | (self.net.nic_route[dst as usize].leaf == to);
-            let lane = lane as u8 | (last as u8) << 7;
+            let lane = lane as u8 | (LAST_HOP * last as u8);
             let ev = Ev::SwitchArrive { from: p, pkt: pkt_id, dst, wire: wire as u16, lane };
             self.queue.push(t, ev);
         } else {
