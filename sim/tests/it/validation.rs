@@ -2,7 +2,7 @@
 //! with the bundled `h800-cx7` profile. Prints the table; fails if any row drifts beyond its
 //! tolerance.
 
-use crate::util::{plan_of_file, repo, run, tomls};
+use crate::util::{latency_us, plan_of_file, repo, run, tomls};
 
 #[test]
 fn published_deepep_rows_within_tolerance() {
@@ -84,5 +84,59 @@ fn shape_of_the_published_tables() {
         assert!(d > last, "LL dispatch latency grows with EP");
         assert!(c > d, "LL EP{ep}: combine {c} costs more than dispatch {d}");
         last = d;
+    }
+}
+
+/// Beyond the published rows (EP8–32), low-latency latency keeps growing with EP and
+/// flattens: from EP32 on each doubling adds less than the one before, and the last (EP128 →
+/// EP256) less than half of what EP16 → EP32 added. Pure RDMA (NVLink disallowed) is never
+/// faster, and the two curves meet at large EP, where the share of a rank's messages that
+/// stays on its node (8/EP of the experts) vanishes.
+#[test]
+fn low_latency_latency_flattens_at_large_ep() {
+    let dir = repo().join("scenarios/ll-ep-sweep");
+    let eps = [8u32, 16, 32, 64, 128, 256];
+    let curve = |prefix: &str| -> Vec<[f64; 2]> {
+        eps.iter()
+            .map(|ep| {
+                let r = run(&plan_of_file(&dir.join(format!("{prefix}{ep}.toml"))));
+                [latency_us(&r, "ll", "dispatch"), latency_us(&r, "ll", "combine")]
+            })
+            .collect()
+    };
+    let nvl = curve("ll-ep");
+    let rdma = curve("ll-rdma-ep");
+    println!("EP    NVLink dispatch/combine (us)   pure RDMA dispatch/combine (us)");
+    for (i, ep) in eps.iter().enumerate() {
+        println!(
+            "{ep:<5} {:>10.1} {:>10.1}             {:>10.1} {:>10.1}",
+            nvl[i][0], nvl[i][1], rdma[i][0], rdma[i][1]
+        );
+    }
+    for (op, name) in ["dispatch", "combine"].iter().enumerate() {
+        for c in [&nvl, &rdma] {
+            for w in c.windows(2) {
+                assert!(w[1][op] > w[0][op], "{name}: latency must grow with EP: {c:?}");
+            }
+        }
+        let step: Vec<f64> = nvl.windows(2).map(|w| w[1][op] - w[0][op]).collect();
+        // step[k]: EP 8·2^k → 8·2^(k+1); from EP32 (k = 2) on, each doubling adds less.
+        for k in 2..step.len() - 1 {
+            assert!(step[k + 1] < step[k], "{name}: no flattening at large EP: steps {step:?}");
+        }
+        assert!(
+            step[4] < 0.5 * step[1],
+            "{name}: EP128 -> EP256 adds {:.1} us, EP16 -> EP32 {:.1} us",
+            step[4],
+            step[1]
+        );
+        for i in 0..eps.len() {
+            assert!(rdma[i][op] >= nvl[i][op], "{name} EP{}: pure RDMA faster", eps[i]);
+        }
+        let gap = rdma[5][op] / nvl[5][op] - 1.0;
+        assert!(gap < 0.10, "{name} EP256: pure RDMA {:.1}% slower", 100.0 * gap);
+    }
+    for c in [&nvl, &rdma] {
+        assert!(c.iter().all(|p| p[1] > p[0]), "combine costs more than dispatch: {c:?}");
     }
 }
