@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 mode=${1:?record|check}
 ref=${2:?reference directory}
 cargo build --release -q
-scenarios=(scenarios/*.toml scenarios/validation/*.toml)
+scenarios=(scenarios/*.toml scenarios/validation/*.toml scenarios/ll-ep-sweep/*.toml)
 traced=(ep16-ll roce-ep16-ll)
 case "$mode" in
 record)

@@ -472,8 +472,16 @@ impl LlProgram {
         let (lo, hi) = (self.group_off[cell], self.group_off[cell + 1]);
         let pos = self.group_pos[cell];
         let route = self.route(h, d);
-        // Warps of the block share the SM: groups × warps per group copy at once.
-        let warp_rate = self.costs.warp_rate(self.groups * self.wpg);
+        // The SM's copy rate is shared by the warps of its block that copy now: in each of
+        // its groups, one warp per token of the group's current round (the rest idle).
+        let block = g / self.groups;
+        let mut copying = 0;
+        for g2 in block * self.groups..((block + 1) * self.groups).min(self.experts) {
+            let c = (h * self.experts + g2) as usize;
+            let left = self.group_off[c + 1] - self.group_off[c] - self.group_pos[c];
+            copying += left.min(self.wpg);
+        }
+        let warp_rate = self.costs.warp_rate(copying.max(1));
         if lo + pos >= hi {
             // Flag (after every put of this group, on the same QP).
             let ts = now + self.costs.ll_signal;
