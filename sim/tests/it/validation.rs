@@ -89,10 +89,10 @@ fn shape_of_the_published_tables() {
 
 /// Beyond the published rows (EP8–32), low-latency latency keeps growing with EP and
 /// flattens: from EP64 on a doubling adds under 15 % and under half the relative growth of
-/// EP16 → EP32 (a step at large EP also carries fabric contention, which need not shrink
-/// from one doubling to the next, so the check is on the slope). Pure RDMA (NVLink
-/// disallowed) is never faster, and the two curves meet at large EP, where the share of a
-/// rank's messages that stays on its node (8/EP of the experts) vanishes.
+/// EP16 → EP32. The check is on the slope: combine's step from EP128 to EP256 is not smaller
+/// than the one before it. Pure RDMA (NVLink disallowed) is never faster, and the two curves
+/// meet at large EP, where the share of a rank's messages that stays on its node (8/EP of the
+/// experts) vanishes.
 #[test]
 fn low_latency_latency_flattens_at_large_ep() {
     let dir = repo().join("scenarios/ll-ep-sweep");
