@@ -28,7 +28,8 @@ pub struct JobRt {
     pub node: Vec<u32>,
     pub lane: u8,
     pub depth: u32,
-    pub check_depth: bool,
+    /// DeepEP QPs (IBGDA: nothing waits on their completions), not background traffic.
+    pub ibgda: bool,
     pub num_qps: u32,
     dense: Vec<u32>,
     sparse: BTreeMap<(u32, u32, u32), u32>,
@@ -44,7 +45,7 @@ impl JobRt {
             FabricKind::Infiniband => j.vl.map_or(0, |v| v.0),
             FabricKind::Roce => j.sl.0 & 7,
         };
-        let (check_depth, num_qps) = match &j.kind {
+        let (ibgda, num_qps) = match &j.kind {
             JobKind::DeepEp(_) => (true, j.nvshmem.num_rc_per_pe.max(1)),
             JobKind::Traffic(t) => (false, t.qps_per_peer.max(1)),
         };
@@ -56,7 +57,7 @@ impl JobRt {
             ranks: j.ranks.clone(),
             lane,
             depth: j.nvshmem.qp_depth,
-            check_depth,
+            ibgda,
             num_qps,
             dense: if entries <= DENSE_QP_TABLE { vec![NONE; entries] } else { Vec::new() },
             sparse: BTreeMap::new(),
@@ -89,7 +90,7 @@ impl Core {
             return found;
         }
         let (nic, peer, lane, depth, check) =
-            (jr.gpu[src as usize], jr.gpu[dst as usize], jr.lane, jr.depth, jr.check_depth);
+            (jr.gpu[src as usize], jr.gpu[dst as usize], jr.lane, jr.depth, jr.ibgda);
         let label = QpLabel {
             job: job as u16,
             src_rank: jr.ranks[src as usize].0,
