@@ -71,8 +71,8 @@ pub struct Qp {
     pub prog: ProgId,
     pub lane: u8,
     /// A DeepEP (IBGDA) QP: posts never wait for free slots or completions (deepep.md §12),
-    /// so a post beyond the depth is a failure of `prog`, and its ACKs are not simulated as
-    /// packets ([`Core::unloaded_ack_time`]).
+    /// so a post beyond the depth is a failure of `prog`, and its ACKs and atomic responses
+    /// are not simulated as packets ([`Core::unloaded_ack_time`]).
     pub ibgda: bool,
 }
 
@@ -736,13 +736,15 @@ impl Core {
             } else {
                 (PktKind::Ack, self.params.hdr.ack)
             };
-            if kind == PktKind::Ack && self.net.qps[qp as usize].ibgda {
-                // Nothing waits on an IBGDA QP's completions: its ACK only retires WQEs for
-                // the depth check (where an ACK later than the NIC's fetch errs on the safe
-                // side), and its 30 bytes (86 on RoCE) per 7.4 KB message load the reverse
-                // link by ≈ 0.4 % (1.2 %). Simulated as packets, ACKs were a sixth of EP256
-                // LL's events and time, and moved no DeepEP result by more than 0.9 %
-                // (results/sim/README.md): it completes after the unloaded path instead.
+            if self.net.qps[qp as usize].ibgda {
+                // Nothing waits on an IBGDA QP's completions: its ACK (or an atomic's
+                // response, which DeepEP never reads) only retires WQEs for the depth check
+                // (where a completion later than the NIC's fetch errs on the safe side), and
+                // an ACK's 30 bytes (86 on RoCE) per 7.4 KB message load the reverse link by
+                // ≈ 0.4 % (1.2 %). Simulated as packets, they were a fifth of EP256 LL's
+                // events and a sixth of its time, and moved no DeepEP result by more than
+                // 0.5 % (1.1 % on RoCE; results/sim/README.md): each completes after the
+                // unloaded path.
                 self.ensure_op(msg.prog);
                 self.op_bytes[msg.prog as usize].wire += wire as u64;
                 let ack =
@@ -862,10 +864,12 @@ mod tests {
         crate::build_world(&plan, false)
     }
 
-    /// Post one write on `qp` on an idle fabric and run every event: post-to-completion time.
-    fn round_trip(core: &mut Core, qp: u32) -> Time {
+    /// Post one write (or an atomic) on `qp` on an idle fabric and run every event:
+    /// post-to-completion time.
+    fn round_trip(core: &mut Core, qp: u32, atomic: bool) -> Time {
         let posted = core.now;
-        core.post(qp, 1000, false, Action::None, Action::None, 0);
+        let bytes = if atomic { 0 } else { 1000 };
+        core.post(qp, bytes, atomic, Action::None, Action::None, 0);
         core.ring(qp, posted);
         let mut completed = None;
         while let Some((t, ev)) = core.queue.pop() {
@@ -879,9 +883,9 @@ mod tests {
         completed.expect("the write completes") - posted
     }
 
-    /// An IBGDA QP's ACK, not simulated as a packet, completes its write exactly when a
-    /// queued ACK does on an idle fabric: the unloaded path follows the packet hops, through
-    /// one switch (same rail) and through three (across rails).
+    /// An IBGDA QP's ACK or atomic response, not simulated as a packet, completes its work
+    /// request exactly when a queued one does on an idle fabric: the unloaded path follows
+    /// the packet hops, through one switch (same rail) and through three (across rails).
     #[test]
     fn unloaded_ack_matches_a_queued_ack_on_an_idle_fabric() {
         let mut w = world();
@@ -889,12 +893,18 @@ mod tests {
         core.ensure_op(0);
         let lane = core.jobs[0].lane;
         for peer in [8u32, 9] {
-            let label = QpLabel { job: 0, src_rank: 0, dst_rank: peer, index: 0 };
-            let queued = core.create_qp(0, peer, lane, 1024, false, 0, label);
-            let unloaded = core.create_qp(0, peer, lane, 1024, true, 0, label);
-            let (q, u) = (round_trip(core, queued), round_trip(core, unloaded));
-            assert_eq!(q, u, "NIC 0 -> NIC {peer}: queued ACK {q} ps, unloaded {u} ps");
-            assert!(q > 1_000_000, "a round trip takes over a microsecond: {q} ps");
+            for atomic in [false, true] {
+                let label = QpLabel { job: 0, src_rank: 0, dst_rank: peer, index: 0 };
+                let queued = core.create_qp(0, peer, lane, 1024, false, 0, label);
+                let unloaded = core.create_qp(0, peer, lane, 1024, true, 0, label);
+                let q = round_trip(core, queued, atomic);
+                let u = round_trip(core, unloaded, atomic);
+                assert_eq!(
+                    q, u,
+                    "NIC 0 -> NIC {peer}, atomic {atomic}: queued {q} ps, unloaded {u} ps"
+                );
+                assert!(q > 1_000_000, "a round trip takes over a microsecond: {q} ps");
+            }
         }
     }
 }
