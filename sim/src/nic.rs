@@ -736,29 +736,13 @@ impl Core {
             } else {
                 (PktKind::Ack, self.params.hdr.ack)
             };
-            if self.net.qps[qp as usize].ibgda {
-                // Nothing waits on an IBGDA QP's completions: its ACK (or an atomic's
-                // response, which DeepEP never reads) only retires WQEs for the depth check
-                // (where a completion later than the NIC's fetch errs on the safe side), and
-                // an ACK's 30 bytes (86 on RoCE) per 7.4 KB message load the reverse link by
-                // ≈ 0.4 % (1.2 %). Simulated as packets, they were a fifth of EP256 LL's
-                // events and a sixth of its time, and moved no DeepEP result by more than
-                // 0.5 % (1.1 % on RoCE; results/sim/README.md): each completes after the
-                // unloaded path.
-                self.ensure_op(msg.prog);
-                self.op_bytes[msg.prog as usize].wire += wire as u64;
-                let ack =
-                    self.net.pkts.insert(Pkt { msg: m, qp, payload: seq, prog: msg.prog, kind });
-                let t = self.unloaded_ack_time(dst, src, wire);
-                self.push(t, Ev::NicDeliver { pkt: ack, qp, msg: m });
-                continue;
-            }
             let port = self.net.nics[dst as usize].tx_port;
             let li = self.net.li(port as usize, lane as usize);
             let (pending, pos) =
                 (self.net.qps[qp as usize].ack_pkt, self.net.qps[qp as usize].ack_pos);
             // Still queued at this NIC: not yet taken from the lane it was pushed to (the
             // lane's count, not the packet record, which may be long evicted or recycled).
+            // (Never on an IBGDA QP: none of its ACKs is queued.)
             if kind == PktKind::Ack && pending != NONE && pos >= self.net.lanes[li].popped {
                 // Coalesce into the ACK still queued at the NIC.
                 self.net.pkts[pending].payload = seq;
@@ -769,6 +753,19 @@ impl Core {
             let ack = self.net.pkts.insert(Pkt { msg: m, qp, payload: seq, prog: msg.prog, kind });
             self.ensure_op(msg.prog);
             self.op_bytes[msg.prog as usize].wire += wire as u64;
+            if self.net.qps[qp as usize].ibgda {
+                // Nothing waits on an IBGDA QP's completions: its ACK (or an atomic's
+                // response, which DeepEP never reads) only retires WQEs for the depth check
+                // (where a completion later than the NIC's fetch errs on the safe side), and
+                // an ACK's 30 bytes (86 on RoCE) per 7.4 KB message load the reverse link by
+                // ≈ 0.4 % (1.2 %). Simulated as packets, they were a fifth of EP256 LL's
+                // events and a sixth of its time, and moved no DeepEP result by more than
+                // 0.5 % (1.1 % on RoCE; results/sim/README.md): each completes after the
+                // unloaded path.
+                let t = self.unloaded_ack_time(dst, src, wire);
+                self.push(t, Ev::NicDeliver { pkt: ack, qp, msg: m });
+                continue;
+            }
             if kind == PktKind::Ack {
                 let l = &self.net.lanes[li];
                 let pos = l.popped + l.q.len() as u64;

@@ -130,12 +130,13 @@ impl<T: Copy> EventQueue<T> for RadixQueue<T> {
 }
 
 /// Width of a calendar bucket: 2^12 ps ≈ 4 ns. Packet-level runs pop a few tens of events
-/// per simulated nanosecond, so a bucket holds on the order of a hundred (EP256 LL: 83.9 on
-/// average, 10.66 M entries over 126,967 buckets). Since buckets are sorted by radix passes
-/// (linear), wider buckets cost little to sort, and the pushes of a hop time (≈ 0.1–0.4 µs
-/// ahead) land in a quarter as many bucket tails, which stay cached: 4 ns buckets ran EP256
-/// LL in 0.93 of the time of 1 ns ones (12 alternated pairs), 2 ns 0.92, 8 ns 1.03 of 4 ns
-/// (eighth speed pass).
+/// per simulated nanosecond, so a bucket holds on the order of a hundred (EP256 LL in the
+/// ninth speed pass, when ACKs still crossed the fabric: 83.9 on average, 10.66 M entries
+/// over 126,967 buckets; about a fifth fewer events since). Since buckets are sorted by radix
+/// passes (linear), wider buckets cost little to sort, and the pushes of a hop time (≈
+/// 0.1–0.4 µs ahead) land in a quarter as many bucket tails, which stay cached: 4 ns buckets
+/// ran EP256 LL in 0.93 of the time of 1 ns ones (12 alternated pairs), 2 ns 0.92, 8 ns 1.03
+/// of 4 ns (eighth speed pass).
 const CAL_SHIFT: u32 = 12;
 /// Buckets in the calendar's ring: a 16.8 µs window, beyond which events wait in a heap.
 /// Packet hops are well under a microsecond ahead, but the normal kernels' copies and
@@ -282,9 +283,9 @@ impl<T: Copy> CalendarQueue<T> {
 }
 
 /// How much of the next bucket [`CalendarQueue::advance`] fetches ahead (an EP256 LL bucket
-/// holds 83.9 entries of 24 bytes, ≈ 2 KiB, on average). 2 KiB ran in 0.97 of 1 KiB's time,
-/// 4 KiB in 0.95 of 2 KiB's, 8 KiB in 1.02 of 4 KiB's (12 alternated pairs each, eighth speed
-/// pass).
+/// held 83.9 entries of 24 bytes, ≈ 2 KiB, on average in the ninth speed pass). 2 KiB ran in
+/// 0.97 of 1 KiB's time, 4 KiB in 0.95 of 2 KiB's, 8 KiB in 1.02 of 4 KiB's (12 alternated
+/// pairs each, eighth speed pass).
 const PREFETCH_BYTES: usize = 4096;
 
 /// Hint the CPU to fetch the cache line at `p` (never dereferenced: no effect on any result).
