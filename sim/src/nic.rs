@@ -758,10 +758,9 @@ impl Core {
                 // response, which DeepEP never reads) only retires WQEs for the depth check
                 // (where a completion later than the NIC's fetch errs on the safe side), and
                 // an ACK's 30 bytes (86 on RoCE) per 7.4 KB message load the reverse link by
-                // ≈ 0.4 % (1.2 %). Simulated as packets, they were a fifth of EP256 LL's
-                // events and a sixth of its time, and moved no DeepEP result by more than
-                // 0.5 % (1.1 % on RoCE; results/sim/README.md): each completes after the
-                // unloaded path.
+                // ≈ 0.4 % (1.2 %). As packets they would be a fifth of EP256 LL's events and a
+                // sixth of its time, and they change no DeepEP result by more than 0.5 % (1.1 %
+                // on RoCE; results/sim/README.md): each completes after the unloaded path.
                 let t = self.unloaded_ack_time(dst, src, wire);
                 self.push(t, Ev::NicDeliver { pkt: ack, qp, msg: m });
                 continue;

@@ -130,18 +130,16 @@ impl<T: Copy> EventQueue<T> for RadixQueue<T> {
 }
 
 /// Width of a calendar bucket: 2^12 ps ≈ 4 ns. Packet-level runs pop a few tens of events
-/// per simulated nanosecond, so a bucket holds on the order of a hundred (EP256 LL in the
-/// ninth speed pass, when ACKs still crossed the fabric: 83.9 on average, 10.66 M entries
-/// over 126,967 buckets; about a fifth fewer events since). Since buckets are sorted by radix
-/// passes (linear), wider buckets cost little to sort, and the pushes of a hop time (≈
-/// 0.1–0.4 µs ahead) land in a quarter as many bucket tails, which stay cached: 4 ns buckets
-/// ran EP256 LL in 0.93 of the time of 1 ns ones (12 alternated pairs), 2 ns 0.92, 8 ns 1.03
-/// of 4 ns (eighth speed pass).
+/// per simulated nanosecond, so a bucket holds on the order of a hundred entries.
+/// Buckets are sorted by radix passes (linear), so wider buckets cost little to sort, and the
+/// pushes of a hop time (≈ 0.1–0.4 µs ahead) land in a quarter as many bucket tails as with
+/// 1 ns buckets, which stay cached. Measured on EP256 LL in alternated runs: 4 ns buckets take
+/// 0.93 of 1 ns buckets' time; 2 ns buckets the same as 4 ns (0.996), 8 ns 1.03 of 4 ns.
 const CAL_SHIFT: u32 = 12;
 /// Buckets in the calendar's ring: a 16.8 µs window, beyond which events wait in a heap.
 /// Packet hops are well under a microsecond ahead, but the normal kernels' copies and
-/// flags are often 4–16 µs ahead: with a 4.2 µs window a quarter of EP64 normal's events
-/// (6.4 M of 25.8 M) went through the heap (fifth speed pass).
+/// flags are often 4–16 µs ahead: a 4.2 µs window would send about a quarter of EP64 normal's
+/// events through the heap.
 const CAL_SLOTS: usize = 4096;
 const CAL_WORDS: usize = CAL_SLOTS / 64;
 const CAL_SLOT_CAPACITY: usize = 128;
@@ -166,10 +164,9 @@ pub struct CalendarQueue<T> {
     /// (masked) needs no bounds check.
     ring: Box<[Vec<(Time, T)>; CAL_SLOTS]>,
     /// Buffers of consumed buckets, the most recently used last: a slot that receives its
-    /// first event takes the one still in cache. A slot that kept its own buffer refilled it
-    /// only a whole window (4.2 µs then, ≈ 120 k events in EP256 LL) after it was consumed, long
-    /// evicted: perf annotate of EP256 LL put ≈ 20 % of `start_next`'s samples on the write
-    /// into the bucket.
+    /// first event takes the one still in cache. A slot that kept its own buffer would refill it
+    /// only a whole window (hundreds of thousands of events in EP256 LL) after it was consumed,
+    /// long evicted, and the write of every push into the bucket would miss the cache.
     free: Vec<Vec<(Time, T)>>,
     /// Bit per ring slot: non-empty.
     occupied: [u64; CAL_WORDS],
@@ -283,9 +280,9 @@ impl<T: Copy> CalendarQueue<T> {
 }
 
 /// How much of the next bucket [`CalendarQueue::advance`] fetches ahead (an EP256 LL bucket
-/// held 83.9 entries of 24 bytes, ≈ 2 KiB, on average in the ninth speed pass). 2 KiB ran in
-/// 0.97 of 1 KiB's time, 4 KiB in 0.95 of 2 KiB's, 8 KiB in 1.02 of 4 KiB's (12 alternated
-/// pairs each, eighth speed pass).
+/// holds several tens of 24-byte entries on average, 1–2 KiB, and the large ones miss most).
+/// Measured on EP256 LL in alternated runs: 2 KiB takes 0.97 of 1 KiB's time, 4 KiB 0.95 of
+/// 2 KiB's, 8 KiB 1.02 of 4 KiB's.
 const PREFETCH_BYTES: usize = 4096;
 
 /// Hint the CPU to fetch the cache line at `p` (never dereferenced: no effect on any result).
@@ -305,8 +302,8 @@ const RADIX_BITS: u32 = CAL_SHIFT.div_ceil(2);
 
 /// Sort a bucket (times in `[start, start + bucket width)`) by time, equal times in their
 /// current (push) order. Large buckets take a two-pass LSD radix sort on the time's offset in
-/// the bucket (stable, and without data-dependent branches: the insertion sort it replaced
-/// mispredicted ≈ 6.4 M times in EP256 LL, cachegrind's branch model); small ones an
+/// the bucket (stable, and without data-dependent branches: an insertion sort of large buckets
+/// mispredicts millions of times in EP256 LL, cachegrind's branch model); small ones an
 /// insertion sort.
 fn sort_bucket<T: Copy>(v: &mut [(Time, T)], start: Time, scratch: &mut Vec<(Time, T)>) {
     let n = v.len();

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# The run behind results/h200/*.json: eptwin topo, the four H200 scenarios (with every probe,
-# the memcpy ceiling and the NCCL baseline; the normal ones also with the cluster handoff probe,
-# which the simulator's model of the cluster kernels is calibrated from), then diagnostics: the
-# low-latency scenarios in hook mode (send and receive phases timed apart), the normal 4096
-# scenario with the global-memory rings, and with the cluster kernels' warp finish times.
-# Everything goes to $OUT (log.txt, results/, diag/) but the last two diagnostics' result files
-# (in the log only: the device tool returns at most 8 files).
-# Binary: `cargo build --release && mkdir -p .devbin/run1 && strip -o .devbin/run1/eptwin
-# target/release/eptwin` here, then on the GPU machine (device tool, carry [".devbin/run1"]):
-#   bash results/h200/probe-run/measure.sh        (EPTWIN_BIN overrides the binary's path)
+# The measurement behind results/h200/*.json and the simulator's cluster_* calibration keys.
+#
+# What it measures, on one H200 with eight ranks sharing it: `eptwin topo` (NVML), then the four
+# H200 scenarios (scenarios/h200-ep8-{normal,ll}-{128,4096}.toml) on the hardware backend with
+# every copy probe, the memcpy ceiling and the NCCL all-to-all baseline; the two normal
+# scenarios also run the cluster handoff and reducer probes (EPTWIN_CLUSTER_PROBE=1), whose
+# `probe.cluster_*` measurements scripts/h200-profile-from-probes.py turns into the profile's
+# cluster keys (docs/calibration.md, "h200-single"). Then diagnostics that stay in the log: the
+# low-latency scenarios in hook mode (send and receive kernels timed apart), normal 4096 with
+# the global-memory-ring kernels, and normal 4096 with the cluster kernels' warp finish times and
+# per-token stamps (EPTWIN_CLUSTER_TIMES=1).
+#
+# How to run: build the binary here and carry it to the GPU machine, e.g.
+#   cargo build --release && mkdir -p .devbin && strip -o .devbin/eptwin target/release/eptwin
+# (or `bash scripts/h200-measure.sh --prepare`), then on the GPU machine, from the repository
+# root (device tool: carry [".devbin"]):
+#   bash scripts/h200-results.sh          (EPTWIN_BIN overrides the binary's path)
+# Output under $OUT: log.txt, results/<scenario>.json (copy them to results/h200/), diag/.
 set -uo pipefail
-B=${EPTWIN_BIN:-.devbin/run1/eptwin}
+B=${EPTWIN_BIN:-.devbin/eptwin}
+OUT=${OUT:-/tmp/eptwin-out}
 mkdir -p "$OUT/results" "$OUT/diag"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

@@ -1,11 +1,30 @@
 #!/usr/bin/env python3
 """Print the h200-single profile lines the one-GPU simulator model needs, from the probe
-measurements of one hardware result (`measurements.probe.*`, written by `eptwin run ... --backend
-hw` with the probes of hw/src/probes.rs). Every value is a probe value or a fixed arithmetic
-combination of probe values (docs/calibration.md, "h200-single"); nothing is fitted to the
-dispatch/combine latencies.
+measurements of hardware results (`measurements.probe.*`, written by `eptwin run ... --backend
+hw` with the probes of hw/src/probes.rs and hw/src/cluster_probe.rs). Every value is a probe
+value or a fixed arithmetic combination of probe values (docs/calibration.md, "h200-single");
+nothing is fitted to the dispatch/combine latencies. It reads files only: run it anywhere.
 
-Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send FILE]...
+The committed profile (engine/profiles/h200-single.toml) comes from these runs:
+
+  # [gpu] launch/flag and [gpu.memory]: the 13:32 UTC run of 2026-12-02 (in git at d53c212),
+  # the ring handoff and the low-latency send chain from their logs
+  git show d53c212:results/h200/h200-ep8-normal-4096.json > /tmp/h200-1332-normal-4096.json
+  python3 scripts/h200-profile-from-probes.py /tmp/h200-1332-normal-4096.json \
+      results/h200/h200-ep8-normal-4096.json \
+      --handoff results/h200/probe-run/handoff-log.txt \
+      --ll-send results/h200/probe-run/ll-send-chain-and-cluster-waves-log.txt
+
+  # the cluster_* keys: the committed normal results (scripts/h200-results.sh) and the load runs
+  # (scripts/h200-cluster-load.sh)
+  python3 scripts/h200-profile-from-probes.py results/h200/h200-ep8-normal-4096.json \
+      --cluster results/h200/h200-ep8-normal-128.json \
+      --cluster results/h200/h200-ep8-normal-4096.json \
+      --cluster results/h200/probe-run/load/run1-h200-ep8-normal-128.json \
+      --cluster results/h200/probe-run/load/run2-h200-ep8-normal-128.json
+
+Usage: h200-profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send FILE]...
+       [--cluster FILE]...
   LABEL names the file in the source comments (default: the path given).
   --handoff FILE: take probe.ring_handoff_bw_gbps from FILE (a result JSON, or a log with
   "# measured probe.ring_handoff_bw_gbps: {...}" lines; every occurrence is averaged) instead
@@ -16,7 +35,7 @@ Usage: profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send
   1,024 items ll_recv_poll_ns, averaged over the occurrences.
   --cluster FILE: probe.cluster_handoff_checks (and probe.cluster_handoff_max_active_clusters)
   from FILE (a result JSON of a run with EPTWIN_CLUSTER_PROBE=1, or a log with "# measured"
-  lines; shapes measured more than once are averaged) for the ten cluster_* keys of the
+  lines; shapes measured more than once are averaged) for the cluster_* keys of the
   simulator's model of the cluster kernels (sim/src/deepep/one_gpu_cluster.rs); without it, from
   RESULT if it has them. Every cluster probe shape is printed with the model's time for it.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
