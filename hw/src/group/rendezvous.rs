@@ -18,6 +18,10 @@ const HELLO_WAIT: Duration = Duration::from_secs(5);
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// A process waits this much beyond process 0's announced deadline for its verdict.
 const VERDICT_MARGIN: Duration = Duration::from_secs(2);
+/// After a failed rendezvous, process 0 keeps answering connections with the failure this
+/// long: closing the listener would reset the connections still in its backlog, and their
+/// processes would report a reset instead of the reason.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 
 /// What one process brings to the rendezvous.
 pub struct Arrival<'a> {
@@ -76,6 +80,7 @@ pub fn host(arrival: &Arrival<'_>) -> Result<Vec<Option<(PeerId, TcpStream)>>, G
                 if now() >= deadline {
                     let err = missing_failure(arrival, &peers);
                     refuse_all(&mut peers, &err);
+                    linger(&listener, &err);
                     return Err(err);
                 }
                 std::thread::sleep(Duration::from_millis(10));
@@ -103,12 +108,14 @@ pub fn host(arrival: &Arrival<'_>) -> Result<Vec<Option<(PeerId, TcpStream)>>, G
             let err = arrival.failure(them, what);
             let _ = write_msg(&mut stream, &abort_msg(&err));
             refuse_all(&mut peers, &err);
+            linger(&listener, &err);
             return Err(err);
         }
         let left_ms = deadline.saturating_duration_since(now()).as_millis() as u64;
         if let Err(e) = write_msg(&mut stream, &Msg::Ack { deadline_ms: left_ms }) {
             let err = arrival.failure(them, format!("closed its connection after its hello ({e})"));
             refuse_all(&mut peers, &err);
+            linger(&listener, &err);
             return Err(err);
         }
         peers[hello.rank] = Some((them, stream));
@@ -184,6 +191,23 @@ fn abort_msg(err: &GroupError) -> Msg {
             what: format!("ended the rendezvous: {other}"),
             when: String::new(),
         }),
+    }
+}
+
+/// Answers every connection arriving within [`REFUSAL_LINGER`] with the failure.
+fn linger(listener: &TcpListener, err: &GroupError) {
+    let until = now() + REFUSAL_LINGER;
+    let msg = abort_msg(err);
+    while now() < until {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_read_timeout(Some(REFUSAL_LINGER));
+                let _ = read_msg(&mut stream);
+                let _ = write_msg(&mut stream, &msg);
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
     }
 }
 

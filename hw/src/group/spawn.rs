@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::error::GroupError;
 use super::now;
@@ -70,7 +70,10 @@ impl ProcessExit {
 pub struct SpawnReport {
     /// By process rank.
     pub exits: Vec<ProcessExit>,
-    /// The rank of the first process seen to fail, if any did.
+    /// The rank of the first process seen to fail (by when its pipes closed), if any did.
+    /// Processes that fail because another did follow it within milliseconds; under load the
+    /// spawner may see one of them first, so this is the first seen, not necessarily the cause
+    /// (the processes' own messages name the cause).
     pub first_failure: Option<usize>,
     pub master_port: u16,
 }
@@ -156,19 +159,20 @@ pub fn spawn_with(
             .stderr
             .take()
             .map(|s| forward(s, rank, true, options.forward_output, Some(Arc::clone(&tail))));
-        children.push(Running { child, forwarders: [out, err], tail, exit: None });
+        children.push(Running { child, forwarders: [out, err], tail, exit: None, seen_at: None });
     }
-    let mut first_failure: Option<usize> = None;
+    let mut failed = false;
     let mut kill_at = None;
     while children.iter().any(|c| c.exit.is_none()) {
-        for (rank, running) in children.iter_mut().enumerate() {
+        for running in children.iter_mut() {
             if running.exit.is_some() {
                 continue;
             }
             if let Ok(Some(status)) = running.child.try_wait() {
                 running.exit = Some((status, false));
-                if !status.success() && first_failure.is_none() {
-                    first_failure = Some(rank);
+                running.seen_at = Some(now());
+                if !status.success() && !failed {
+                    failed = true;
                     kill_at = Some(now() + options.kill_grace);
                 }
             }
@@ -180,18 +184,27 @@ pub fn spawn_with(
                 let _ = running.child.kill();
                 if let Ok(status) = running.child.wait() {
                     running.exit = Some((status, true));
+                    running.seen_at = Some(now());
                 }
             }
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let exits = children
+    // Several processes can end between two polls (the others fail promptly once one
+    // fails): order the failures by when each process's pipes closed, which happens at its
+    // exit and is seen by a blocked reader at once, not at the next poll.
+    let mut ended_at = Vec::with_capacity(n);
+    let exits: Vec<ProcessExit> = children
         .into_iter()
         .enumerate()
         .map(|(process, mut running)| {
+            let mut closed = None;
             for handle in running.forwarders.iter_mut().filter_map(Option::take) {
-                let _ = handle.join();
+                if let Ok(at) = handle.join() {
+                    closed = closed.max(Some(at));
+                }
             }
+            ended_at.push(closed.or(running.seen_at));
             let (status, killed) = running.exit.expect("every process ended");
             let tail = running.tail.lock().map(|t| t.iter().cloned().collect()).unwrap_or_default();
             ProcessExit {
@@ -204,14 +217,21 @@ pub fn spawn_with(
             }
         })
         .collect();
+    let first_failure = exits
+        .iter()
+        .filter(|e| !e.success() && !e.killed)
+        .min_by_key(|e| (ended_at[e.process], e.process))
+        .map(|e| e.process);
     Ok(SpawnReport { exits, first_failure, master_port: port })
 }
 
 struct Running {
     child: Child,
-    forwarders: [Option<JoinHandle<()>>; 2],
+    /// Each returns when its pipe closed.
+    forwarders: [Option<JoinHandle<Instant>>; 2],
     tail: Arc<Mutex<VecDeque<String>>>,
     exit: Option<(ExitStatus, bool)>,
+    seen_at: Option<Instant>,
 }
 
 fn signal_of(status: ExitStatus) -> Option<i32> {
@@ -220,14 +240,14 @@ fn signal_of(status: ExitStatus) -> Option<i32> {
 }
 
 /// Copies lines from a child's pipe to ours with the `[pN] ` prefix, whole lines at a time so
-/// processes do not interleave within a line.
+/// processes do not interleave within a line. Returns when the pipe closed.
 fn forward(
     pipe: impl Read + Send + 'static,
     rank: usize,
     is_stderr: bool,
     write: bool,
     tail: Option<Arc<Mutex<VecDeque<String>>>>,
-) -> JoinHandle<()> {
+) -> JoinHandle<Instant> {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(pipe);
         let mut line = Vec::new();
@@ -235,7 +255,7 @@ fn forward(
         loop {
             line.clear();
             match reader.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return now(),
                 Ok(_) => {}
             }
             if !line.ends_with(b"\n") {
