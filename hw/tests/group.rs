@@ -163,7 +163,8 @@ fn out_dir() -> PathBuf {
 }
 
 fn read_outcomes(dir: &Path, n: usize) -> Vec<Option<String>> {
-    let outcomes = (0..n).map(|r| std::fs::read_to_string(dir.join(format!("p{r}"))).ok()).collect();
+    let outcomes =
+        (0..n).map(|r| std::fs::read_to_string(dir.join(format!("p{r}"))).ok()).collect();
     if let Ok(e) = std::fs::read_to_string(dir.join("detect-error")) {
         panic!("a child could not detect its launcher: {e}");
     }
@@ -204,7 +205,12 @@ fn spawn_role(role: &str, n: usize) -> Run {
 fn four_processes_exchange_the_right_bytes() {
     let run = spawn_role("collectives", 4);
     for r in 0..4 {
-        assert!(run.report.exits[r].success(), "{} ({})", run.report.exits[r].describe(), run.outcome(r));
+        assert!(
+            run.report.exits[r].success(),
+            "{} ({})",
+            run.report.exits[r].describe(),
+            run.outcome(r)
+        );
         let want = format!("ok launcher=spawn count=4 master_port={}", run.report.master_port);
         assert_eq!(run.outcome(r), want);
     }
@@ -239,7 +245,10 @@ fn a_process_that_never_starts_fails_the_rendezvous_for_all() {
     for r in [0, 1, 2] {
         let o = run.outcome(r);
         assert_eq!(run.report.exits[r].code, Some(1), "{o}");
-        assert!(o.starts_with("err process 3 did not arrive within 3.0 s; 3 of 4 processes"), "{o}");
+        assert!(
+            o.starts_with("err process 3 did not arrive within 3.0 s; 3 of 4 processes"),
+            "{o}"
+        );
         assert!(o.contains(&format!("process 1 on {} (pid {})", run.host, run.pid(1))), "{o}");
         assert!(o.contains("during the rendezvous at 127.0.0.1:"), "{o}");
     }
@@ -265,7 +274,10 @@ fn a_different_version_is_refused() {
     for r in 0..3 {
         let o = run.outcome(r);
         assert_eq!(run.report.exits[r].code, Some(1), "{o}");
-        assert!(o.starts_with(&format!("err {culprit} runs eptwin 0.0.0-other but process 0")), "{o}");
+        assert!(
+            o.starts_with(&format!("err {culprit} runs eptwin 0.0.0-other but process 0")),
+            "{o}"
+        );
     }
     assert!(run.elapsed < Duration::from_secs(6), "{:?}", run.elapsed);
 }
@@ -315,9 +327,9 @@ fn skip(test: &str, reason: &str) {
 
 fn find_on_path(names: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    names.iter().find_map(|name| {
-        std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
-    })
+    names
+        .iter()
+        .find_map(|name| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()))
 }
 
 /// Runs a launcher command line for `n` children in the collectives role, bounded in time.

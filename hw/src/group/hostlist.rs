@@ -15,7 +15,9 @@ pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
     for entry in split_top_level(list).map_err(&bad)? {
         let entry = entry.trim();
         if entry.is_empty() {
-            return Err(bad("an empty host name (two commas in a row, or a trailing comma)".into()));
+            return Err(
+                bad("an empty host name (two commas in a row, or a trailing comma)".into()),
+            );
         }
         let mut names = vec![String::new()];
         let mut rest = entry;

@@ -19,7 +19,7 @@ pub enum Launcher {
     Torchrun,
     /// Open MPI's `mpirun` or MPICH's Hydra `mpiexec`.
     Mpi,
-    /// eptwin's own local spawner ([`crate::group::spawn`]).
+    /// eptwin's own local spawner ([`crate::group::spawn()`]).
     Spawn,
 }
 
@@ -243,9 +243,8 @@ fn torch_style(
     let rank = required(env, "RANK", || {
         needs("WORLD_SIZE", "RANK", "this process's index (0 to WORLD_SIZE-1)")
     })?;
-    let count = required(env, "WORLD_SIZE", || {
-        needs("RANK", "WORLD_SIZE", "the number of processes")
-    })?;
+    let count =
+        required(env, "WORLD_SIZE", || needs("RANK", "WORLD_SIZE", "the number of processes"))?;
     let local_rank = required(env, "LOCAL_RANK", || {
         needs("RANK", "LOCAL_RANK", "this process's index on its node")
     })?;
@@ -269,7 +268,11 @@ fn torch_style(
             GroupError::Launch(needs("WORLD_SIZE", "MASTER_ADDR", "the host of process 0"))
         })?;
         let master_port = port(env, "MASTER_PORT")?.ok_or_else(|| {
-            GroupError::Launch(needs("WORLD_SIZE", "MASTER_PORT", "a free TCP port on process 0's host"))
+            GroupError::Launch(needs(
+                "WORLD_SIZE",
+                "MASTER_PORT",
+                "a free TCP port on process 0's host",
+            ))
         })?;
         let agent_store = launcher == Launcher::Torchrun
             && env("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.eq_ignore_ascii_case("true"));
@@ -313,8 +316,10 @@ fn slurm(env: EnvLookup<'_>, system_host: &str) -> Result<LaunchInfo, GroupError
         Some(n) => n,
         None => required(env, "SLURM_NPROCS", missing("SLURM_NTASKS", "the number of tasks"))?,
     };
-    let local_rank = required(env, "SLURM_LOCALID", missing("SLURM_LOCALID", "the task's index on its node"))?;
-    let node_rank = required(env, "SLURM_NODEID", missing("SLURM_NODEID", "the node's index in the step"))?;
+    let local_rank =
+        required(env, "SLURM_LOCALID", missing("SLURM_LOCALID", "the task's index on its node"))?;
+    let node_rank =
+        required(env, "SLURM_NODEID", missing("SLURM_NODEID", "the node's index in the step"))?;
     let (per_node_name, per_node) = match env("SLURM_STEP_TASKS_PER_NODE") {
         Some(v) => ("SLURM_STEP_TASKS_PER_NODE", Some(v)),
         None => ("SLURM_TASKS_PER_NODE", env("SLURM_TASKS_PER_NODE")),
@@ -415,7 +420,12 @@ fn mpi(env: EnvLookup<'_>, system_host: &str) -> Result<LaunchInfo, GroupError> 
     let open_mpi = env("OMPI_COMM_WORLD_RANK").is_some();
     let (names, flag, job_key) = if open_mpi {
         (
-            ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"],
+            [
+                "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+            ],
             "mpirun -x NAME=value",
             env("OMPI_MCA_ess_base_jobid")
                 .map(|v| ("OMPI_MCA_ess_base_jobid", v))
@@ -561,7 +571,10 @@ mod tests {
             }
             err(&vars)
         };
-        assert_eq!(with("RANK", "9"), "RANK=9 but WORLD_SIZE=8: a process's rank must be below the process count");
+        assert_eq!(
+            with("RANK", "9"),
+            "RANK=9 but WORLD_SIZE=8: a process's rank must be below the process count"
+        );
         assert_eq!(
             with("MASTER_ADDR", ""),
             "WORLD_SIZE is set but MASTER_ADDR is not: torchrun sets both; set MASTER_ADDR to \
@@ -577,7 +590,8 @@ mod tests {
         assert!(with("LOCAL_WORLD_SIZE", "9").contains("LOCAL_WORLD_SIZE=9 but WORLD_SIZE=8"));
         assert!(with("WORLD_SIZE", "0").contains("WORLD_SIZE=0"));
         // A single process needs no rendezvous address.
-        let one = [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
+        let one =
+            [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
         assert_eq!(detect(&one).unwrap().master, None);
     }
 
@@ -591,7 +605,9 @@ mod tests {
         assert_eq!(info.master.unwrap().port, 29500);
         let e = err(&[("EPTWIN_LAUNCHER", "spawn"), ("WORLD_SIZE", "2")]);
         assert!(e.contains("eptwin's spawner (EPTWIN_LAUNCHER=spawn) sets both"), "{e}");
-        assert!(err(&[("EPTWIN_LAUNCHER", "pbs")]).contains("EPTWIN_LAUNCHER=pbs: expected one of"));
+        assert!(
+            err(&[("EPTWIN_LAUNCHER", "pbs")]).contains("EPTWIN_LAUNCHER=pbs: expected one of")
+        );
     }
 
     const SLURM: [(&str, &str); 9] = [
@@ -646,7 +662,9 @@ mod tests {
         assert!(err(&vars).contains("SLURM_STEP_NODELIST: host list `gpu[03-`"), "{}", err(&vars));
         let mut vars = SLURM.to_vec();
         vars[4] = ("SLURM_STEP_TASKS_PER_NODE", "4");
-        assert!(err(&vars).contains("SLURM_NODEID=1 but SLURM_STEP_TASKS_PER_NODE=4 names 1 nodes"));
+        assert!(
+            err(&vars).contains("SLURM_NODEID=1 but SLURM_STEP_TASKS_PER_NODE=4 names 1 nodes")
+        );
         let mut vars = SLURM.to_vec();
         vars[0] = ("SLURM_PROCID", "8");
         assert!(err(&vars).contains("SLURM_PROCID=8 but SLURM_NTASKS=8"));
@@ -661,7 +679,12 @@ mod tests {
         assert_eq!(detect(&vars).unwrap().launcher, Launcher::Torchrun);
         // A job script exporting RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS is a Slurm launch.
         let mut vars = SLURM.to_vec();
-        vars.extend([("RANK", "5"), ("WORLD_SIZE", "8"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "9")]);
+        vars.extend([
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "9"),
+        ]);
         let info = detect(&vars).unwrap();
         assert_eq!(info.launcher, Launcher::Slurm);
         assert_eq!(info.master.unwrap().port, 9);
@@ -712,9 +735,17 @@ mod tests {
 
     #[test]
     fn mpich_needs_a_port() {
-        let hydra = [("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "0"), ("MPI_LOCALNRANKS", "2")];
+        let hydra = [
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "2"),
+            ("MPI_LOCALRANKID", "0"),
+            ("MPI_LOCALNRANKS", "2"),
+        ];
         let e = err(&hydra);
-        assert!(e.contains("MPICH's mpiexec (Hydra) gives no job id") && e.contains("-genv"), "{e}");
+        assert!(
+            e.contains("MPICH's mpiexec (Hydra) gives no job id") && e.contains("-genv"),
+            "{e}"
+        );
         let mut vars = hydra.to_vec();
         vars.push(("MASTER_PORT", "6000"));
         let info = detect(&vars).unwrap();

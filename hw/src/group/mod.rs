@@ -1,7 +1,7 @@
 //! Running one scenario as several OS processes: which launcher started this process
 //! ([`LaunchInfo`]), the TCP rendezvous and the collectives the hardware backend exchanges
 //! handles, endpoints and samples with ([`ProcessGroup`]), eptwin's own local launcher
-//! ([`spawn`]) and the mapping of the scenario's ranks to processes ([`rank_blocks`]).
+//! ([`spawn()`]) and the mapping of the scenario's ranks to processes ([`rank_blocks`]).
 //! No ssh, no cluster manager: the launcher starts the processes, they meet over TCP at the
 //! address every PyTorch cluster already has (`MASTER_ADDR:MASTER_PORT`).
 //!
@@ -24,7 +24,7 @@
 //!
 //! The innermost launcher wins, because an outer launcher's variables are inherited by the
 //! inner one's processes and describe the inner launcher, not them: `EPTWIN_LAUNCHER` (set by
-//! [`spawn`], or by a user to force one of `single|slurm|torchrun|mpi|spawn`), then torchrun
+//! [`spawn()`], or by a user to force one of `single|slurm|torchrun|mpi|spawn`), then torchrun
 //! (`RANK` or `WORLD_SIZE` set; `srun torchrun` gives workers the agent's `SLURM_PROCID`),
 //! then MPI (`mpirun` inside an allocation gives its processes the Slurm variables of its
 //! per-node daemons), then Slurm, then a single process. Two exceptions keep plain `srun`

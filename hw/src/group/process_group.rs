@@ -110,8 +110,13 @@ pub struct GroupConfig {
 }
 
 enum Event {
-    Data { from: usize, data: Data },
-    Bye { from: usize },
+    Data {
+        from: usize,
+        data: Data,
+    },
+    Bye {
+        from: usize,
+    },
     /// A failure was recorded in `Shared`.
     Failed,
 }
@@ -250,7 +255,8 @@ impl ProcessGroup {
         }
         let mut readers = Vec::new();
         for (rank, peer, stream) in streams {
-            let io = |e: std::io::Error| GroupError::io(format!("configuring the socket to {peer}"), &e);
+            let io =
+                |e: std::io::Error| GroupError::io(format!("configuring the socket to {peer}"), &e);
             stream.set_nodelay(true).map_err(io)?;
             stream.set_read_timeout(Some(config.timeouts.peer_silent)).map_err(io)?;
             stream.set_write_timeout(Some(config.timeouts.peer_silent)).map_err(io)?;
@@ -389,7 +395,7 @@ impl ProcessGroup {
     ) -> Result<Vec<T>, GroupError> {
         let bytes = to_json(label, value)?;
         let all = self.all_gather(label, &bytes, timeout)?;
-        self.from_json_all(label, &all)
+        self.decode_json_all(label, &all)
     }
 
     /// `root`'s value on every process; other processes pass `None`.
@@ -422,12 +428,12 @@ impl ProcessGroup {
     ) -> Result<Option<Vec<T>>, GroupError> {
         let bytes = to_json(label, value)?;
         match self.gather_to(label, root, &bytes, timeout)? {
-            Some(all) => self.from_json_all(label, &all).map(Some),
+            Some(all) => self.decode_json_all(label, &all).map(Some),
             None => Ok(None),
         }
     }
 
-    fn from_json_all<T: DeserializeOwned>(
+    fn decode_json_all<T: DeserializeOwned>(
         &self,
         label: &str,
         all: &[Vec<u8>],
@@ -597,7 +603,11 @@ impl ProcessGroup {
     }
 
     /// Each rank's next frame, checked to belong to this collective.
-    fn wait_all(&mut self, ranks: &[usize], expect: &Expect<'_>) -> Result<Vec<Vec<u8>>, GroupError> {
+    fn wait_all(
+        &mut self,
+        ranks: &[usize],
+        expect: &Expect<'_>,
+    ) -> Result<Vec<Vec<u8>>, GroupError> {
         let mut out: Vec<Option<Vec<u8>>> = vec![None; ranks.len()];
         let mut deadline = expect.deadline;
         let mut extended = false;
@@ -743,7 +753,13 @@ impl Drop for ProcessGroup {
     }
 }
 
-fn read_loop(shared: &Shared, rank: usize, peer: &PeerId, mut stream: TcpStream, tx: &Sender<Event>) {
+fn read_loop(
+    shared: &Shared,
+    rank: usize,
+    peer: &PeerId,
+    mut stream: TcpStream,
+    tx: &Sender<Event>,
+) {
     let mut bye = false;
     loop {
         let msg = read_msg(&mut stream);
@@ -893,29 +909,33 @@ mod tests {
 
     #[test]
     fn collectives_give_every_process_the_right_bytes() {
-        let results = with_group(3, |_| {}, |g| {
-            let me = g.rank() as u8;
-            let all = g.all_gather("all", &[me, me * 10], T)?;
-            assert_eq!(all, vec![vec![0, 0], vec![1, 10], vec![2, 20]]);
-            let b = g.broadcast("from 2", 2, &[me; 3], T)?;
-            assert_eq!(b, vec![2, 2, 2]);
-            let b = g.broadcast("from 0", 0, &[me + 7], T)?;
-            assert_eq!(b, vec![7]);
-            let gathered = g.gather_to("to 1", 1, &[me], T)?;
-            assert_eq!(gathered, (me == 1).then(|| vec![vec![0], vec![1], vec![2]]));
-            let gathered = g.gather_to("to 0", 0, &[me, me], T)?;
-            assert_eq!(gathered.is_some(), me == 0);
-            g.barrier("barrier", T)?;
-            let names = g.all_gather_json("names", &format!("p{me}"), T)?;
-            assert_eq!(names, ["p0", "p1", "p2"]);
-            let value = (me == 1).then_some(vec![1u32, 2, 3]);
-            let v: Vec<u32> = g.broadcast_json("json", 1, value.as_ref(), T)?;
-            assert_eq!(v, [1, 2, 3]);
-            let at0 = g.gather_json("json gather", 0, &u64::from(me), T)?;
-            assert_eq!(at0, (me == 0).then(|| vec![0u64, 1, 2]));
-            assert_eq!(g.members()[2].host.as_deref(), Some("host2"));
-            Ok(g.count())
-        });
+        let results = with_group(
+            3,
+            |_| {},
+            |g| {
+                let me = g.rank() as u8;
+                let all = g.all_gather("all", &[me, me * 10], T)?;
+                assert_eq!(all, vec![vec![0, 0], vec![1, 10], vec![2, 20]]);
+                let b = g.broadcast("from 2", 2, &[me; 3], T)?;
+                assert_eq!(b, vec![2, 2, 2]);
+                let b = g.broadcast("from 0", 0, &[me + 7], T)?;
+                assert_eq!(b, vec![7]);
+                let gathered = g.gather_to("to 1", 1, &[me], T)?;
+                assert_eq!(gathered, (me == 1).then(|| vec![vec![0], vec![1], vec![2]]));
+                let gathered = g.gather_to("to 0", 0, &[me, me], T)?;
+                assert_eq!(gathered.is_some(), me == 0);
+                g.barrier("barrier", T)?;
+                let names = g.all_gather_json("names", &format!("p{me}"), T)?;
+                assert_eq!(names, ["p0", "p1", "p2"]);
+                let value = (me == 1).then_some(vec![1u32, 2, 3]);
+                let v: Vec<u32> = g.broadcast_json("json", 1, value.as_ref(), T)?;
+                assert_eq!(v, [1, 2, 3]);
+                let at0 = g.gather_json("json gather", 0, &u64::from(me), T)?;
+                assert_eq!(at0, (me == 0).then(|| vec![0u64, 1, 2]));
+                assert_eq!(g.members()[2].host.as_deref(), Some("host2"));
+                Ok(g.count())
+            },
+        );
         for r in results {
             assert_eq!(r.unwrap(), 3);
         }
@@ -936,9 +956,17 @@ mod tests {
 
     #[test]
     fn different_collectives_end_the_group_for_everyone() {
-        let results = with_group(3, |_| {}, |g| {
-            if g.rank() == 1 { g.barrier("b", T) } else { g.all_gather("a", &[], T).map(|_| ()) }
-        });
+        let results = with_group(
+            3,
+            |_| {},
+            |g| {
+                if g.rank() == 1 {
+                    g.barrier("b", T)
+                } else {
+                    g.all_gather("a", &[], T).map(|_| ())
+                }
+            },
+        );
         for r in results {
             let e = r.unwrap_err().to_string();
             assert!(e.starts_with("process 1 on host1 (pid "), "{e}");
@@ -949,13 +977,17 @@ mod tests {
 
     #[test]
     fn abort_reaches_every_process() {
-        let results = with_group(4, |_| {}, |g| {
-            g.barrier("first", T)?;
-            if g.rank() == 2 {
-                return Err(g.abort("rank 2's check failed"));
-            }
-            g.barrier("second", T)
-        });
+        let results = with_group(
+            4,
+            |_| {},
+            |g| {
+                g.barrier("first", T)?;
+                if g.rank() == 2 {
+                    return Err(g.abort("rank 2's check failed"));
+                }
+                g.barrier("second", T)
+            },
+        );
         for r in results {
             let e = r.unwrap_err().to_string();
             assert!(e.starts_with("process 2 on host2 (pid "), "{e}");
@@ -966,12 +998,16 @@ mod tests {
     #[test]
     fn a_late_process_fails_the_collective_within_its_timeout() {
         let started = now();
-        let results = with_group(3, |_| {}, |g| {
-            if g.rank() == 2 {
-                std::thread::sleep(Duration::from_millis(1500));
-            }
-            g.barrier("quick", Duration::from_millis(300))
-        });
+        let results = with_group(
+            3,
+            |_| {},
+            |g| {
+                if g.rank() == 2 {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+                g.barrier("quick", Duration::from_millis(300))
+            },
+        );
         assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
         for r in &results {
             let e = r.as_ref().unwrap_err().to_string();
@@ -982,21 +1018,29 @@ mod tests {
 
     #[test]
     fn refused_hellos_name_the_process() {
-        let results = with_group(3, |c| {
-            if c.launch.process_rank == 1 {
-                c.eptwin_version = "2.0".into();
-            }
-        }, |_| Ok(()));
+        let results = with_group(
+            3,
+            |c| {
+                if c.launch.process_rank == 1 {
+                    c.eptwin_version = "2.0".into();
+                }
+            },
+            |_| Ok(()),
+        );
         for r in results {
             let e = r.unwrap_err().to_string();
             assert!(e.starts_with("process 1 on host1 (pid "), "{e}");
             assert!(e.contains("runs eptwin 2.0 but process 0 on host0"), "{e}");
         }
-        let results = with_group(2, |c| {
-            if c.launch.process_rank == 1 {
-                c.scenario_sha256 = "beef".into();
-            }
-        }, |_| Ok(()));
+        let results = with_group(
+            2,
+            |c| {
+                if c.launch.process_rank == 1 {
+                    c.scenario_sha256 = "beef".into();
+                }
+            },
+            |_| Ok(()),
+        );
         for r in results {
             let e = r.unwrap_err().to_string();
             assert!(e.contains("read a scenario with sha256 beef but process 0"), "{e}");
@@ -1013,9 +1057,17 @@ mod tests {
         };
         let t = Timeouts::from_env(&env).unwrap();
         assert_eq!(t.rendezvous, Duration::from_millis(2500));
-        assert_eq!((t.peer_silent, t.heartbeat_interval), (Duration::from_secs(2), Duration::from_millis(500)));
+        assert_eq!(
+            (t.peer_silent, t.heartbeat_interval),
+            (Duration::from_secs(2), Duration::from_millis(500))
+        );
         assert_eq!(t.exit_grace, None);
         let bad = |k: &str| (k == "EPTWIN_PEER_TIMEOUT_S").then(|| "soon".to_string());
-        assert!(Timeouts::from_env(&bad).unwrap_err().to_string().contains("EPTWIN_PEER_TIMEOUT_S=\"soon\""));
+        assert!(
+            Timeouts::from_env(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("EPTWIN_PEER_TIMEOUT_S=\"soon\"")
+        );
     }
 }

@@ -21,7 +21,7 @@ pub fn rank_blocks(
         let rank_s = |n: usize| if n == 1 { "rank" } else { "ranks" };
         let process_s = |n: usize| if n == 1 { "process" } else { "processes" };
         let mut ways = Vec::new();
-        if total_ranks % per == 0 {
+        if total_ranks.is_multiple_of(per) {
             let n = total_ranks / per;
             ways.push(match ranks_per_process {
                 Some(k) => format!("start {n} {} with --ranks-per-process {k}", process_s(n)),
@@ -30,7 +30,7 @@ pub fn rank_blocks(
         }
         // Keep close to the process count asked for: the largest count up to it that divides
         // the ranks (or the smallest above it).
-        let divides = |p: &usize| total_ranks % p == 0 && *p * per != total_ranks;
+        let divides = |p: &usize| total_ranks.is_multiple_of(*p) && *p * per != total_ranks;
         let near = (1..=process_count.min(total_ranks))
             .rev()
             .find(divides)
@@ -104,7 +104,12 @@ mod tests {
              --ranks-per-process 4"
         );
         let e = rank_blocks(8, 4, Some(4)).unwrap_err().to_string();
-        assert!(e.contains("start 2 processes with --ranks-per-process 4, or 4 with --ranks-per-process 2"), "{e}");
+        assert!(
+            e.contains(
+                "start 2 processes with --ranks-per-process 4, or 4 with --ranks-per-process 2"
+            ),
+            "{e}"
+        );
         let e = rank_blocks(7, 2, None).unwrap_err().to_string();
         assert!(e.ends_with("× 1 rank per process = 2: start 7 processes"), "{e}");
         assert!(rank_blocks(4, 1, Some(0)).unwrap_err().to_string().contains("at least 1"));

@@ -53,7 +53,11 @@ pub fn host(arrival: &Arrival<'_>) -> Result<Vec<Option<(PeerId, TcpStream)>>, G
     let wildcard = match (master.host.as_str(), master.port).to_socket_addrs() {
         Ok(addrs) => {
             let addrs: Vec<SocketAddr> = addrs.collect();
-            if !addrs.is_empty() && addrs.iter().all(SocketAddr::is_ipv6) { "[::]" } else { "0.0.0.0" }
+            if !addrs.is_empty() && addrs.iter().all(SocketAddr::is_ipv6) {
+                "[::]"
+            } else {
+                "0.0.0.0"
+            }
         }
         Err(_) => "0.0.0.0",
     };
@@ -69,7 +73,9 @@ pub fn host(arrival: &Arrival<'_>) -> Result<Vec<Option<(PeerId, TcpStream)>>, G
                 &e,
             )
         })?;
-    listener.set_nonblocking(true).map_err(|e| GroupError::io("making the listener non-blocking", &e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| GroupError::io("making the listener non-blocking", &e))?;
     let deadline = now() + arrival.timeout;
     let mut peers: Vec<Option<(PeerId, TcpStream)>> = (0..arrival.count).map(|_| None).collect();
     let mut arrived = 1;
@@ -99,7 +105,9 @@ pub fn host(arrival: &Arrival<'_>) -> Result<Vec<Option<(PeerId, TcpStream)>>, G
                     Ok(_) => "a frame that is not a hello".to_string(),
                     Err(e) => e.to_string(),
                 };
-                eprintln!("eptwin: process 0 ignores a connection from {from}: not an eptwin hello ({what})");
+                eprintln!(
+                    "eptwin: process 0 ignores a connection from {from}: not an eptwin hello ({what})"
+                );
                 continue;
             }
         };
@@ -124,17 +132,18 @@ pub fn host(arrival: &Arrival<'_>) -> Result<Vec<Option<(PeerId, TcpStream)>>, G
     let members: Vec<PeerId> = (0..arrival.count)
         .map(|r| peers[r].as_ref().map_or_else(|| arrival.me.clone(), |(p, _)| p.clone()))
         .collect();
-    for slot in peers.iter_mut() {
-        if let Some((peer, stream)) = slot {
-            if let Err(e) = write_msg(stream, &Msg::Welcome(members.clone())) {
-                let err = arrival.failure(
-                    peer.clone(),
-                    format!("closed its connection before the rendezvous completed ({e})"),
-                );
-                refuse_all(&mut peers, &err);
-                return Err(err);
-            }
-        }
+    let welcome = Msg::Welcome(members);
+    let gone = peers.iter_mut().flatten().find_map(|(peer, stream)| {
+        write_msg(stream, &welcome).err().map(|e| {
+            arrival.failure(
+                peer.clone(),
+                format!("closed its connection before the rendezvous completed ({e})"),
+            )
+        })
+    });
+    if let Some(err) = gone {
+        refuse_all(&mut peers, &err);
+        return Err(err);
     }
     Ok(peers)
 }
@@ -164,14 +173,17 @@ fn refusal(
             "read a scenario with sha256 {} but {me} read one with sha256 {}: every process must \
              run the same scenario text",
             short(&hello.scenario_sha256),
-            short(&arrival.scenario_sha256)
+            short(arrival.scenario_sha256)
         ));
     }
     if hello.rank == 0 {
         return Some(format!("claims rank 0, which is {me}'s"));
     }
     if hello.rank >= arrival.count {
-        return Some(format!("claims rank {} in a group of {} processes", hello.rank, arrival.count));
+        return Some(format!(
+            "claims rank {} in a group of {} processes",
+            hello.rank, arrival.count
+        ));
     }
     if let Some((first, _)) = &peers[hello.rank] {
         return Some(format!("claims rank {}, which {first} already has", hello.rank));
@@ -302,7 +314,11 @@ fn unexpected(arrival: &Arrival<'_>, zero: &PeerId, msg: &Msg) -> GroupError {
     arrival.failure(zero.clone(), format!("answered the hello with an unexpected {msg:?}"))
 }
 
-fn connect(arrival: &Arrival<'_>, zero: &PeerId, deadline: Instant) -> Result<TcpStream, GroupError> {
+fn connect(
+    arrival: &Arrival<'_>,
+    zero: &PeerId,
+    deadline: Instant,
+) -> Result<TcpStream, GroupError> {
     let master = arrival.master;
     let mut last: io::Error;
     loop {

@@ -154,7 +154,8 @@ pub fn spawn_with(
             }
         };
         let tail = Arc::new(Mutex::new(VecDeque::new()));
-        let out = child.stdout.take().map(|s| forward(s, rank, false, options.forward_output, None));
+        let out =
+            child.stdout.take().map(|s| forward(s, rank, false, options.forward_output, None));
         let err = child
             .stderr
             .take()

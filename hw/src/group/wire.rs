@@ -47,7 +47,9 @@ impl Op {
     }
 
     fn from_code(code: u8) -> Option<Op> {
-        [Op::Barrier, Op::AllGather, Op::Broadcast, Op::Gather].into_iter().find(|o| *o as u8 == code)
+        [Op::Barrier, Op::AllGather, Op::Broadcast, Op::Gather]
+            .into_iter()
+            .find(|o| *o as u8 == code)
     }
 }
 
@@ -66,7 +68,9 @@ pub struct Data {
 pub enum Msg {
     Hello(Hello),
     /// Process 0 accepted a hello; the rendezvous ends for it within `deadline_ms`.
-    Ack { deadline_ms: u64 },
+    Ack {
+        deadline_ms: u64,
+    },
     /// Everyone arrived: the group's members by rank.
     Welcome(Vec<PeerId>),
     Data(Data),
@@ -122,8 +126,9 @@ impl Msg {
         Ok(match kind {
             HELLO => Msg::Hello(serde_json::from_slice(&body).map_err(|e| json_err("hello", e))?),
             ACK => {
-                let bytes: [u8; 8] =
-                    body.try_into().map_err(|_| invalid("an ack frame of the wrong size".into()))?;
+                let bytes: [u8; 8] = body
+                    .try_into()
+                    .map_err(|_| invalid("an ack frame of the wrong size".into()))?;
                 Msg::Ack { deadline_ms: u64::from_be_bytes(bytes) }
             }
             WELCOME => {
@@ -286,7 +291,9 @@ mod tests {
         });
         assert!(write_msg(&mut sink, &big).unwrap_err().to_string().contains("exceeds"));
         assert!(sink.is_empty());
-        assert!(read_msg(&mut &[0u8, 0, 0, 2, 99, 0][..]).unwrap_err().to_string().contains("kind 99"));
+        assert!(
+            read_msg(&mut &[0u8, 0, 0, 2, 99, 0][..]).unwrap_err().to_string().contains("kind 99")
+        );
     }
 
     proptest! {
