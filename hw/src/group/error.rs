@@ -46,7 +46,7 @@ impl fmt::Display for PeerId {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
     pub peer: PeerId,
-    /// A verb phrase: "closed its connection", "aborted the run: <reason>".
+    /// A verb phrase: "closed its connection", "aborted the run: REASON".
     pub what: String,
     /// "during `<collective label>`", "after `<label>`", "during the rendezvous at h:p".
     pub when: String,
