@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod data;
 pub mod error;
 pub mod exec;
+pub mod group;
 pub mod intranode;
 pub mod kernel_defines;
 pub mod low_latency;
