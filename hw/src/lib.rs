@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod data;
 pub mod error;
 pub mod exec;
+pub mod internode;
 pub mod intranode;
 pub mod kernel_defines;
 pub mod low_latency;
@@ -26,6 +27,7 @@ pub mod nvml;
 pub mod placement;
 pub mod probes;
 pub mod rdma;
+pub mod wire;
 
 use std::collections::BTreeMap;
 
