@@ -57,11 +57,15 @@ pub struct Geometry {
     pub dispatch_dtype: TokenDtype,
     /// Normal kernels: `num_sms / 2`.
     pub num_channels: u32,
-    /// Normal kernels: tokens per RDMA put and credit-return granularity (`rdma_send`).
+    /// Normal dispatch: tokens per RDMA put and credit-return granularity (the dispatch
+    /// config's `rdma_send`).
     pub rdma_send_tokens: u32,
-    /// Normal kernels: ring slots per (source node, channel) (`rdma_recv`, a multiple of
-    /// `rdma_send`).
+    /// Normal dispatch: ring slots per (source node, channel) (`rdma_recv`, rounded up to a
+    /// multiple of `rdma_send`).
     pub rdma_recv_tokens: u32,
+    /// Normal combine: the combine config's `rdma_send` and rounded `rdma_recv`.
+    pub combine_rdma_send_tokens: u32,
+    pub combine_rdma_recv_tokens: u32,
     /// `num_qps_per_rank`: QPs between two ranks that exchange over the wire.
     pub qps_per_peer: u32,
 }
@@ -134,15 +138,16 @@ impl Geometry {
         if self.num_channels == 0 {
             return bad("0 channels (num_sms / 2)".into());
         }
-        if self.rdma_send_tokens == 0
-            || !self.rdma_recv_tokens.is_multiple_of(self.rdma_send_tokens)
-            || self.rdma_send_tokens > self.rdma_recv_tokens / 2
-        {
-            return bad(format!(
-                "rdma_send {} / rdma_recv {}: the ring needs a multiple of the send size, at \
-                 least twice it (DeepEP's lazy head update)",
-                self.rdma_send_tokens, self.rdma_recv_tokens
-            ));
+        for (what, send, recv) in [
+            ("dispatch", self.rdma_send_tokens, self.rdma_recv_tokens),
+            ("combine", self.combine_rdma_send_tokens, self.combine_rdma_recv_tokens),
+        ] {
+            if send == 0 || !recv.is_multiple_of(send) || send > recv / 2 {
+                return bad(format!(
+                    "{what} rdma_send {send} / rdma_recv {recv}: the ring needs a multiple of \
+                     the send size, at least twice it (DeepEP's lazy head update)"
+                ));
+            }
         }
         if self.topk > 32 {
             return bad(format!("top-k {} > 32", self.topk));
@@ -295,6 +300,8 @@ mod tests {
             num_channels: 3,
             rdma_send_tokens: 2,
             rdma_recv_tokens: 4,
+            combine_rdma_send_tokens: 1,
+            combine_rdma_recv_tokens: 3,
             qps_per_peer: 5,
         }
     }
@@ -316,7 +323,9 @@ mod tests {
         small().check_normal().unwrap();
         small().check_low_latency().unwrap();
         let e = Geometry { rdma_recv_tokens: 3, ..small() }.check_normal().unwrap_err();
-        assert!(e.to_string().contains("rdma_send 2 / rdma_recv 3"), "{e}");
+        assert!(e.to_string().contains("dispatch rdma_send 2 / rdma_recv 3"), "{e}");
+        let e = Geometry { combine_rdma_recv_tokens: 1, ..small() }.check_normal().unwrap_err();
+        assert!(e.to_string().contains("combine rdma_send 1 / rdma_recv 1"), "{e}");
         let e = Geometry { num_ranks: 4, ..small() }.check_normal().unwrap_err();
         assert!(e.to_string().contains("1 node"), "{e}");
         let e = Geometry { num_experts: 12, ..small() }.check_low_latency().unwrap_err();

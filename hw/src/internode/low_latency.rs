@@ -144,6 +144,8 @@ mod tests {
             num_channels: 0,
             rdma_send_tokens: 0,
             rdma_recv_tokens: 0,
+            combine_rdma_send_tokens: 0,
+            combine_rdma_recv_tokens: 0,
             qps_per_peer: 18,
         }
     }

@@ -33,9 +33,10 @@
 //!    with `Flag DispatchHead[b][c] += consumed` on QP `c + channels` (the credit QP, as
 //!    DeepEP's `channel_id + C`) once `rdma_send` are owed, and the rest at the end of the call.
 //!
-//! The sender never overruns: `tail − head ≤ rdma_recv` at every moment. The combine runs the
-//! same rings the other way (`CombineTail` / `CombineHead`, no count: the source knows what it
-//! sent): the destination sends, per token it received, in the order it received them, the
+//! The sender never overruns: `tail − head ≤ rdma_recv` at every moment. The combine runs
+//! rings of the same structure the other way, sized by the combine config's `rdma_send` /
+//! `rdma_recv` (`CombineTail` / `CombineHead`, no count: the source knows what it sent): the
+//! destination sends, per token it received, in the order it received them, the
 //! partial row of its node (BF16) with meta `{source token, 0}` and the top-k weights —
 //! `deepep::bytes::normal_combine_token_bytes` — and the source sums the partials of every
 //! node its token went to. QP indices wrap modulo `num_qps_per_rank` as NVSHMEM's do.

@@ -41,10 +41,12 @@ const COUNTER_KINDS: u64 = 5;
 pub struct NormalLayout {
     pub num_nodes: u64,
     pub num_channels: u64,
-    /// Slots per ring (`rdma_recv`).
-    pub ring_slots: u64,
-    /// Tokens per put and credit granularity (`rdma_send`).
-    pub send_tokens: u64,
+    /// Slots per dispatch ring (`rdma_recv`) and tokens per put / credit unit (`rdma_send`).
+    pub dispatch_ring_slots: u64,
+    pub dispatch_send_tokens: u64,
+    /// The same for the combine rings (the combine config's).
+    pub combine_ring_slots: u64,
+    pub combine_send_tokens: u64,
     /// Dispatch slot: `payload | meta (8 B) | scales | top-k indices (i32) | top-k weights
     /// (f32)`, 16-B aligned (`deepep::bytes::normal_dispatch_token_bytes`).
     pub dispatch_token_bytes: u64,
@@ -94,24 +96,32 @@ impl NormalLayout {
 
         let nodes = g.num_nodes() as u64;
         let channels = g.num_channels as u64;
-        let slots = g.rdma_recv_tokens as u64;
-        let rings = nodes * channels * slots;
+        let rings = nodes * channels;
+        let dispatch_slots = rings * g.rdma_recv_tokens as u64;
+        let combine_slots = rings * g.combine_rdma_recv_tokens as u64;
         let counters_offset = 0;
         let dispatch_rings_offset =
             align_up(counters_offset + 8 * COUNTER_KINDS * nodes * channels, AREA_ALIGN_BYTES);
-        let combine_rings_offset =
-            align_up(dispatch_rings_offset + rings * dispatch_token_bytes, AREA_ALIGN_BYTES);
+        let combine_rings_offset = align_up(
+            dispatch_rings_offset + dispatch_slots * dispatch_token_bytes,
+            AREA_ALIGN_BYTES,
+        );
         let recv_area_bytes =
-            align_up(combine_rings_offset + rings * combine_token_bytes, AREA_ALIGN_BYTES);
+            align_up(combine_rings_offset + combine_slots * combine_token_bytes, AREA_ALIGN_BYTES);
         let dispatch_staging_offset = 0;
-        let combine_staging_offset = align_up(rings * dispatch_token_bytes, AREA_ALIGN_BYTES);
-        let send_area_bytes =
-            align_up(combine_staging_offset + rings * combine_token_bytes, AREA_ALIGN_BYTES);
+        let combine_staging_offset =
+            align_up(dispatch_slots * dispatch_token_bytes, AREA_ALIGN_BYTES);
+        let send_area_bytes = align_up(
+            combine_staging_offset + combine_slots * combine_token_bytes,
+            AREA_ALIGN_BYTES,
+        );
         Ok(NormalLayout {
             num_nodes: nodes,
             num_channels: channels,
-            ring_slots: slots,
-            send_tokens: g.rdma_send_tokens as u64,
+            dispatch_ring_slots: g.rdma_recv_tokens as u64,
+            dispatch_send_tokens: g.rdma_send_tokens as u64,
+            combine_ring_slots: g.combine_rdma_recv_tokens as u64,
+            combine_send_tokens: g.combine_rdma_send_tokens as u64,
             dispatch_token_bytes,
             dispatch_meta_offset,
             dispatch_scales_offset,
@@ -137,29 +147,38 @@ impl NormalLayout {
                 + channel as u64)
     }
 
-    fn ring(&self, node: u32, channel: u32, slot: u64) -> u64 {
-        (node as u64 * self.num_channels + channel as u64) * self.ring_slots
-            + slot % self.ring_slots
+    fn ring(&self, node: u32, channel: u32, slots: u64, seq: u64) -> u64 {
+        (node as u64 * self.num_channels + channel as u64) * slots + seq % slots
     }
 
-    /// Receive-area offset of dispatch slot `seq % ring_slots` of the ring from `src_node`.
+    fn dispatch_ring(&self, node: u32, channel: u32, seq: u64) -> u64 {
+        self.ring(node, channel, self.dispatch_ring_slots, seq) * self.dispatch_token_bytes
+    }
+
+    fn combine_ring(&self, node: u32, channel: u32, seq: u64) -> u64 {
+        self.ring(node, channel, self.combine_ring_slots, seq) * self.combine_token_bytes
+    }
+
+    /// Receive-area offset of dispatch slot `seq % dispatch_ring_slots` of the ring from
+    /// `src_node`.
     pub fn dispatch_slot(&self, src_node: u32, channel: u32, seq: u64) -> u64 {
-        self.dispatch_rings_offset + self.ring(src_node, channel, seq) * self.dispatch_token_bytes
+        self.dispatch_rings_offset + self.dispatch_ring(src_node, channel, seq)
     }
 
-    /// Receive-area offset of combine slot `seq % ring_slots` of the ring from `sender_node`.
+    /// Receive-area offset of combine slot `seq % combine_ring_slots` of the ring from
+    /// `sender_node`.
     pub fn combine_slot(&self, sender_node: u32, channel: u32, seq: u64) -> u64 {
-        self.combine_rings_offset + self.ring(sender_node, channel, seq) * self.combine_token_bytes
+        self.combine_rings_offset + self.combine_ring(sender_node, channel, seq)
     }
 
     /// Send-area offset of the dispatch staging slot for ring slot `seq` towards `dst_node`.
     pub fn dispatch_staging(&self, dst_node: u32, channel: u32, seq: u64) -> u64 {
-        self.dispatch_staging_offset + self.ring(dst_node, channel, seq) * self.dispatch_token_bytes
+        self.dispatch_staging_offset + self.dispatch_ring(dst_node, channel, seq)
     }
 
     /// Send-area offset of the combine staging slot for ring slot `seq` towards `dst_node`.
     pub fn combine_staging(&self, dst_node: u32, channel: u32, seq: u64) -> u64 {
-        self.combine_staging_offset + self.ring(dst_node, channel, seq) * self.combine_token_bytes
+        self.combine_staging_offset + self.combine_ring(dst_node, channel, seq)
     }
 }
 
@@ -181,6 +200,8 @@ mod tests {
             num_channels: 12,
             rdma_send_tokens: 20,
             rdma_recv_tokens: 140,
+            combine_rdma_send_tokens: 12,
+            combine_rdma_recv_tokens: 132,
             qps_per_peer: 24,
         }
     }
@@ -223,7 +244,7 @@ mod tests {
 
     #[test]
     fn layout_is_a_plain_c_struct() {
-        assert_eq!(std::mem::size_of::<NormalLayout>(), 19 * 8);
+        assert_eq!(std::mem::size_of::<NormalLayout>(), 21 * 8);
         assert_eq!(std::mem::align_of::<NormalLayout>(), 8);
     }
 }

@@ -705,6 +705,17 @@ fn read_full(stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<bool> {
     Ok(true)
 }
 
+fn receive_reason(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::UnexpectedEof => {
+            format!("the peer vanished (its process exited or was killed): {e}")
+        }
+        _ => format!("receiving failed: {e}"),
+    }
+}
+
 /// One receiver thread: apply the peer's frames to `recv` until its closing frame.
 fn receive(
     local: u32,
@@ -736,7 +747,7 @@ fn receive(
                     None,
                 ));
             }
-            Err(e) => break Err(fault(format!("receiving: {e}"), None)),
+            Err(e) => break Err(fault(receive_reason(&e), None)),
         }
         let word = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4"));
         let long = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8"));
@@ -768,7 +779,7 @@ fn receive(
                     Ok(false) => {
                         break Err(fault("the connection ended inside a write frame".into(), at));
                     }
-                    Err(e) => break Err(fault(format!("receiving a payload: {e}"), at)),
+                    Err(e) => break Err(fault(receive_reason(&e), at)),
                 }
                 recv.write(offset, &payload);
                 stats.writes += 1;

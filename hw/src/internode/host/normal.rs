@@ -258,6 +258,14 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
         }
     }
 
+    /// Slots of a ring and tokens per put / credit unit.
+    fn ring_shape(&self, dir: Dir) -> (u64, u64) {
+        match dir {
+            Dir::Dispatch => (self.lay.dispatch_ring_slots, self.lay.dispatch_send_tokens),
+            Dir::Combine => (self.lay.combine_ring_slots, self.lay.combine_send_tokens),
+        }
+    }
+
     fn tail(dir: Dir) -> NormalCounter {
         match dir {
             Dir::Dispatch => NormalCounter::DispatchTail,
@@ -327,11 +335,12 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
         let sent = self.out[dir as usize][ring].sent;
         let head_at = self.recv_base + lay.counter(Self::head(dir), node, c);
         let head = self.port.links.recv.load_u64(head_at);
-        let free = lay.ring_slots - (sent - head);
+        let (slots, send_tokens) = self.ring_shape(dir);
+        let free = slots - (sent - head);
         if free == 0 {
             return Ok(false);
         }
-        let batch = (lay.send_tokens).min((list.len() - p.next) as u64).min(free);
+        let batch = send_tokens.min((list.len() - p.next) as u64).min(free);
         let src_rank = match dir {
             Dir::Dispatch => self.rank,
             Dir::Combine => self.g.rank_of(node, self.local),
@@ -358,7 +367,7 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
             let index = self.table.index(node, self.local, self.local, c);
             let mut seq = sent;
             while seq < sent + batch {
-                let run = (lay.ring_slots - seq % lay.ring_slots).min(sent + batch - seq);
+                let run = (slots - seq % slots).min(sent + batch - seq);
                 let src = self.send_base + self.staging(dir, node, c, seq);
                 let dst = self.recv_base + self.ring_slot(dir, self.node, c, seq);
                 let t = tag(data_role, self.rank, c, seq as u32);
@@ -438,7 +447,7 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
                         "call {call}: slot {} of the ring from node {node} channel {c} should \
                          hold token {token} of rank {src_rank}; byte {first} is {:#04x}, \
                          expected {:#04x}",
-                        seq % lay.ring_slots,
+                        seq % self.ring_shape(dir).0,
                         got[first],
                         want[first]
                     ),
@@ -461,7 +470,7 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
         // Credits: lazily, in units of `rdma_send`, and whatever is left at the end of a call.
         let st = self.inn[dir as usize][ring];
         let owed = st.consumed - st.returned;
-        if owed > 0 && (owed >= lay.send_tokens || p.got == count) {
+        if owed > 0 && (owed >= self.ring_shape(dir).1 || p.got == count) {
             let (_, _, credit_role) = Self::roles(dir);
             let head = lay.counter(Self::head(dir), self.node, c);
             let qp = c + self.g.num_channels;
