@@ -201,7 +201,8 @@ fn internode_reason() -> String {
     match rdma::internode_waiver() {
         Some(reason) => reason,
         None => "an RDMA port is up, but the hardware backend does not run DeepEP's internode \
-                 kernels over it yet (the verbs layer and CPU proxy exist in hw::rdma)"
+                 kernels over it yet (the wires, the CPU proxy and the protocol's host \
+                 reference exist in hw::wire and hw::internode)"
             .into(),
     }
 }
