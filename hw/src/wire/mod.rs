@@ -18,7 +18,8 @@
 //! in-order byte stream per peer process carrying every QP to that peer, and a receiver that
 //! copies a write's payload before it applies any later flag with `fetch_add(Release)`.
 //! Consumers read counters with Acquire loads ([`Region::load_u64`]). Records of different
-//! QPs are not ordered with each other on verbs (they are on TCP, which is stronger).
+//! QPs are not ordered with each other on verbs; on TCP those to one peer happen to be, which
+//! the protocol must not rely on.
 
 pub mod doorbell;
 pub mod proxy;

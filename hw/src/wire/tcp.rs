@@ -999,7 +999,11 @@ mod tests {
             TcpEndpoint { process: 2, addr: "127.0.0.1:9".parse().unwrap(), recv_len_bytes: 64 };
         #[allow(clippy::disallowed_methods)]
         let start = std::time::Instant::now();
-        let e = setup.connect(&[ghost.clone()], recv.clone(), 1, t).err().unwrap().to_string();
+        let e = setup
+            .connect(std::slice::from_ref(&ghost), recv.clone(), 1, t)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(start.elapsed() < Duration::from_secs(5));
         assert!(e.contains("peer process 2") && e.contains("never connected within 300 ms"), "{e}");
         // Process 3 dials process 2, whose port has no listener.

@@ -94,7 +94,6 @@ impl<'r, 'l, 'g> LlRank<'r, 'l, 'g> {
 
     /// Move `len` bytes from this rank's send area to `dst_rank`'s receive area: a direct copy
     /// inside the process (the NVLink path's stand-in), a write on QP `qp` across the wire.
-    #[allow(clippy::too_many_arguments)]
     fn put(
         &mut self,
         dst_rank: u32,

@@ -389,8 +389,7 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
         &mut self,
         dir: Dir,
         call: u32,
-        node: u32,
-        c: u32,
+        (node, c): (u32, u32),
         expected: &[u32],
         p: &mut RecvProgress,
         combined: &mut [Vec<f32>],
@@ -429,6 +428,17 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
         }
         let count = p.count.expect("set above") as usize;
         let tail = recv.load_u64(self.recv_base + lay.counter(Self::tail(dir), node, c));
+        let (slots, _) = self.ring_shape(dir);
+        let unread = tail.saturating_sub(self.inn[dir as usize][ring].consumed);
+        if unread > slots {
+            // A sender that ignores credits overwrites slots not read yet.
+            return Err(self.mismatch(
+                dir,
+                format!(
+                    "call {call}: the ring from node {node} channel {c} holds {unread} unread                      tokens in {slots} slots (the sender overran its credits)"
+                ),
+            ));
+        }
         let (src_rank, far) = match dir {
             Dir::Dispatch => (self.g.rank_of(node, self.local), self.node),
             Dir::Combine => (self.rank, node),
@@ -536,8 +546,7 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
                     worked |= self.recv_step(
                         dir,
                         call,
-                        n,
-                        c,
+                        (n, c),
                         &in_lists[ring],
                         &mut recvs[ring],
                         combined,
