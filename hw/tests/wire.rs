@@ -178,5 +178,46 @@ fn a_token_that_differs_from_the_routing_is_refused() {
     let want = format!("token {token} of rank {src}");
     assert!(e.contains("dispatch receiver") && e.contains(&want), "{want:?} missing in {e}");
     assert!(results[1].is_err(), "node 1 fails too (its peer stopped)");
+    eprintln!("node 0 refused the token:\n{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A peer that connects and then says nothing (alive, but hung) is not a wire error; the
+/// protocol's wait bound ends the run, naming what it waited for.
+#[test]
+fn a_silent_peer_ends_the_wait_with_what_was_awaited() {
+    use std::sync::Arc;
+
+    use eptwin_hw::internode::QpTable;
+    use eptwin_hw::wire::{Region, TcpEndpoint, TcpSetup, TcpTimeouts};
+
+    let plan = plan();
+    let job = &plan.jobs[0];
+    let (g, traffic) = geometry(&plan, job);
+    let dir = scratch_dir("a_silent_peer_ends_the_wait_with_what_was_awaited");
+    let bound = Duration::from_millis(1500);
+    let ex1 = Exchange { dir: dir.clone(), node: 1, nodes: 2, timeout: NODE_TIMEOUT };
+    let silent = std::thread::spawn(move || {
+        let region = Arc::new(Region::alloc(1 << 20).unwrap());
+        let setup = TcpSetup::bind(1, "127.0.0.1:0".parse().unwrap(), region.clone()).unwrap();
+        ex1.publish("tcp-1", &setup.endpoint().to_bytes());
+        let peer = TcpEndpoint::from_bytes(&ex1.fetch("tcp-0")).unwrap();
+        let per = QpTable::new(traffic, &g, 1).per_process();
+        let link = setup.connect(&[peer], region, per, TcpTimeouts::default()).unwrap();
+        ex1.fetch("node-0-done");
+        link
+    });
+    let ex0 = Exchange { dir: dir.clone(), node: 0, nodes: 2, timeout: NODE_TIMEOUT };
+    #[allow(clippy::disallowed_methods)] // real time: how long the wait took
+    let start = std::time::Instant::now();
+    let (g0, _) = geometry(&plan, job);
+    let r = run_node(&ex0, traffic, &g0, routing(job), WireSetup::Tcp, 1, bound, || {});
+    let took = start.elapsed();
+    ex0.publish("node-0-done", b"");
+    drop(silent.join().unwrap());
+    let e = r.expect_err("nothing arrives from node 1");
+    assert!(e.contains("waited") && e.contains("from node 1"), "{e}");
+    assert!(took < bound + Duration::from_secs(10), "took {took:?}");
+    eprintln!("node 0 gave up after {:.0} ms:\n{e}", took.as_secs_f64() * 1e3);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -575,7 +575,7 @@ impl<'r, 'l, 'g> NormalRank<'r, 'l, 'g> {
                         if p.next < l.len() {
                             let (n, c) = (ring as u32 / channels, ring as u32 % channels);
                             what.push(format!(
-                                "credits to send to node {n} channel {c} ({} of {} tokens sent)",
+                                "credits from node {n} channel {c} ({} of {} tokens sent)",
                                 p.next,
                                 l.len()
                             ));
