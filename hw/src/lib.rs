@@ -19,6 +19,7 @@ pub mod data;
 pub mod error;
 pub mod exec;
 pub mod group;
+pub mod internode;
 pub mod intranode;
 pub mod kernel_defines;
 pub mod low_latency;
@@ -27,6 +28,7 @@ pub mod nvml;
 pub mod placement;
 pub mod probes;
 pub mod rdma;
+pub mod wire;
 
 use std::collections::BTreeMap;
 
@@ -200,7 +202,8 @@ fn internode_reason() -> String {
     match rdma::internode_waiver() {
         Some(reason) => reason,
         None => "an RDMA port is up, but the hardware backend does not run DeepEP's internode \
-                 kernels over it yet (the verbs layer and CPU proxy exist in hw::rdma)"
+                 kernels over it yet (the wires, the CPU proxy and the protocol's host \
+                 reference exist in hw::wire and hw::internode)"
             .into(),
     }
 }

@@ -1,7 +1,7 @@
 //! Host-visible doorbell queues between producers and a CPU proxy (the UCCL-EP / pplx pattern
 //! when GPU-initiated RDMA is unavailable): a producer writes a fixed-size record into a ring
 //! slot and publishes it by bumping the slot's sequence word; the proxy polls the sequence
-//! words, posts the verbs and frees the slot. On the GPU machine the producers are kernels
+//! words, hands the record to its wire (verbs work requests or TCP frames) and frees the slot. On the GPU machine the producers are kernels
 //! writing through mapped pinned memory (the layout below is `repr(C)`: plain u32/u64 fields
 //! and one u64 sequence word per 64-byte slot); in tests they are threads.
 //!
@@ -16,13 +16,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum DoorbellKind {
-    /// RDMA WRITE `len_bytes` from the send region at `src_offset` to the peer region at
-    /// `dst_offset`.
+    /// Write `len_bytes` from the send region at `src_offset` to the peer's receive region at
+    /// `dst_offset` (an RDMA WRITE on verbs, a write frame on TCP).
     Write = 1,
     /// The same with `imm` delivered to the peer's receive queue.
     WriteWithImm = 2,
-    /// Fetch-and-add `add` to the 8-byte counter at `dst_offset` in the peer region, after
-    /// every earlier record of the same QP (RC executes a QP's requests in order).
+    /// Add `add` to the 8-byte counter at `dst_offset` in the peer's receive region, after
+    /// every earlier record of the same QP has landed (verbs: fetch-and-add, which RC executes
+    /// in order; TCP: `fetch_add(Release)` by the receiver after the earlier frames' copies).
     Flag = 3,
 }
 
@@ -45,7 +46,8 @@ impl DoorbellKind {
 pub struct Doorbell {
     /// A [`DoorbellKind`] as its `u32` value.
     pub kind: u32,
-    /// Index into the proxy's QP table (peer × `num_qps_per_rank`).
+    /// Index into the proxy's QP table (the wire's; see `internode::QpTable` for the
+    /// protocol's order).
     pub qp: u32,
     pub src_offset: u64,
     pub dst_offset: u64,
