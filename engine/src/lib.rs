@@ -18,7 +18,6 @@ pub mod rng;
 pub mod routing;
 pub mod run;
 pub mod scenario;
-pub mod table;
 pub mod topology;
 pub mod transport;
 pub mod units;
