@@ -114,17 +114,11 @@ impl Compiler {
     }
 }
 
+/// Write a cache file the way results are written (`eptwin_engine::result::write_file_atomic`),
+/// so concurrent runs never read half a file.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HwError> {
-    let err = |m: String| HwError::Cache { path: path.display().to_string(), message: m };
-    let dir = path.parent().ok_or_else(|| err("no parent directory".into()))?;
-    std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, bytes).map_err(|e| err(e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+    eptwin_engine::result::write_file_atomic(path, bytes)
+        .map_err(|e| HwError::Cache { path: path.display().to_string(), message: e.to_string() })
 }
 
 /// Compile one expanded source to a cubin with NVRTC.
