@@ -129,6 +129,12 @@ pub fn expert_output(x: f32, factor: f32) -> u16 {
     f32_to_bf16(x * factor)
 }
 
+/// The bytes of bf16 codes in memory order (what the kernels read and write).
+pub fn bytes_of_u16(v: &[u16]) -> &[u8] {
+    // SAFETY: u16 has no padding; the byte view covers the same memory.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
 /// DeepEP's `calc_diff`: 1 - 2·Σxy / Σ(x² + y²), in f64.
 pub fn calc_diff(a: &[f32], b: &[f32]) -> f64 {
     let (mut xy, mut sq) = (0f64, 0f64);

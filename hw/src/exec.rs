@@ -46,6 +46,21 @@ impl Device {
     }
 }
 
+/// The device a rank's GPU ordinal names (every rank's GPU is in the placement).
+pub(crate) fn dev_of(devs: &mut Devices, gpu: u32) -> &mut Device {
+    devs.list
+        .iter_mut()
+        .find(|d| d.gpu.ordinal == gpu as usize)
+        .expect("every rank's GPU is in the placement")
+}
+
+pub(crate) fn dev_of_ref(devs: &Devices, gpu: u32) -> &Device {
+    devs.list
+        .iter()
+        .find(|d| d.gpu.ordinal == gpu as usize)
+        .expect("every rank's GPU is in the placement")
+}
+
 /// The GPUs of one job.
 pub struct Devices {
     pub list: Vec<Device>,

@@ -9,12 +9,12 @@ use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use crate::cuda::DeviceBuffer;
-use crate::data::{self, RankTokens};
+use crate::data::{self, RankTokens, bytes_of_u16};
 use crate::error::HwError;
 use crate::exec::{
-    Devices, DigestRegion, Failures, Timer, bf16_close, digest, parallel_map, record_digest,
+    Devices, DigestRegion, Failures, Timer, bf16_close, dev_of, dev_of_ref, digest, parallel_map,
+    record_digest,
 };
-use crate::intranode::{dev_of, dev_of_ref};
 use crate::kernel_args;
 
 /// Same fields, same order as `LlRankArgs` in low_latency.cu.
@@ -796,11 +796,6 @@ pub fn msg_stride(hidden: u32, fp8: bool) -> u64 {
 
 pub fn combine_slot(hidden: u32) -> u64 {
     (2 * hidden as u64).div_ceil(128) * 128
-}
-
-fn bytes_of_u16(v: &[u16]) -> &[u8] {
-    // SAFETY: u16 has no padding; the byte view covers the same memory.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 #[cfg(test)]
