@@ -47,3 +47,60 @@ pub(super) struct LlParams {
     pub(super) dispatch_fp8: i32,
     pub(super) reserved: i32,
 }
+
+#[cfg(test)]
+mod tests {
+    //! Expected offsets written from the C declarations (pointers and `u64` are 8 bytes, `int` 4;
+    //! a struct's size rounds up to its largest member's alignment).
+
+    use std::mem::{offset_of, size_of};
+
+    use super::*;
+
+    /// `LlRankArgs` in kernels/cuda/low_latency.cu: 18 pointers, `int num_tokens`, `int reserved`.
+    #[test]
+    fn ll_rank_args_matches_the_cuda_declaration() {
+        assert_eq!(size_of::<LlRankArgs>(), 152);
+        assert_eq!(offset_of!(LlRankArgs, x), 0);
+        assert_eq!(offset_of!(LlRankArgs, topk_idx), 8);
+        assert_eq!(offset_of!(LlRankArgs, topk_weights), 16);
+        assert_eq!(offset_of!(LlRankArgs, send_buf), 24);
+        assert_eq!(offset_of!(LlRankArgs, atomic_counter), 32);
+        assert_eq!(offset_of!(LlRankArgs, finish_counter), 40);
+        assert_eq!(offset_of!(LlRankArgs, recv_buf), 48);
+        assert_eq!(offset_of!(LlRankArgs, recv_count), 56);
+        assert_eq!(offset_of!(LlRankArgs, packed_recv_x), 64);
+        assert_eq!(offset_of!(LlRankArgs, packed_recv_scales), 72);
+        assert_eq!(offset_of!(LlRankArgs, packed_recv_src_info), 80);
+        assert_eq!(offset_of!(LlRankArgs, packed_recv_slot), 88);
+        assert_eq!(offset_of!(LlRankArgs, packed_recv_layout_range), 96);
+        assert_eq!(offset_of!(LlRankArgs, packed_recv_count), 104);
+        assert_eq!(offset_of!(LlRankArgs, combine_x), 112);
+        assert_eq!(offset_of!(LlRankArgs, combine_recv_buf), 120);
+        assert_eq!(offset_of!(LlRankArgs, combine_recv_flag), 128);
+        assert_eq!(offset_of!(LlRankArgs, combined_x), 136);
+        assert_eq!(offset_of!(LlRankArgs, num_tokens), 144);
+        assert_eq!(offset_of!(LlRankArgs, reserved), 148);
+    }
+
+    /// `LlParams` in kernels/cuda/low_latency.cu: 3 `u64`, then 12 `int`.
+    #[test]
+    fn ll_params_matches_the_cuda_declaration() {
+        assert_eq!(size_of::<LlParams>(), 72);
+        assert_eq!(offset_of!(LlParams, timeout_ns), 0);
+        assert_eq!(offset_of!(LlParams, msg_bytes), 8);
+        assert_eq!(offset_of!(LlParams, combine_slot_bytes), 16);
+        assert_eq!(offset_of!(LlParams, num_ranks), 24);
+        assert_eq!(offset_of!(LlParams, num_experts), 28);
+        assert_eq!(offset_of!(LlParams, num_topk), 32);
+        assert_eq!(offset_of!(LlParams, max_tokens), 36);
+        assert_eq!(offset_of!(LlParams, capacity), 40);
+        assert_eq!(offset_of!(LlParams, rank_base), 44);
+        assert_eq!(offset_of!(LlParams, num_local_ranks), 48);
+        assert_eq!(offset_of!(LlParams, phases), 52);
+        assert_eq!(offset_of!(LlParams, use_discard), 56);
+        assert_eq!(offset_of!(LlParams, warps_per_group), 60);
+        assert_eq!(offset_of!(LlParams, dispatch_fp8), 64);
+        assert_eq!(offset_of!(LlParams, reserved), 68);
+    }
+}
