@@ -1,10 +1,12 @@
 //! The host checks of one dispatch and one combine (DeepEP `test_intranode.py`'s), and the
 //! output digests every iteration is compared with.
 
+use rayon::prelude::*;
+
 use super::{NormalJob, payload_bytes};
 use crate::data::{self, bytes_of_u16};
 use crate::error::HwError;
-use crate::exec::{Devices, DigestRegion, Failures, bf16_close, dev_of_ref, digest, parallel_map};
+use crate::exec::{Devices, DigestRegion, Failures, bf16_close, dev_of_ref, digest};
 
 impl NormalJob {
     pub(super) fn digest_dispatch(
@@ -83,7 +85,7 @@ impl NormalJob {
             g.download(b.recv_channel_offset.ptr, &mut chan)?;
             got.push(Got { x, scales, src, topk, w, prefix, num, per_expert, chan });
         }
-        let results = parallel_map(n, |r| {
+        let results: Vec<_> = (0..n).into_par_iter().map(|r| {
             let e = &self.expect[r];
             let gr = &got[r];
             let mut layout = Failures::default();
@@ -157,7 +159,7 @@ impl NormalJob {
                 }
             }
             (layout, data, meta)
-        });
+        }).collect();
         let (mut layout, mut data, mut meta) =
             (Failures::default(), Failures::default(), Failures::default());
         for (a, b, c) in results {
@@ -193,50 +195,56 @@ impl NormalJob {
             g.download(b.combined_topk_weights.ptr, &mut w)?;
             got.push((x, w));
         }
-        let results = parallel_map(n, |s| {
-            let (gx, gw) = &got[s];
-            let tok = &self.tokens[s];
-            let mut data = Failures::default();
-            let mut weights = Failures::default();
-            let mut ranks = Vec::new();
-            let (mut got_f, mut want_f) = (Vec::with_capacity(h), Vec::with_capacity(h));
-            let mut diff_max = 0f64;
-            for ti in 0..t {
-                self.routing.token_ranks(s as u32, ti as u32, &mut ranks);
-                got_f.clear();
-                want_f.clear();
-                for hi in 0..h {
-                    let v = tok.value(ti, hi);
-                    // The kernel sums the partials in rank order in f32.
-                    let mut acc = 0f32;
-                    for &d in &ranks {
-                        acc += data::bf16_to_f32(data::expert_output(v, data::expert_factor(d)));
+        let results: Vec<_> = (0..n)
+            .into_par_iter()
+            .map(|s| {
+                let (gx, gw) = &got[s];
+                let tok = &self.tokens[s];
+                let mut data = Failures::default();
+                let mut weights = Failures::default();
+                let mut ranks = Vec::new();
+                let (mut got_f, mut want_f) = (Vec::with_capacity(h), Vec::with_capacity(h));
+                let mut diff_max = 0f64;
+                for ti in 0..t {
+                    self.routing.token_ranks(s as u32, ti as u32, &mut ranks);
+                    got_f.clear();
+                    want_f.clear();
+                    for hi in 0..h {
+                        let v = tok.value(ti, hi);
+                        // The kernel sums the partials in rank order in f32.
+                        let mut acc = 0f32;
+                        for &d in &ranks {
+                            acc +=
+                                data::bf16_to_f32(data::expert_output(v, data::expert_factor(d)));
+                        }
+                        let want = data::bf16_to_f32(data::f32_to_bf16(acc));
+                        let have = data::bf16_to_f32(gx[ti * h + hi]);
+                        got_f.push(have);
+                        want_f.push(want);
+                        if !bf16_close(have, want, v.abs() * 8.0) {
+                            data.push(|| {
+                                format!("rank {s} token {ti} element {hi}: {have}, expected {want}")
+                            });
+                        }
                     }
-                    let want = data::bf16_to_f32(data::f32_to_bf16(acc));
-                    let have = data::bf16_to_f32(gx[ti * h + hi]);
-                    got_f.push(have);
-                    want_f.push(want);
-                    if !bf16_close(have, want, v.abs() * 8.0) {
-                        data.push(|| {
-                            format!("rank {s} token {ti} element {hi}: {have}, expected {want}")
-                        });
+                    diff_max = diff_max.max(data::calc_diff(&got_f, &want_f));
+                    let experts = self.routing.experts(s as u32, ti as u32);
+                    let w = self.routing.weights(s as u32, ti as u32);
+                    for j in 0..k {
+                        let want = if experts[j] >= 0 { w[j] } else { 0.0 };
+                        let have = gw[ti * k + j];
+                        if have.to_bits() != want.to_bits() && !(have == 0.0 && want == 0.0) {
+                            weights.push(|| {
+                                format!(
+                                    "rank {s} token {ti} slot {j}: weight {have}, expected {want}"
+                                )
+                            });
+                        }
                     }
                 }
-                diff_max = diff_max.max(data::calc_diff(&got_f, &want_f));
-                let experts = self.routing.experts(s as u32, ti as u32);
-                let w = self.routing.weights(s as u32, ti as u32);
-                for j in 0..k {
-                    let want = if experts[j] >= 0 { w[j] } else { 0.0 };
-                    let have = gw[ti * k + j];
-                    if have.to_bits() != want.to_bits() && !(have == 0.0 && want == 0.0) {
-                        weights.push(|| {
-                            format!("rank {s} token {ti} slot {j}: weight {have}, expected {want}")
-                        });
-                    }
-                }
-            }
-            (data, weights, diff_max)
-        });
+                (data, weights, diff_max)
+            })
+            .collect();
         let (mut data, mut weights, mut diff) = (Failures::default(), Failures::default(), 0f64);
         for (a, b, d) in results {
             data.extend(a);

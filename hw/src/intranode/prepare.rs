@@ -3,13 +3,14 @@
 
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
 use eptwin_engine::scenario::schema::Dtype;
+use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};
 use super::warp_times::CLUSTER_TOKEN_STAMPS;
 use super::{NormalJob, NormalLaunch, NvlLayout, RankBuffers, expectations, payload_bytes};
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
-use crate::exec::{Devices, dev_of, parallel_map};
+use crate::exec::{Devices, dev_of};
 
 impl NormalJob {
     pub fn prepare(
@@ -69,9 +70,12 @@ impl NormalJob {
         }
         let routing = d.routing.clone();
         let expect = expectations(&routing, channels);
-        let tokens: Vec<RankTokens> = parallel_map(n as usize, |r| {
-            data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
-        });
+        let tokens: Vec<RankTokens> = (0..n as usize)
+            .into_par_iter()
+            .map(|r| {
+                data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
+            })
+            .collect();
 
         let t = w.tokens_per_rank as usize;
         let (h, k, nn, e) = (w.hidden as usize, w.topk as usize, n as usize, w.experts as usize);

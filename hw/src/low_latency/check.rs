@@ -1,9 +1,11 @@
 //! The host checks of one low-latency dispatch and combine (DeepEP `test_low_latency.py`'s).
 
+use rayon::prelude::*;
+
 use super::LlJob;
 use crate::data::{self, bytes_of_u16};
 use crate::error::HwError;
-use crate::exec::{Devices, Failures, bf16_close, dev_of_ref, parallel_map};
+use crate::exec::{Devices, Failures, bf16_close, dev_of_ref};
 
 impl LlJob {
     pub(super) fn check_dispatch(
@@ -42,7 +44,7 @@ impl LlJob {
             g.download(b.packed_recv_scales.ptr, &mut scales)?;
             got.push(Got { count, range, src, slot, x, scales });
         }
-        let results = parallel_map(n, |r| {
+        let results: Vec<_> = (0..n).into_par_iter().map(|r| {
             let gr = &got[r];
             let (mut counts, mut data) = (Failures::default(), Failures::default());
             for le in 0..l {
@@ -111,7 +113,7 @@ impl LlJob {
                 }
             }
             (counts, data)
-        });
+        }).collect();
         let (mut counts, mut data) = (Failures::default(), Failures::default());
         for (a, b) in results {
             counts.extend(a);
@@ -141,45 +143,48 @@ impl LlJob {
             g.download(self.bufs[r].combined_x.ptr, &mut x)?;
             got.push(x);
         }
-        let results = parallel_map(n, |s| {
-            let tok = &self.tokens[s];
-            let mut f = Failures::default();
-            let mut worst = 0f64;
-            let (mut gv, mut wv) = (Vec::with_capacity(h), Vec::with_capacity(h));
-            for t in 0..tt {
-                let experts = self.routing.experts(s as u32, t as u32);
-                let weights = self.routing.weights(s as u32, t as u32);
-                gv.clear();
-                wv.clear();
-                for hi in 0..h {
-                    let v = tok.value(t, hi);
-                    let mut acc = 0f32;
-                    let mut mag = 0f32;
-                    for j in 0..k {
-                        if experts[j] < 0 {
-                            continue;
+        let results: Vec<_> = (0..n)
+            .into_par_iter()
+            .map(|s| {
+                let tok = &self.tokens[s];
+                let mut f = Failures::default();
+                let mut worst = 0f64;
+                let (mut gv, mut wv) = (Vec::with_capacity(h), Vec::with_capacity(h));
+                for t in 0..tt {
+                    let experts = self.routing.experts(s as u32, t as u32);
+                    let weights = self.routing.weights(s as u32, t as u32);
+                    gv.clear();
+                    wv.clear();
+                    for hi in 0..h {
+                        let v = tok.value(t, hi);
+                        let mut acc = 0f32;
+                        let mut mag = 0f32;
+                        for j in 0..k {
+                            if experts[j] < 0 {
+                                continue;
+                            }
+                            let out = data::bf16_to_f32(data::expert_output(
+                                v,
+                                data::expert_factor(experts[j] as u32),
+                            ));
+                            acc = weights[j].mul_add(out, acc);
+                            mag += (weights[j] * out).abs();
                         }
-                        let out = data::bf16_to_f32(data::expert_output(
-                            v,
-                            data::expert_factor(experts[j] as u32),
-                        ));
-                        acc = weights[j].mul_add(out, acc);
-                        mag += (weights[j] * out).abs();
+                        let want = data::bf16_to_f32(data::f32_to_bf16(acc));
+                        let have = data::bf16_to_f32(got[s][t * h + hi]);
+                        gv.push(have);
+                        wv.push(want);
+                        if !bf16_close(have, want, mag) {
+                            f.push(|| {
+                                format!("rank {s} token {t} element {hi}: {have}, expected {want}")
+                            });
+                        }
                     }
-                    let want = data::bf16_to_f32(data::f32_to_bf16(acc));
-                    let have = data::bf16_to_f32(got[s][t * h + hi]);
-                    gv.push(have);
-                    wv.push(want);
-                    if !bf16_close(have, want, mag) {
-                        f.push(|| {
-                            format!("rank {s} token {t} element {hi}: {have}, expected {want}")
-                        });
-                    }
+                    worst = worst.max(data::calc_diff(&gv, &wv));
                 }
-                worst = worst.max(data::calc_diff(&gv, &wv));
-            }
-            (f, worst)
-        });
+                (f, worst)
+            })
+            .collect();
         let (mut f, mut worst) = (Failures::default(), 0f64);
         for (a, w) in results {
             f.extend(a);

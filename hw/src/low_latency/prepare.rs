@@ -3,6 +3,7 @@
 
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
 use eptwin_engine::scenario::schema::Dtype;
+use rayon::prelude::*;
 
 use super::args::LlRankArgs;
 use super::{
@@ -11,7 +12,7 @@ use super::{
 };
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
-use crate::exec::{Devices, dev_of, parallel_map};
+use crate::exec::{Devices, dev_of};
 
 impl LlJob {
     /// Bytes this job needs on each GPU (to refuse plans that do not fit before allocating).
@@ -99,9 +100,12 @@ impl LlJob {
                 )));
             }
         }
-        let tokens: Vec<RankTokens> = parallel_map(n as usize, |r| {
-            data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
-        });
+        let tokens: Vec<RankTokens> = (0..n as usize)
+            .into_par_iter()
+            .map(|r| {
+                data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
+            })
+            .collect();
         let (t, tt, h, k) =
             (max_tokens as usize, w.tokens_per_rank as usize, w.hidden as usize, w.topk as usize);
         let (e, l, nn, cap) =
