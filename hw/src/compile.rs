@@ -28,18 +28,6 @@ pub fn nvrtc_version() -> Result<(i32, i32), String> {
     Ok((major, minor))
 }
 
-/// Where compiled kernels are cached: `EPTWIN_KERNEL_CACHE`, else `$XDG_CACHE_HOME/eptwin/kernels`,
-/// else `~/.cache/eptwin/kernels`; `None` (no caching) when none can be found.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("EPTWIN_KERNEL_CACHE") {
-        return Some(PathBuf::from(dir));
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(dir).join("eptwin").join("kernels"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("eptwin").join("kernels"))
-}
-
 pub struct Compiler {
     pub version: (i32, i32),
     pub cache_dir: Option<PathBuf>,
@@ -107,7 +95,7 @@ impl Compiler {
         if let Some(path) = &cached {
             // A cache that cannot be written only costs a recompilation next time.
             if let Err(e) = write_atomic(path, &cubin) {
-                eprintln!("eptwin: kernel cache not written: {e}");
+                tracing::warn!("kernel cache not written: {e}");
             }
         }
         Ok(cubin)

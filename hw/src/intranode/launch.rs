@@ -9,7 +9,7 @@ use eptwin_engine::transport::{OpSample, PhaseTime};
 use super::args::NormalParams;
 use super::check::rows_region;
 use super::rings::{ClusterShape, cluster_shape};
-use super::{NormalJob, discard_in_dispatch, payload_bytes};
+use super::{NormalJob, payload_bytes};
 use crate::data;
 use crate::error::HwError;
 use crate::exec::{Devices, Timer, dev_of_ref, digest, record_digest};
@@ -55,7 +55,7 @@ impl NormalJob {
             blocks_per_rank: cfg.num_sms as i32,
             // Dropping consumed slots from L2 saves their write-back to HBM
             // (`EPTWIN_L2_DISCARD_DISPATCH=0` keeps them in dispatch; results/h200/README.md).
-            use_discard: (self.use_discard && (!dispatch || discard_in_dispatch())) as i32,
+            use_discard: if dispatch { self.discard_in_dispatch } else { self.use_discard } as i32,
             epoch: self.epoch,
             reserved: 0,
         }

@@ -83,7 +83,10 @@ pub struct NormalJob {
     args: Vec<DeviceBuffer>,
     layout_args: Vec<DeviceBuffer>,
     epoch: i32,
+    /// Drop consumed ring lines from L2 in combine (`HwOptions::l2_discard`) and in dispatch
+    /// (`HwOptions::discard_in_dispatch`).
     use_discard: bool,
+    discard_in_dispatch: bool,
     dispatched: bool,
     reference_digest: [Option<u64>; 2],
     pub launch: NormalLaunch,
@@ -113,9 +116,4 @@ impl NormalJob {
     pub fn received_rows(&self) -> u64 {
         self.expect.iter().map(|e| e.rows.len() as u64).sum()
     }
-}
-
-/// Whether dispatch drops consumed ring lines from L2 (`EPTWIN_L2_DISCARD_DISPATCH=0`: no).
-pub fn discard_in_dispatch() -> bool {
-    std::env::var("EPTWIN_L2_DISCARD_DISPATCH").as_deref() != Ok("0")
 }

@@ -11,6 +11,7 @@ use super::{NormalJob, NormalLaunch, NvlLayout, RankBuffers, expectations, paylo
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
+use crate::options::HwOptions;
 
 impl NormalJob {
     pub fn prepare(
@@ -18,7 +19,7 @@ impl NormalJob {
         job: &JobPlan,
         d: &DeepEpJob,
         gpu_of_rank: &[u32],
-        use_discard: bool,
+        options: &HwOptions,
         launch: NormalLaunch,
     ) -> Result<NormalJob, HwError> {
         let n = job.num_ranks();
@@ -195,12 +196,11 @@ impl NormalJob {
             args,
             layout_args,
             epoch: 0,
-            use_discard,
+            use_discard: options.l2_discard,
+            discard_in_dispatch: options.discard_in_dispatch(),
             dispatched: false,
             reference_digest: [None, None],
-            warp_times: if std::env::var("EPTWIN_CLUSTER_TIMES").as_deref() == Ok("1")
-                && launch.rings.any()
-            {
+            warp_times: if options.cluster_times && launch.rings.any() {
                 // Up to 4 warps per rank per block (the combine) plus the start, and the
                 // combine's per-token stamps, per block.
                 let words = (channels * n * (1 + 4 * n + 2 * CLUSTER_TOKEN_STAMPS)) as usize;

@@ -3,6 +3,7 @@
 
 use super::payload_bytes;
 use crate::error::HwError;
+use crate::options::{HwOptions, RingsWanted};
 
 /// Where the normal kernels' rings live: `Some(slots)` per (channel, source) in the receiving
 /// block's shared memory (`intranode_cluster.cu`, thread-block clusters), `None` in global
@@ -32,14 +33,15 @@ pub struct RingInputs {
     pub combine_recv_tokens: u32,
 }
 
-/// `EPTWIN_NORMAL_DISPATCH` / `EPTWIN_NORMAL_COMBINE` = `cluster` or `global` forces where that
-/// kernel's rings live (a measurement knob); unset, the default applies.
-fn rings_forced(var: &str) -> Result<Option<bool>, HwError> {
-    match std::env::var(var).as_deref() {
-        Ok("cluster") => Ok(Some(true)),
-        Ok("global") => Ok(Some(false)),
-        Ok("") | Err(_) => Ok(None),
-        Ok(other) => {
+/// Whether `EPTWIN_NORMAL_DISPATCH` / `EPTWIN_NORMAL_COMBINE` (`var`) forces a kernel's rings
+/// into cluster shared memory (`Some(true)`) or global memory (`Some(false)`); `None`: the
+/// default applies.
+fn rings_forced(var: &str, wanted: &RingsWanted) -> Result<Option<bool>, HwError> {
+    match wanted {
+        RingsWanted::Cluster => Ok(Some(true)),
+        RingsWanted::Global => Ok(Some(false)),
+        RingsWanted::Default => Ok(None),
+        RingsWanted::Invalid(other) => {
             Err(HwError::Unsupported(format!("{var}={other}: expected cluster or global")))
         }
     }
@@ -48,16 +50,14 @@ fn rings_forced(var: &str) -> Result<Option<bool>, HwError> {
 impl ClusterRings {
     /// The rings of both kernels: cluster shared memory where possible unless forced to global
     /// memory; an error where cluster rings are forced but cannot run.
-    pub fn choose(i: &RingInputs) -> Result<ClusterRings, HwError> {
-        let cap = std::env::var("EPTWIN_CLUSTER_SLOTS").ok().and_then(|v| v.parse::<u32>().ok());
-        let d =
-            Self::pick("EPTWIN_NORMAL_DISPATCH", rings_forced("EPTWIN_NORMAL_DISPATCH")?, || {
-                dispatch_slots(i, cap)
-            })?;
+    pub fn choose(i: &RingInputs, options: &HwOptions) -> Result<ClusterRings, HwError> {
+        let cap = options.cluster_slots;
+        let (dv, cv) = ("EPTWIN_NORMAL_DISPATCH", "EPTWIN_NORMAL_COMBINE");
+        let d = Self::pick(dv, rings_forced(dv, &options.normal_dispatch_rings)?, || {
+            dispatch_slots(i, cap)
+        })?;
         let c =
-            Self::pick("EPTWIN_NORMAL_COMBINE", rings_forced("EPTWIN_NORMAL_COMBINE")?, || {
-                combine_slots(i)
-            })?;
+            Self::pick(cv, rings_forced(cv, &options.normal_combine_rings)?, || combine_slots(i))?;
         Ok(ClusterRings { dispatch_slots: d, combine_slots: c })
     }
 
@@ -249,5 +249,15 @@ mod tests {
         assert_eq!(ClusterRings::pick("V", None, no), Ok(None), "default falls back to global");
         assert_eq!(ClusterRings::pick("V", Some(false), fits), Ok(None), "forced global");
         assert!(ClusterRings::pick("V", Some(true), no).is_err(), "forced cluster cannot run");
+        let bad = HwOptions {
+            normal_combine_rings: RingsWanted::Invalid("shared".into()),
+            ..HwOptions::default()
+        };
+        let e = ClusterRings::choose(&i, &bad).unwrap_err().to_string();
+        assert!(e.contains("EPTWIN_NORMAL_COMBINE=shared: expected cluster or global"), "{e}");
+        let global =
+            HwOptions { normal_dispatch_rings: RingsWanted::Global, ..HwOptions::default() };
+        let rings = ClusterRings::choose(&i, &global).unwrap();
+        assert_eq!(rings, ClusterRings { dispatch_slots: None, combine_slots: Some(2) });
     }
 }

@@ -53,8 +53,8 @@ impl NormalJob {
                 at(1.0)
             )
         };
-        eprintln!(
-            "eptwin hw: cluster {op} warp finish times (us after the first block's start): \
+        tracing::info!(
+            "cluster {op} warp finish times (us after the first block's start): \
              block starts {}; senders {}; receivers {}; clusters {}",
             pct(&mut starts),
             pct(&mut senders),
@@ -97,8 +97,8 @@ impl NormalJob {
                     ready.len()
                 ));
             }
-            eprintln!(
-                "eptwin hw: cluster combine reducers per token (p50 over blocks, us after the \
+            tracing::info!(
+                "cluster combine reducers per token (p50 over blocks, us after the \
                  block's start):{line}"
             );
         }

@@ -26,9 +26,7 @@ impl LlJob {
             rank_base: dev.rank_base() as i32,
             num_local_ranks: dev.ranks.len() as i32,
             phases,
-            use_discard: (self.use_discard
-                && (!dispatch || crate::intranode::discard_in_dispatch()))
-                as i32,
+            use_discard: if dispatch { self.discard_in_dispatch } else { self.use_discard } as i32,
             warps_per_group: WARPS_PER_GROUP,
             dispatch_fp8: self.fp8 as i32,
             reserved: 0,

@@ -73,7 +73,10 @@ pub struct LlJob {
     expect: Vec<Vec<ExpertExpectation>>,
     bufs: Vec<RankBuffers>,
     args: Vec<DeviceBuffer>,
+    /// Drop consumed ring lines from L2 in combine (`HwOptions::l2_discard`) and in dispatch
+    /// (`HwOptions::discard_in_dispatch`).
     use_discard: bool,
+    discard_in_dispatch: bool,
     dispatched: bool,
     reference_digest: [Option<u64>; 2],
     pub launch: LlLaunch,

@@ -13,6 +13,7 @@ use super::{
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
+use crate::options::HwOptions;
 
 impl LlJob {
     /// Bytes this job needs on each GPU (to refuse plans that do not fit before allocating).
@@ -45,7 +46,7 @@ impl LlJob {
         job: &JobPlan,
         d: &DeepEpJob,
         gpu_of_rank: &[u32],
-        use_discard: bool,
+        options: &HwOptions,
         launch: LlLaunch,
     ) -> Result<LlJob, HwError> {
         let n = job.num_ranks();
@@ -193,7 +194,8 @@ impl LlJob {
             expect,
             bufs,
             args,
-            use_discard,
+            use_discard: options.l2_discard,
+            discard_in_dispatch: options.discard_in_dispatch(),
             dispatched: false,
             reference_digest: [None, None],
             launch,
