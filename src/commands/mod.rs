@@ -39,7 +39,7 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
 pub fn transport(backend: BackendArg, trace: bool) -> Box<dyn Transport> {
     match backend {
         BackendArg::Sim => Box::new(eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace })),
-        BackendArg::Hw => Box::new(eptwin_hw::HwTransport::new(eptwin_hw::HwOptions::default())),
+        BackendArg::Hw => Box::new(eptwin_hw::HwTransport::new(eptwin_hw::HwOptions::from_env())),
     }
 }
 
@@ -99,7 +99,10 @@ mod tests {
     fn rfc3339_dates_in_utc_to_the_second() {
         let at = |secs: i64, nanos: i32| jiff::Timestamp::new(secs, nanos).unwrap();
         assert_eq!(super::rfc3339(at(0, 0)), "1970-01-01T00:00:00Z");
-        assert_eq!(super::rfc3339(at(20_789 * 86_400 + 3_723, 999_999_999)), "2026-12-02T01:02:03Z");
+        assert_eq!(
+            super::rfc3339(at(20_789 * 86_400 + 3_723, 999_999_999)),
+            "2026-12-02T01:02:03Z"
+        );
         let now = super::now_rfc3339();
         assert_eq!(now.len(), "1970-01-01T00:00:00Z".len(), "{now}");
     }
