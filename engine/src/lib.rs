@@ -18,6 +18,7 @@ pub mod rng;
 pub mod routing;
 pub mod run;
 pub mod scenario;
+pub mod sweep;
 pub mod topology;
 pub mod transport;
 pub mod units;
