@@ -3,23 +3,26 @@
 //!
 //! | variable | default | effect |
 //! |---|---|---|
-//! | `EPTWIN_KERNEL_TIMEOUT_MS` | 10000 | bound of every in-kernel wait (the host waits 4× that + 30 s) |
-//! | `EPTWIN_L2_DISCARD` | on | `0`: keep consumed ring lines in L2 instead of dropping them |
-//! | `EPTWIN_L2_DISCARD_DISPATCH` | on | `0`: keep them in dispatch only (combine still drops) |
-//! | `EPTWIN_PROBES` | on | `0`: skip the copy/launch/flag probes (no `probe.*` measurements) |
+//! | `EPTWIN_KERNEL_TIMEOUT_MS` | 10000 | bound of every in-kernel wait (host: 4× + 30 s) |
+//! | `EPTWIN_L2_DISCARD` | on | `0`: keep consumed ring lines in L2, do not drop them |
+//! | `EPTWIN_L2_DISCARD_DISPATCH` | on | `0`: keep them in dispatch only |
+//! | `EPTWIN_PROBES` | on | `0`: skip the copy/launch/flag probes (`probe.*`) |
 //! | `EPTWIN_NCCL_BASELINE` | on | `0`: skip the NCCL all-to-all baseline |
-//! | `EPTWIN_NORMAL_SMS` | the Config | normal kernels on N ≥ 2 SMs per rank (N / 2 channels) |
-//! | `EPTWIN_NORMAL_DISPATCH` | where it can run: cluster | `cluster` or `global`: where the normal dispatch's rings live |
-//! | `EPTWIN_NORMAL_COMBINE` | where it can run: cluster | the same for the normal combine |
-//! | `EPTWIN_CLUSTER_SLOTS` | the Config | at most N cluster ring slots per source |
+//! | `EPTWIN_NORMAL_SMS` | Config | normal kernels on N ≥ 2 SMs per rank (N / 2 channels) |
+//! | `EPTWIN_NORMAL_DISPATCH` | cluster if possible | `cluster` or `global`: dispatch rings |
+//! | `EPTWIN_NORMAL_COMBINE` | cluster if possible | `cluster` or `global`: combine rings |
+//! | `EPTWIN_CLUSTER_SLOTS` | Config | at most N cluster ring slots per source |
 //! | `EPTWIN_CLUSTER_TIMES` | off | `1`: log when the cluster kernels' warps finished |
-//! | `EPTWIN_COMBINE_GROUP_WARPS` | 5 | warps that reduce one token together in the normal combine |
+//! | `EPTWIN_COMBINE_GROUP_WARPS` | 5 | warps reducing one token in the normal combine |
 //! | `EPTWIN_L2_HINTS` | on | `0`: no L2 eviction-priority hints in the normal kernels |
-//! | `EPTWIN_FLAG_SCOPE` | by placement | `sys`: system-scope flags even when every rank is on one GPU |
-//! | `EPTWIN_CLUSTER_PROBE` | off | `1`: run the cluster handoff and reducer probes (sm_90+) |
-//! | `EPTWIN_CLUSTER_PROBE_ONLY` | all | `warp`, `tma` (comma-separated) or `load`: those probe shapes only |
-//! | `EPTWIN_KERNEL_CACHE` | `$XDG_CACHE_HOME/eptwin/kernels`, else `~/.cache/eptwin/kernels` | compiled-kernel cache directory |
-//! | `EPTWIN_RDMA_DEVICE` | first device with an ACTIVE port | `name` or `name:port` of the RDMA device |
+//! | `EPTWIN_FLAG_SCOPE` | placement | `sys`: system-scope flags even on one GPU |
+//! | `EPTWIN_CLUSTER_PROBE` | off | `1`: the cluster handoff and reducer probes (sm_90+) |
+//! | `EPTWIN_CLUSTER_PROBE_ONLY` | all | `warp`, `tma` (comma-separated) or `load` shapes |
+//! | `EPTWIN_KERNEL_CACHE` | see below | compiled-kernel cache directory |
+//! | `EPTWIN_RDMA_DEVICE` | first ACTIVE | `name` or `name:port` of the RDMA device |
+//!
+//! The kernel cache defaults to `$XDG_CACHE_HOME/eptwin/kernels`, else
+//! `~/.cache/eptwin/kernels`.
 //!
 //! Every knob but the timeout, the probes and the baseline is a measurement aid: the defaults
 //! are what results are committed with, and a result records the knobs that shape it
