@@ -357,8 +357,7 @@ mod tests {
 
     #[test]
     fn a_full_trace_says_it_was_cut() {
-        let mut t = Trace::default();
-        t.events = vec![String::from("{}"); MAX_EVENTS];
+        let mut t = Trace { events: vec![String::from("{}"); MAX_EVENTS], ..Trace::default() };
         t.span(1, 0, "late", 0, 1, SpanArgs::None);
         assert_eq!(t.events.len(), MAX_EVENTS);
         let head = t.to_json().lines().next().unwrap().to_string();
