@@ -326,7 +326,7 @@ const REDUCE_TOKENS: u32 = 64;
 pub const REDUCE_SOURCES: [u32; 4] = [1, 2, 4, 8];
 
 /// The shared memory of a combine block at hidden `hidden`, top-k `topk`, `slots` per source:
-/// rows and weights, the mbarriers and heads the probe leaves unused (hw/src/intranode.rs
+/// rows and weights, the mbarriers and heads the probe leaves unused (hw/src/intranode/rings.rs
 /// `cluster_combine_smem` lays out the same).
 fn reduce_smem_bytes(hidden: u32, topk: u32, slots: u32) -> u32 {
     let n = REDUCE_RANKS;
@@ -340,7 +340,8 @@ fn reduce_smem_bytes(hidden: u32, topk: u32, slots: u32) -> u32 {
 /// the exact sum `k (k + 1) / 2`.
 pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
     // The EP8 DeepSeek shape of the committed scenarios: BF16 rows of hidden 7,168, top-8, two
-    // slots per source (what fits a block's shared memory: hw/src/intranode.rs cluster_shape).
+    // slots per source (what fits a block's shared memory: hw/src/intranode/rings.rs
+    // cluster_shape).
     let (hidden, topk, slots) = (7168u32, 8u32, 2u32);
     let hidden_int4 = (hidden * 2 / 16) as i32;
     let smem = reduce_smem_bytes(hidden, topk, slots);
