@@ -26,6 +26,9 @@ pub enum EngineError {
     ResultWrite { path: PathBuf, message: String },
     #[error("{0}")]
     Usage(String),
+    /// A key path into a scenario's table that does not lead anywhere (`scenario::edit`).
+    #[error("{key:?}: {message}")]
+    KeyPath { key: String, message: String },
 }
 
 fn count_errors(diagnostics: &[Diagnostic]) -> usize {

@@ -226,22 +226,28 @@ pub fn result_path(dir: &Path, scenario_name: &str, suffix: Option<&str>) -> Pat
     }
 }
 
-/// Write `text` to `path` atomically: a temporary file in the same directory, then rename.
+/// Write `text` to `path` atomically (see [`write_file_atomic`]).
 pub fn write_atomic(path: &Path, text: &str) -> Result<(), EngineError> {
-    let err = |message: String| EngineError::ResultWrite { path: path.to_path_buf(), message };
+    write_file_atomic(path, text.as_bytes())
+        .map_err(|e| EngineError::ResultWrite { path: path.to_path_buf(), message: e.to_string() })
+}
+
+/// Write `bytes` to `path` atomically and durably: a temporary file in the same directory
+/// (created with it), written and synced to disk, then renamed over `path`. A reader sees the
+/// old file or the new one, never half of one; a failed write leaves no temporary file.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
-    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("result");
-    let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
-    {
-        let mut file = std::fs::File::create(&tmp).map_err(|e| err(e.to_string()))?;
-        file.write_all(text.as_bytes()).map_err(|e| err(e.to_string()))?;
-        file.sync_all().map_err(|e| err(e.to_string()))?;
-    }
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e.to_string())
-    })
+    std::fs::create_dir_all(dir)?;
+    // A temporary file is private (0600) by default; results are shared files, so ask for what
+    // `File::create` gives (0666 less the umask).
+    let mut file = tempfile::Builder::new()
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Read a result file.
@@ -276,5 +282,17 @@ mod tests {
             1,
             "no temp files left"
         );
+    }
+
+    #[test]
+    fn atomic_write_gives_the_permissions_of_a_created_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::File::create(&plain).unwrap();
+        let atomic = dir.path().join("atomic");
+        write_file_atomic(&atomic, b"x").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&atomic), mode(&plain));
     }
 }

@@ -145,6 +145,21 @@ impl ErrorRecord {
 mod tests {
     use super::*;
 
+    /// `ErrorRecord` in kernels/cuda/common.cuh: eight `int`s (the host reads it back after
+    /// every op).
+    #[test]
+    fn error_record_matches_the_cuda_declaration() {
+        assert_eq!(std::mem::size_of::<ErrorRecord>(), 32);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, flag), 0);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, kind), 4);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, rank), 8);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, channel), 12);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, peer), 16);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, expert), 20);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, expected), 24);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, observed), 28);
+    }
+
     #[test]
     fn timeout_record_names_the_coordinates() {
         let rec = ErrorRecord {

@@ -46,6 +46,21 @@ impl Device {
     }
 }
 
+/// The device a rank's GPU ordinal names (every rank's GPU is in the placement).
+pub(crate) fn dev_of(devs: &mut Devices, gpu: u32) -> &mut Device {
+    devs.list
+        .iter_mut()
+        .find(|d| d.gpu.ordinal == gpu as usize)
+        .expect("every rank's GPU is in the placement")
+}
+
+pub(crate) fn dev_of_ref(devs: &Devices, gpu: u32) -> &Device {
+    devs.list
+        .iter()
+        .find(|d| d.gpu.ordinal == gpu as usize)
+        .expect("every rank's GPU is in the placement")
+}
+
 /// The GPUs of one job.
 pub struct Devices {
     pub list: Vec<Device>,
@@ -262,25 +277,6 @@ pub fn bf16_close(got: f32, want: f32, scale: f32) -> bool {
     (got - want).abs() <= want.abs() * (1.0 / 128.0) + scale * 1e-6
 }
 
-/// Run `f` over `0..n` on up to 16 host threads and collect the results in order.
-pub fn parallel_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let threads = std::thread::available_parallelism().map(|p| p.get()).unwrap_or(1).clamp(1, 16);
-    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
-    std::thread::scope(|s| {
-        let chunks: Vec<_> = out.chunks_mut(n.div_ceil(threads).max(1)).enumerate().collect();
-        let chunk_len = n.div_ceil(threads).max(1);
-        for (ci, chunk) in chunks {
-            let f = &f;
-            s.spawn(move || {
-                for (j, slot) in chunk.iter_mut().enumerate() {
-                    *slot = Some(f(ci * chunk_len + j));
-                }
-            });
-        }
-    });
-    out.into_iter().map(|x| x.expect("every slot filled")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,13 +317,6 @@ mod tests {
         let lines = f.into_lines("dispatch data");
         assert_eq!(lines.len(), Failures::MAX_LINES + 1);
         assert!(lines.last().unwrap().contains("20 mismatches"));
-    }
-
-    #[test]
-    fn parallel_map_keeps_order() {
-        let v = parallel_map(37, |i| i * 2);
-        assert_eq!(v, (0..37).map(|i| i * 2).collect::<Vec<_>>());
-        assert!(parallel_map(0, |i| i).is_empty());
     }
 
     #[test]

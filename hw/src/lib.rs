@@ -25,6 +25,7 @@ pub mod kernel_defines;
 pub mod low_latency;
 pub mod nccl;
 pub mod nvml;
+pub mod options;
 pub mod placement;
 pub mod probes;
 pub mod rdma;
@@ -51,39 +52,7 @@ use crate::low_latency::{LlJob, LlLaunch};
 use crate::placement::{GpuInventory, Placement};
 use crate::probes::round3;
 
-/// Knobs of the hardware backend. `Default` reads the environment:
-/// `EPTWIN_KERNEL_TIMEOUT_MS` (bound of every in-kernel wait, default 10000),
-/// `EPTWIN_L2_DISCARD=0` (keep consumed ring lines in L2 instead of dropping them),
-/// `EPTWIN_PROBES=0` (skip the copy probes), `EPTWIN_NCCL_BASELINE=0` (skip NCCL).
-/// Measurement knobs read where they act: `EPTWIN_NORMAL_DISPATCH=global|cluster` and
-/// `EPTWIN_NORMAL_COMBINE=global|cluster` (where the normal kernels' rings live; default:
-/// cluster shared memory wherever it can run, `intranode::ClusterRings`), `EPTWIN_CLUSTER_SLOTS`
-/// (at most that many cluster slots per source), `EPTWIN_CLUSTER_TIMES=1` (print when the
-/// cluster kernels' warps finished),
-/// `EPTWIN_NORMAL_SMS=N` (normal kernels on N SMs per rank instead of the scenario's Config),
-/// `EPTWIN_CLUSTER_PROBE=1` (the cluster handoff probe), `EPTWIN_FLAG_SCOPE=sys`.
-#[derive(Debug, Clone)]
-pub struct HwOptions {
-    pub kernel_timeout_ms: u64,
-    pub l2_discard: bool,
-    pub probes: bool,
-    pub nccl_baseline: bool,
-}
-
-impl Default for HwOptions {
-    fn default() -> Self {
-        let flag = |name: &str| std::env::var(name).map(|v| v != "0").unwrap_or(true);
-        HwOptions {
-            kernel_timeout_ms: std::env::var("EPTWIN_KERNEL_TIMEOUT_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(10_000),
-            l2_discard: flag("EPTWIN_L2_DISCARD"),
-            probes: flag("EPTWIN_PROBES"),
-            nccl_baseline: flag("EPTWIN_NCCL_BASELINE"),
-        }
-    }
-}
+pub use crate::options::{HwOptions, RingsWanted};
 
 /// What was found on this machine.
 struct Environment {
@@ -355,8 +324,7 @@ fn prepare(
     // `EPTWIN_NORMAL_SMS=N` runs the normal kernels with N SMs per rank (N / 2 channels) instead
     // of the scenario's Config, for both dispatch and combine (they share the channel layout):
     // a measurement knob, recorded in the result.
-    let sms_override: Option<u32> =
-        std::env::var("EPTWIN_NORMAL_SMS").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 2);
+    let sms_override = options.normal_sms;
     // Copied (routing table included) only when overridden.
     let mut d = std::borrow::Cow::Borrowed(d.as_ref());
     if let Some(sms) = sms_override {
@@ -389,14 +357,13 @@ fn prepare(
         }
     }
     let mut devs = Devices::new(list, options.kernel_timeout_ms);
-    let compiler = compile::Compiler::new(env.nvrtc, compile::default_cache_dir());
+    let compiler = compile::Compiler::new(env.nvrtc, options.kernel_cache_dir.clone());
     let sm_count = devs.list[0].gpu.sm_count;
     let max_local = devs.list.iter().map(|d| d.ranks.len() as u32).max().unwrap_or(1);
     let w = &d.workload;
 
     // Flags between ranks need .sys scope only when peers sit on other GPUs.
-    let scope = if devs.list.len() > 1 || std::env::var("EPTWIN_FLAG_SCOPE").as_deref() == Ok("sys")
-    {
+    let scope = if devs.list.len() > 1 || options.flag_scope_sys {
         kernel_defines::FlagScope::Sys
     } else {
         kernel_defines::FlagScope::Gpu
@@ -429,7 +396,7 @@ fn prepare(
                 dispatch_recv_tokens: cfg_recv(&d.dispatch_config),
                 combine_recv_tokens: cfg_recv(&d.combine_config),
             };
-            let rings = intranode::ClusterRings::choose(&ring_inputs)
+            let rings = intranode::ClusterRings::choose(&ring_inputs, options)
                 .map_err(|e| HwError::Unsupported(format!("job {:?}: {e}", job.name)))?;
             let num_sms = d.dispatch_config.as_ref().map(|c| c.num_sms).unwrap_or(20);
             let per_gpu = max_local * num_sms;
@@ -441,7 +408,7 @@ fn prepare(
             let min_blocks = if need_resident { per_gpu.div_ceil(sm_count).max(1) } else { 1 };
             let mut refused = Vec::new();
             for threads in kernel_defines::normal_thread_candidates(n, min_blocks) {
-                let defines = kernel_defines::intranode(n, threads, min_blocks, scope);
+                let defines = kernel_defines::intranode(n, threads, min_blocks, scope, options);
                 load(&compiler, &mut devs, ModuleId::Intranode, "intranode", &defines)?;
                 let dev0 = &devs.list[0];
                 let intr = dev0.module("intranode")?;
@@ -523,7 +490,7 @@ fn prepare(
     m.insert(
         "hw.l2_discard_consumed_lines".into(),
         json!({
-            "dispatch": options.l2_discard && intranode::discard_in_dispatch(),
+            "dispatch": options.discard_in_dispatch(),
             "combine": options.l2_discard,
         }),
     );
@@ -534,22 +501,22 @@ fn prepare(
         let p = probes::run(&mut devs)?;
         memcpy_gbps = p.get("probe.memcpy_dtod_bw_gbps").and_then(|v| v.as_f64());
         if let Some(bw) = memcpy_gbps {
-            eprintln!(
-                "eptwin hw: memcpy ceiling (1 GiB device-to-device cuMemcpy): {bw:.1} GB/s copied, \
+            tracing::info!(
+                "memcpy ceiling (1 GiB device-to-device cuMemcpy): {bw:.1} GB/s copied, \
                  {:.1} GB/s read+write",
                 2.0 * bw
             );
         }
         m.extend(p);
     }
-    if std::env::var("EPTWIN_CLUSTER_PROBE").as_deref() == Ok("1") {
+    if options.cluster_probe {
         // Thread-block clusters need sm_90; the probe is opt-in and never gates a run's kernels.
         if devs.list[0].gpu.compute_capability.0 >= 9 {
             for (name, threads) in cluster_probe::MODULES {
                 let defines = kernel_defines::cluster(threads);
                 load(&compiler, &mut devs, ModuleId::Cluster, name, &defines)?;
             }
-            m.extend(cluster_probe::run(&mut devs)?);
+            m.extend(cluster_probe::run(&mut devs, &options.cluster_probe_only)?);
             let defines = vec![("NUM_RANKS", cluster_probe::REDUCE_RANKS.to_string())];
             load(
                 &compiler,
@@ -560,7 +527,7 @@ fn prepare(
             )?;
             m.extend(cluster_probe::run_reduce(&mut devs)?);
         } else {
-            eprintln!("eptwin hw: EPTWIN_CLUSTER_PROBE ignored: thread-block clusters need sm_90");
+            tracing::warn!("EPTWIN_CLUSTER_PROBE ignored: thread-block clusters need sm_90");
         }
     }
 
@@ -596,8 +563,8 @@ fn prepare(
                     "global_ring_kernels_run": cluster_rings.dispatch_slots.is_none()
                         || cluster_rings.combine_slots.is_none(),
                     "threads_per_block": launch.threads,
-                    "combine_reducer_warps_per_token": kernel_defines::combine_group_warps(launch.threads),
-                    "l2_eviction_hints": kernel_defines::l2_hints(),
+                    "combine_reducer_warps_per_token": kernel_defines::combine_group_warps(launch.threads, options.combine_group_warps),
+                    "l2_eviction_hints": options.l2_hints,
                     "blocks_per_rank": launch.blocks_per_rank,
                     "channels_per_rank": launch.blocks_per_rank / 2,
                     "blocks_per_gpu": launch.blocks_per_gpu,
@@ -615,14 +582,7 @@ fn prepare(
                     ),
                 }),
             );
-            Runtime::Normal(NormalJob::prepare(
-                &mut devs,
-                job,
-                d,
-                &gpu_of_rank,
-                options.l2_discard,
-                launch,
-            )?)
+            Runtime::Normal(NormalJob::prepare(&mut devs, job, d, &gpu_of_rank, options, launch)?)
         }
         _ => {
             let mut dispatch_blocks = Vec::new();
@@ -664,14 +624,7 @@ fn prepare(
                     "warps_per_receive_group": low_latency::WARPS_PER_GROUP,
                 }),
             );
-            Runtime::LowLatency(LlJob::prepare(
-                &mut devs,
-                job,
-                d,
-                &gpu_of_rank,
-                options.l2_discard,
-                launch,
-            )?)
+            Runtime::LowLatency(LlJob::prepare(&mut devs, job, d, &gpu_of_rank, options, launch)?)
         }
     };
 
@@ -686,7 +639,7 @@ fn prepare(
         match nccl_baseline(&mut devs, &runtime, &gpu_of_rank, w, m) {
             Ok(us) => nccl_us = us,
             Err(e) => {
-                eprintln!("eptwin hw: NCCL all-to-all baseline failed: {e}");
+                tracing::warn!("NCCL all-to-all baseline failed: {e}");
                 m.insert("hw.nccl_baseline_error".into(), json!(e.to_string()));
             }
         }
@@ -784,7 +737,7 @@ mod tests {
     /// is waived; `EPTWIN_REQUIRE_HW=1` makes a missing GPU a failure on the GPU machine.
     #[test]
     fn capabilities_without_a_gpu_are_a_one_line_waiver() {
-        let t = HwTransport::new(HwOptions::default());
+        let t = HwTransport::new(HwOptions::from_env());
         let caps = t.capabilities();
         match &caps.unavailable {
             Some(reason) => {

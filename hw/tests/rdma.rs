@@ -34,6 +34,7 @@ mod with_rdma {
     use std::time::Duration;
 
     use eptwin_engine::rng::Rng;
+    use eptwin_hw::HwOptions;
     use eptwin_hw::rdma::*;
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
@@ -43,7 +44,7 @@ mod with_rdma {
     const WAIT: Duration = Duration::from_secs(120);
 
     fn nic(test: &str) -> Option<Nic> {
-        match Nic::open_default() {
+        match Nic::open_default(HwOptions::from_env().rdma_device.as_deref()) {
             Ok(nic) => Some(nic),
             Err(e) => waive(&format!("with_rdma::{test}"), &e),
         }
@@ -101,7 +102,7 @@ mod with_rdma {
                 }
             }
         }
-        let (dev, port) = default_device().unwrap();
+        let (dev, port) = default_device(HwOptions::from_env().rdma_device.as_deref()).unwrap();
         let p = dev.ports.iter().find(|p| p.port == port).unwrap();
         assert_eq!(p.state, PortState::Active);
         assert_ne!(p.link_layer, LinkLayer::Unspecified, "{p}");

@@ -1025,11 +1025,13 @@ impl Core {
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &pname);
         tr.name_thread(pid, tid, &tname);
-        let args = format!(
-            "\"bytes\":{},\"payload\":{},\"src_nic\":{},\"dst_nic\":{}",
-            wire, pkt.payload, src_nic, dst
-        );
-        tr.span(pid, tid, &format!("VL{} {kind}", lane), now, now + ser, &args);
+        let args = crate::trace::SpanArgs::Packet {
+            bytes: wire,
+            payload: pkt.payload,
+            src_nic,
+            dst_nic: dst,
+        };
+        tr.span(pid, tid, &format!("VL{} {kind}", lane), now, now + ser, args);
         if lossless {
             let name = format!("{tname} VL{} credits", lane);
             tr.counter(pid, (p, lane), &name, now, "credits", credits as i64);

@@ -225,7 +225,8 @@ impl Core {
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &format!("GPU {src}"));
         tr.name_thread(pid, tid, tname);
-        tr.span(pid, tid, &format!("copy to GPU {dst}"), at, end, &format!("\"bytes\":{bytes}"));
+        let args = crate::trace::SpanArgs::Bytes { bytes };
+        tr.span(pid, tid, &format!("copy to GPU {dst}"), at, end, args);
     }
 
     fn latency_of(&self, kind: PathKind) -> Time {

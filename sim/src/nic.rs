@@ -843,7 +843,7 @@ impl Core {
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &format!("NIC {nic}"));
         tr.name_thread(pid, tid, &name);
-        tr.span(pid, tid, &what, posted_at, now, &format!("\"seq\":{seq}"));
+        tr.span(pid, tid, &what, posted_at, now, crate::trace::SpanArgs::Seq { seq });
     }
 }
 

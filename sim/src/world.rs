@@ -277,7 +277,7 @@ impl World {
             for (gpu, rank, start, end) in prog.spans() {
                 tr.name_process(PID_GPU + gpu, &format!("GPU {gpu}"));
                 tr.name_thread(PID_GPU + gpu, rank, &format!("rank {rank} kernels"));
-                tr.span(PID_GPU + gpu, rank, &name, start, end, "");
+                tr.span(PID_GPU + gpu, rank, &name, start, end, crate::trace::SpanArgs::None);
             }
         }
         let ob = self.core.op_bytes[p as usize];

@@ -40,7 +40,7 @@ pub fn run(
         if json {
             println!("{}", serde_json::to_string(&result)?);
         } else {
-            print!("{}", eptwin_engine::table::render(&result));
+            print!("{}", eptwin_reports::table::render(&result));
             println!("# result: {}", file.display());
         }
         code = code.worst(ExitCode::from_verdict(result.verdict));

@@ -135,14 +135,14 @@ fn summarize(ctx: &RawContext) -> Result<DeviceSummary, RdmaError> {
     })
 }
 
-/// The device a test or the hardware backend uses: `EPTWIN_RDMA_DEVICE` (`name` or
-/// `name:port`), else the first device with an ACTIVE port.
-pub fn default_device() -> Result<(DeviceSummary, u8), RdmaError> {
+/// The device a test or the hardware backend uses: `wanted` (`HwOptions::rdma_device`,
+/// `EPTWIN_RDMA_DEVICE`: `name` or `name:port`), else the first device with an ACTIVE port.
+pub fn default_device(wanted: Option<&str>) -> Result<(DeviceSummary, u8), RdmaError> {
     let devices = discover()?;
-    if let Ok(wanted) = std::env::var("EPTWIN_RDMA_DEVICE") {
+    if let Some(wanted) = wanted {
         let (name, port) = match wanted.split_once(':') {
             Some((n, p)) => (n.to_string(), p.parse::<u8>().ok()),
-            None => (wanted.clone(), None),
+            None => (wanted.to_string(), None),
         };
         let present = devices.iter().map(|d| d.name.clone()).collect::<Vec<_>>().join(", ");
         let dev = devices
@@ -206,9 +206,9 @@ impl Nic {
         Ok(Nic { inner: Arc::new(NicInner { ctx, pd, device: summary, port: port_summary }) })
     }
 
-    /// `default_device()`, opened.
-    pub fn open_default() -> Result<Nic, RdmaError> {
-        let (dev, port) = default_device()?;
+    /// `default_device(wanted)`, opened.
+    pub fn open_default(wanted: Option<&str>) -> Result<Nic, RdmaError> {
+        let (dev, port) = default_device(wanted)?;
         Nic::open(&dev.name, port)
     }
 

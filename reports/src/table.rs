@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::result::{RunResult, Verdict};
+use eptwin_engine::result::{RunResult, Verdict};
 
 /// Render one result as a table (stdout); one line per (job, op).
 pub fn render(result: &RunResult) -> String {
@@ -112,5 +112,43 @@ fn truncate(text: &str, width: usize) -> String {
         text.to_string()
     } else {
         text.chars().take(width - 1).chain(['~']).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> RunResult {
+        RunResult::from_json(include_str!("../tests/fixtures/results/sim/ep16-ll.json")).unwrap()
+    }
+
+    #[test]
+    fn one_line_per_op_with_the_reference_verdict() {
+        let mut result = fixture();
+        let table = render(&result);
+        assert!(table.starts_with("# eptwin: "), "{table}");
+        assert!(table.contains("  decode") && table.contains("dispatch"), "{table}");
+        assert!(table.contains("(tolerance ±") && !table.contains("OUT OF TOLERANCE"), "{table}");
+        assert!(table.ends_with("# verdict: ok\n"), "{table}");
+        let reference = result.jobs[0].ops[0].reference.as_mut().unwrap();
+        reference.within_tolerance = false;
+        assert!(render(&result).contains("OUT OF TOLERANCE"));
+    }
+
+    #[test]
+    fn waived_results_say_why_and_nothing_else() {
+        let mut result = fixture();
+        result.verdict = Verdict::Waived;
+        result.waived_reason = Some("no GPU".into());
+        let table = render(&result);
+        assert!(table.contains("#  Waived: no GPU"), "{table}");
+        assert!(!table.contains("mean(us)"), "{table}");
+    }
+
+    #[test]
+    fn long_job_names_are_cut_with_a_tilde() {
+        assert_eq!(truncate("decode", 12), "decode");
+        assert_eq!(truncate("a-very-long-job-name", 12), "a-very-long~");
     }
 }
