@@ -27,6 +27,7 @@ mod with_rdma {
     use std::time::Duration;
 
     use eptwin_engine::deepep::env::DEFAULT_QP_DEPTH;
+    use eptwin_hw::HwOptions;
     use eptwin_hw::internode::{QpTable, Traffic};
     use eptwin_hw::rdma::{Nic, QpSettings, QpState};
 
@@ -42,7 +43,7 @@ mod with_rdma {
     const PROCESS_LIMIT: Duration = Duration::from_secs(900);
 
     fn nic_or_waive(test: &str) -> Option<Nic> {
-        match Nic::open_default() {
+        match Nic::open_default(HwOptions::from_env().rdma_device.as_deref()) {
             Ok(nic) => Some(nic),
             Err(e) => {
                 if std::env::var("EPTWIN_REQUIRE_RDMA").as_deref() == Ok("1") {
@@ -132,7 +133,8 @@ mod with_rdma {
         let plan = plan();
         let j = &plan.jobs[job];
         let (g, traffic) = geometry(&plan, j);
-        let nic = Nic::open_default().expect("the parent found a device");
+        let nic = Nic::open_default(HwOptions::from_env().rdma_device.as_deref())
+            .expect("the parent found a device");
         let settings = settings(&nic, job);
         let ex = Exchange { dir, node, nodes: g.num_nodes(), timeout: NODE_TIMEOUT };
         let wire = WireSetup::Verbs { nic: nic.clone(), settings };
