@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use eptwin_engine::result::{JobResult, RunResult};
+use eptwin_engine::result::{JobResult, RunResult, is_measured_kind};
 use plotters::style::RGBColor;
 
 use crate::charts::bars::{BarRow, BarSeries, GroupedBars};
@@ -262,7 +262,8 @@ fn sim_vs_measured(comparisons: &[Comparison]) -> Result<Planned, String> {
     }
     if rows.is_empty() {
         return Err(
-            "needs a simulator result and a measured (hw) result of the same scenario".into()
+            "needs a simulator result and a measured (hw or deepep) result of the same scenario"
+                .into(),
         );
     }
     let scenarios = unique(scenarios);
@@ -355,7 +356,7 @@ fn vs_published(results: &[Loaded<RunResult>], metric: Metric) -> Result<Planned
                         row.sim = Some((value, error, within));
                         sim_names.push(describe::hardware(doc));
                     }
-                    "hw" if row.meas.is_none() => {
+                    k if is_measured_kind(k) && row.meas.is_none() => {
                         row.meas = Some((value, error, within));
                         hw_names.push(describe::hardware(doc));
                     }
@@ -529,7 +530,7 @@ fn ep_scaling(results: &[Loaded<RunResult>]) -> Result<Planned, String> {
                     g.sim_hw.push(describe::hardware(doc));
                     &mut g.sim
                 }
-                "hw" => {
+                k if is_measured_kind(k) => {
                     g.meas_hw.push(describe::hardware(doc));
                     &mut g.meas
                 }

@@ -47,7 +47,12 @@ enum RankLine {
     /// (kernel time from the profiler).
     Kernels { dispatch_gbps: f64, dispatch_us: f64, combine_gbps: f64, combine_us: f64 },
     /// `Dispatch send/recv time: S + R us | Combine send/recv time: S + R us` (hook mode).
-    Hook { dispatch_send_us: f64, dispatch_recv_us: f64, combine_send_us: f64, combine_recv_us: f64 },
+    Hook {
+        dispatch_send_us: f64,
+        dispatch_recv_us: f64,
+        combine_send_us: f64,
+        combine_recv_us: f64,
+    },
 }
 
 const BOTH_LINE: &str = "Dispatch + combine bandwidth";
@@ -114,7 +119,10 @@ enum Line {
     Rank(u32, RankLine),
     Tuning(Tuning),
     /// `[testing] Running with ...`; `passed` when the line ends in "passed".
-    Testing { text: String, passed: bool },
+    Testing {
+        text: String,
+        passed: bool,
+    },
     /// A line that is only `passed` (the end of a `[testing]` line another print split).
     Passed,
     Config(Vec<(String, String)>),
@@ -193,10 +201,13 @@ fn parse_line(raw: &str) -> Result<Line, String> {
         let Some((rank, body)) = rest.split_once(']') else {
             return Err("a [rank R] line without its closing bracket".into());
         };
-        let rank: u32 = rank.trim().parse().map_err(|_| format!("rank {rank:?} is not a number"))?;
+        let rank: u32 =
+            rank.trim().parse().map_err(|_| format!("rank {rank:?} is not a number"))?;
         return Ok(match parse_rank_body(body.trim()) {
             Some(Some(l)) => Line::Rank(rank, l),
-            Some(None) => return Err("a per-rank benchmark line that does not read completely".into()),
+            Some(None) => {
+                return Err("a per-rank benchmark line that does not read completely".into());
+            }
             None => Line::Other,
         });
     }
@@ -207,7 +218,10 @@ fn parse_line(raw: &str) -> Result<Line, String> {
     }
     if let Some(body) = trimmed.strip_prefix("[testing]") {
         let passed = body.trim_end().ends_with("passed");
-        return Ok(Line::Testing { text: body.trim().trim_end_matches("passed").trim().into(), passed });
+        return Ok(Line::Testing {
+            text: body.trim().trim_end_matches("passed").trim().into(),
+            passed,
+        });
     }
     if trimmed == "passed" {
         return Ok(Line::Passed);
@@ -217,7 +231,9 @@ fn parse_line(raw: &str) -> Result<Line, String> {
             .split(',')
             .map(|p| p.trim().split_once('=').map(|(k, v)| (k.trim().into(), v.trim().into())))
             .collect();
-        return pairs.map(Line::Config).ok_or_else(|| "a [config] line that is not key=value pairs".into());
+        return pairs
+            .map(Line::Config)
+            .ok_or_else(|| "a [config] line that is not key=value pairs".into());
     }
     if let Some(body) = trimmed.strip_prefix("[layout]") {
         let mut c = Cursor::new(body);
@@ -228,7 +244,9 @@ fn parse_line(raw: &str) -> Result<Line, String> {
             c.end()?;
             Some(ms)
         })();
-        return ms.map(Line::LayoutMs).ok_or_else(|| "a [layout] line that does not read completely".into());
+        return ms
+            .map(Line::LayoutMs)
+            .ok_or_else(|| "a [layout] line that does not read completely".into());
     }
     if trimmed.starts_with(TRACEBACK) {
         return Ok(Line::Traceback);
@@ -292,7 +310,12 @@ fn parse_rank_body(body: &str) -> Option<Option<RankLine>> {
             let combine_recv_us = c.num()?;
             c.lit("us")?;
             c.end()?;
-            Some(RankLine::Hook { dispatch_send_us, dispatch_recv_us, combine_send_us, combine_recv_us })
+            Some(RankLine::Hook {
+                dispatch_send_us,
+                dispatch_recv_us,
+                combine_send_us,
+                combine_recv_us,
+            })
         })());
     }
     None
@@ -360,7 +383,16 @@ fn parse_tuning(body: &str) -> Option<Tuning> {
         let _ = c.lit("t:");
         let t_us = c.num()?;
         c.lit("us")?;
-        Tuning { best, sms, nvl_chunk, rdma_chunk, notify_us: None, t_us, rdma_gbps: None, nvl_gbps: first }
+        Tuning {
+            best,
+            sms,
+            nvl_chunk,
+            rdma_chunk,
+            notify_us: None,
+            t_us,
+            rdma_gbps: None,
+            nvl_gbps: first,
+        }
     };
     c.end()?;
     Some(t)
@@ -403,10 +435,8 @@ pub fn import(
     let mut advisories: Vec<String> = plan.advisories.iter().map(|d| d.to_string()).collect();
     advisories.extend(launch.warnings.iter().map(|n| format!("deepep replay {n}")));
     let mut measurements = BTreeMap::new();
-    let ends: Vec<String> = logs
-        .iter()
-        .map(|l| format!("{}:{}", l.name, l.text.lines().count()))
-        .collect();
+    let ends: Vec<String> =
+        logs.iter().map(|l| format!("{}:{}", l.name, l.text.lines().count())).collect();
     let checks: Vec<String> = match launch.script {
         Script::LowLatency => vec![format!(
             "{}: the script's dispatch and combine assertions, run on every rank before timing",
@@ -498,10 +528,7 @@ pub fn import(
     })
 }
 
-fn parse_logs(
-    logs: &[LogText<'_>],
-    where_: &dyn Fn(Loc) -> String,
-) -> Result<Parsed, EngineError> {
+fn parse_logs(logs: &[LogText<'_>], where_: &dyn Fn(Loc) -> String) -> Result<Parsed, EngineError> {
     let mut p = Parsed::default();
     for (log, text) in logs.iter().enumerate() {
         if text.text.trim().is_empty() {
@@ -640,14 +667,16 @@ fn check_configuration(
                 format!("the log ran {script}; the scenario replays with {}", launch.script),
             ));
         }
-        let args = ScriptArgs::parse(script, &m.args).map_err(|e| {
-            mismatch(*loc, format!("cannot read the launch line's arguments: {e}"))
-        })?;
+        let args = ScriptArgs::parse(script, &m.args)
+            .map_err(|e| mismatch(*loc, format!("cannot read the launch line's arguments: {e}")))?;
         let nodes = m.nodes.unwrap_or(subject.nodes);
         if nodes != subject.nodes {
             return Err(mismatch(
                 *loc,
-                format!("the log ran on {nodes} node(s) (WORLD_SIZE); the scenario has {}", subject.nodes),
+                format!(
+                    "the log ran on {nodes} node(s) (WORLD_SIZE); the scenario has {}",
+                    subject.nodes
+                ),
             ));
         }
         let diffs = args.differences(&launch.args, subject.nodes);
@@ -677,7 +706,9 @@ fn check_configuration(
             {
                 return Err(mismatch(
                     *loc,
-                    format!("another configuration: {key}={value} in the log, {expected} in the scenario"),
+                    format!(
+                        "another configuration: {key}={value} in the log, {expected} in the scenario"
+                    ),
                 ));
             }
         }
@@ -705,7 +736,11 @@ fn check_configuration(
         if t.script() != launch.script {
             return Err(mismatch(
                 *loc,
-                format!("a {} tuning line; the scenario replays with {}", t.script(), launch.script),
+                format!(
+                    "a {} tuning line; the scenario replays with {}",
+                    t.script(),
+                    launch.script
+                ),
             ));
         }
     }
@@ -739,10 +774,17 @@ fn ll_samples(
         };
         let (latency_us, phases) = if hook {
             match (hook_line, op) {
-                (Some(RankLine::Hook { dispatch_send_us: s, dispatch_recv_us: r, .. }), OpKind::Dispatch)
-                | (Some(RankLine::Hook { combine_send_us: s, combine_recv_us: r, .. }), OpKind::Combine) => {
-                    (Some(s + r), BTreeMap::from([("send".to_string(), s), ("recv".to_string(), r)]))
-                }
+                (
+                    Some(RankLine::Hook { dispatch_send_us: s, dispatch_recv_us: r, .. }),
+                    OpKind::Dispatch,
+                )
+                | (
+                    Some(RankLine::Hook { combine_send_us: s, combine_recv_us: r, .. }),
+                    OpKind::Combine,
+                ) => (
+                    Some(s + r),
+                    BTreeMap::from([("send".to_string(), s), ("recv".to_string(), r)]),
+                ),
                 _ => (None, BTreeMap::new()),
             }
         } else {
@@ -755,7 +797,12 @@ fn ll_samples(
         if let (Some(g), Some(t)) = (gbps, kernel_us) {
             bytes.push(g * t * 1e3);
         }
-        samples.push(SampleRecord { iteration: 0, rank: Some(rank), latency_us, phases_us: phases });
+        samples.push(SampleRecord {
+            iteration: 0,
+            rank: Some(rank),
+            latency_us,
+            phases_us: phases,
+        });
     }
     if !missing.is_empty() {
         failures.push(format!(
@@ -828,7 +875,8 @@ fn normal_samples(
     };
     measurements.insert(format!("deepep.{op}.line"), t.to_json(source, where_(loc)));
     let gbps = t.rdma_gbps.unwrap_or(t.nvl_gbps);
-    let phases = t.notify_us.map(|n| BTreeMap::from([("notify".to_string(), n)])).unwrap_or_default();
+    let phases =
+        t.notify_us.map(|n| BTreeMap::from([("notify".to_string(), n)])).unwrap_or_default();
     (
         vec![SampleRecord { iteration: 0, rank: Some(0), latency_us: t.t_us, phases_us: phases }],
         vec![gbps * t.t_us * 1e3],
@@ -898,7 +946,12 @@ fn record_measurements(
                 printed.0.push(dispatch_gbps);
                 printed.1.push(combine_gbps);
             }
-            RankLine::Hook { dispatch_send_us, dispatch_recv_us, combine_send_us, combine_recv_us } => {
+            RankLine::Hook {
+                dispatch_send_us,
+                dispatch_recv_us,
+                combine_send_us,
+                combine_recv_us,
+            } => {
                 hook.0.push(dispatch_send_us);
                 hook.1.push(dispatch_recv_us);
                 hook.2.push(combine_send_us);

@@ -5,7 +5,9 @@
 use std::fmt::Write;
 
 use super::{Note, Script, ScriptArgs, Severity, Subject, SubjectDeepEp, SubjectJob};
-use crate::deepep::config::{EpMode, low_latency_rdma_size_hint, tuned};
+use crate::deepep::config::{
+    Direction, EpMode, low_latency_rdma_size_hint, tuned, tuned_rank_counts,
+};
 use crate::deepep::env::shell_quote;
 use crate::scenario::schema::{Dtype, NvlinkKind, OpKind, RoutingKind};
 
@@ -99,7 +101,7 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
             &mut notes,
             "cluster.ranks_per_gpu",
             subject.ranks_per_gpu.to_string(),
-            "the scripts 1 (one process per GPU, torch.cuda.set_device(local_rank))",
+            "the scripts use 1 (one process per GPU, torch.cuda.set_device(local_rank))",
             "ranks that share a GPU cannot be started by the scripts",
         );
     }
@@ -140,8 +142,7 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
         }),
         allow_mnnvl: d.buffer.allow_mnnvl && script != Script::Internode,
         use_fabric: d.buffer.use_fabric && script == Script::Intranode,
-        disable_nvlink: !d.buffer.allow_nvlink_for_low_latency_mode
-            && script == Script::LowLatency,
+        disable_nvlink: !d.buffer.allow_nvlink_for_low_latency_mode && script == Script::LowLatency,
         use_logfmt: w.combine_dtype == Dtype::Logfmt,
         other: Vec::new(),
     };
@@ -182,7 +183,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             Refused,
             "job.ranks",
             format!("{n} of the cluster's {total} ranks"),
-            format!("{s} every GPU of every node"),
+            format!("{s} uses every GPU of every node"),
             "the scripts take all local GPUs of each node",
         );
     }
@@ -192,7 +193,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Refused,
                 "job.workload.ops",
                 format!("{op:?}").to_lowercase(),
-                format!("{s} dispatch and combine"),
+                format!("{s} times dispatch and combine"),
                 "the scripts time nothing else",
             );
         }
@@ -202,14 +203,14 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             Refused,
             "cluster.nodes",
             subject.nodes.to_string(),
-            format!("{s} 1"),
+            format!("{s} runs on 1"),
             "the intranode script runs the ranks of one node",
         ),
         EpMode::Internode if subject.gpus_per_node != 8 => note(
             Refused,
             "cluster.gpus_per_node",
             subject.gpus_per_node.to_string(),
-            format!("{s} 8 (it asserts 8 local ranks)"),
+            format!("{s} asserts 8 (local ranks)"),
             "the normal internode kernels need 8 GPUs per node",
         ),
         _ => {}
@@ -238,7 +239,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             Refused,
             "job.workload.routing",
             scenario,
-            format!("{s} {theirs}"),
+            format!("{s} uses {theirs}"),
             "the replay would route tokens differently",
         );
     }
@@ -248,7 +249,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             Warning,
             "job.workload.masked_selections",
             w.masked_selections.to_string(),
-            format!("{s} {script_masked}"),
+            format!("{s} uses {script_masked}"),
             "a few (token, slot) entries more or fewer: under 1 % of the selections",
         );
     }
@@ -259,7 +260,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             Refused,
             "job.workload.dispatch_dtype",
             dtype_name(w.dispatch_dtype).into(),
-            format!("{s} fp8 (the benchmark dispatches with use_fp8=True)"),
+            format!("{s} uses fp8 (the benchmark dispatches with use_fp8=True)"),
             "the replay would time another data type",
         );
     }
@@ -272,7 +273,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             Refused,
             "job.workload.combine_dtype",
             dtype_name(w.combine_dtype).into(),
-            format!("{s} bf16"),
+            format!("{s} uses bf16"),
             "the replay would time another data type",
         );
     }
@@ -283,7 +284,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Warning,
                 "job.workload.num_max_dispatch_tokens_per_rank",
                 max_tokens.to_string(),
-                format!("{s} --num-tokens = {}", w.tokens_per_rank),
+                format!("{s} uses --num-tokens = {}", w.tokens_per_rank),
                 "the script sizes its buffer for the tokens it sends; the kernels move the same messages",
             );
         }
@@ -293,7 +294,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Warning,
                 "job.buffer.num_rdma_bytes",
                 b.num_rdma_bytes.bytes().to_string(),
-                format!("{s} {hint} (get_low_latency_rdma_size_hint)"),
+                format!("{s} uses {hint} (get_low_latency_rdma_size_hint)"),
                 "the low-latency layout depends on tokens, hidden and experts only; the rest of a buffer is unused",
             );
         }
@@ -302,7 +303,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Warning,
                 "job.buffer.num_nvl_bytes",
                 b.num_nvl_bytes.bytes().to_string(),
-                format!("{s} 0"),
+                format!("{s} uses 0"),
                 "the low-latency kernels do not use the NVL buffer",
             );
         }
@@ -312,7 +313,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Refused,
                 "job.buffer.num_qps_per_rank",
                 b.num_qps_per_rank.to_string(),
-                format!("{s} {qps} (experts / ranks = {} / {n})", w.experts),
+                format!("{s} uses {qps} (experts / ranks = {} / {n})", w.experts),
                 "the low-latency kernels spread messages over the QPs; another count is another measurement",
             );
         }
@@ -321,7 +322,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Warning,
                 "job.buffer.num_sms",
                 b.num_sms.to_string(),
-                format!("{s} {DEFAULT_NUM_SMS}"),
+                format!("{s} uses {DEFAULT_NUM_SMS}"),
                 "the low-latency kernels size their own grids; num_sms has no effect on them",
             );
         }
@@ -331,16 +332,19 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Refused,
                 "job.buffer.num_sms",
                 b.num_sms.to_string(),
-                format!("{s} {SCRIPT_NORMAL_SMS}"),
+                format!("{s} uses {SCRIPT_NORMAL_SMS}"),
                 "the scripts tune and print at 24 SMs only",
             );
         }
-        if tuned(crate::deepep::config::Direction::Dispatch, n).is_none() {
+        if tuned(Direction::Dispatch, n).is_none() {
             note(
                 Refused,
                 "job.ranks",
                 format!("{n} ranks"),
-                format!("{s} a rank count of DeepEP's tuned table (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)"),
+                format!(
+                    "{s} needs a rank count of DeepEP's tuned table ({})",
+                    tuned_rank_counts().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+                ),
                 "Buffer.get_dispatch_config / get_combine_config raise for other counts",
             );
         }
@@ -349,7 +353,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Warning,
                 "job.buffer.num_nvl_bytes",
                 b.num_nvl_bytes.bytes().to_string(),
-                format!("{s} {SCRIPT_NVL_BYTES} (int(2e9))"),
+                format!("{s} uses {SCRIPT_NVL_BYTES} (int(2e9))"),
                 "the normal kernels' rings are sized by the Config, not by the buffer",
             );
         }
@@ -359,7 +363,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Warning,
                 "job.buffer.num_rdma_bytes",
                 b.num_rdma_bytes.bytes().to_string(),
-                format!("{s} {script_rdma}"),
+                format!("{s} uses {script_rdma}"),
                 "the normal kernels' rings are sized by the Config, not by the buffer",
             );
         }
@@ -379,7 +383,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 severity,
                 "job.buffer.num_qps_per_rank",
                 b.num_qps_per_rank.to_string(),
-                format!("{s} {script_qps}"),
+                format!("{s} uses {script_qps}"),
                 why,
             );
         }
@@ -388,7 +392,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                 Warning,
                 "job.buffer.allow_nvlink_for_low_latency_mode",
                 "false".into(),
-                format!("{s} true (no flag)"),
+                format!("{s} uses true (no flag)"),
                 "NVSHMEM_DISABLE_P2P does not change the normal kernels' paths",
             );
         }
@@ -403,7 +407,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                     Warning,
                     &format!("job.buffer.{direction}_config"),
                     "explicit ring sizes (*_recv_tokens)".into(),
-                    format!("{s} its own ring sizes"),
+                    format!("{s} uses its own ring sizes"),
                     "the tuning lines vary the send chunks only",
                 );
             }
@@ -420,7 +424,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
                     Warning,
                     &format!("job.buffer.{direction}_config"),
                     chunks,
-                    format!("{s} tuning sweep (no line for it)"),
+                    format!("{s} tunes other chunk sizes (no line for it)"),
                     "the import takes the script's Best line for this op instead",
                 );
             }
@@ -432,7 +436,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             severity,
             "job.buffer.allow_mnnvl",
             "true".into(),
-            format!("{s} false (no flag)"),
+            format!("{s} uses false (no flag)"),
             if severity == Refused {
                 "across an MNNVL domain NVSHMEM would take other paths"
             } else {
@@ -445,7 +449,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             Warning,
             "job.buffer.use_fabric",
             "true".into(),
-            format!("{s} false (no flag)"),
+            format!("{s} uses false (no flag)"),
             "fabric handles only change how the NVL buffer is shared",
         );
     }
@@ -454,7 +458,7 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
             Warning,
             "job.buffer.enable_shrink",
             "true".into(),
-            format!("{s} false (--shrink-test would also fail ranks on purpose)"),
+            format!("{s} uses false (--shrink-test would also fail ranks on purpose)"),
             "the shrink buffers are not on the timed path",
         );
     }
@@ -501,7 +505,7 @@ impl Launch {
         }
     }
 
-    fn header(&self, out: &mut String) {
+    fn header(&self, out: &mut String, logs: &str) {
         let _ = writeln!(
             out,
             "# eptwin deepep launch: scenario {} (sha256 {}), job {:?}: {}, {} node(s) x {} rank(s)",
@@ -514,14 +518,13 @@ impl Launch {
         );
         let _ = writeln!(
             out,
-            "# Then: eptwin deepep import {} --scenario <this scenario> --out <dir>",
-            self.log_name("*")
+            "# Then: eptwin deepep import {logs} --scenario <this scenario> --out <dir>"
         );
     }
 
     fn render_nodes(&self) -> String {
         let mut out = String::new();
-        self.header(&mut out);
+        self.header(&mut out, &self.log_name("*"));
         let master = if self.nodes > 1 {
             "${MASTER_ADDR:?set MASTER_ADDR to node 0's address}".to_string()
         } else {
@@ -546,7 +549,7 @@ impl Launch {
 
     fn render_from_slurm(&self) -> String {
         let mut out = String::new();
-        self.header(&mut out);
+        self.header(&mut out, &self.log_name("*"));
         let _ = writeln!(
             out,
             "# The same lines on every node, one task per node inside a Slurm allocation of {} \
@@ -585,7 +588,7 @@ impl Launch {
         let _ = writeln!(out, "#SBATCH --ntasks-per-node=1");
         let _ = writeln!(out, "#SBATCH --gres=gpu:{}", self.args.num_processes);
         let _ = writeln!(out, "#SBATCH --output={}.%j.log", self.scenario_name);
-        self.header(&mut out);
+        self.header(&mut out, &format!("{}.<job id>.log", self.scenario_name));
         let _ = writeln!(out, "set -eu");
         let _ = writeln!(
             out,
@@ -714,7 +717,9 @@ masked_selections = 10
         assert!(text.contains("tee ll16.node1.log"), "{text}");
         assert!(!text.contains("IBGDA"), "{text}");
         let slurm = l.render(LaunchFormat::Slurm);
-        assert!(slurm.contains("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:8"));
+        assert!(
+            slurm.contains("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:8")
+        );
         assert!(slurm.contains("scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1"));
         assert!(slurm.contains("RANK=$SLURM_NODEID exec"), "{slurm}");
         let from_slurm = l.render(LaunchFormat::Shell { nodes_from_slurm: true });
@@ -747,17 +752,18 @@ masked_selections = 10
 
     #[test]
     fn refusals_name_key_and_both_values() {
-        let text = LL16
-            .replace("num_qps_per_rank = 18", "num_qps_per_rank = 20")
-            .replace("masked_selections = 10", "masked_selections = 0\nrouting = \"zipf\"\nskew = 1.2");
+        let text = LL16.replace("num_qps_per_rank = 18", "num_qps_per_rank = 20").replace(
+            "masked_selections = 10",
+            "masked_selections = 0\nrouting = \"zipf\"\nskew = 1.2",
+        );
         let notes = launch(&subject(&text), "DeepEP").unwrap_err();
         let lines: Vec<String> = notes.iter().map(|n| n.to_string()).collect();
         let find = |key: &str| lines.iter().find(|l| l.contains(key)).cloned().unwrap_or_default();
         assert!(
-            find("num_qps_per_rank").starts_with("refused: job \"decode\": job.buffer.num_qps_per_rank: scenario 20, test_low_latency.py 18 (experts / ranks = 288 / 16)"),
+            find("num_qps_per_rank").starts_with("refused: job \"decode\": job.buffer.num_qps_per_rank: the scenario has 20, test_low_latency.py uses 18 (experts / ranks = 288 / 16)"),
             "{lines:?}"
         );
-        assert!(find("routing").contains("scenario zipf (skew 1.2)"), "{lines:?}");
+        assert!(find("routing").contains("the scenario has zipf (skew 1.2)"), "{lines:?}");
         assert!(find("masked_selections").starts_with("warning:"), "{lines:?}");
     }
 
@@ -788,11 +794,11 @@ topk_groups = 2
         assert!(l.warnings.is_empty(), "{:?}", l.warnings);
         assert_eq!(l.args.num_topk_groups, Some(2));
         assert!(l.args.to_args().join(" ").contains("--num-topk-groups 2"));
-        let notes = launch(&subject(&text.replace("num_sms = 24", "num_sms = 20")), "DeepEP")
-            .unwrap_err();
+        let notes =
+            launch(&subject(&text.replace("num_sms = 24", "num_sms = 20")), "DeepEP").unwrap_err();
         assert!(notes.iter().any(|n| n.key == "job.buffer.num_sms"
             && n.severity == Severity::Refused
-            && n.to_string().contains("scenario 20, test_internode.py 24")));
+            && n.to_string().contains("the scenario has 20, test_internode.py uses 24")));
     }
 
     #[test]

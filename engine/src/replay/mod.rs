@@ -235,11 +235,7 @@ impl ScriptArgs {
     pub fn differences(&self, expected: &ScriptArgs, nodes: u32) -> Vec<(String, String, String)> {
         let mut out = Vec::new();
         if self.script != expected.script {
-            out.push((
-                "script".to_string(),
-                self.script.to_string(),
-                expected.script.to_string(),
-            ));
+            out.push(("script".to_string(), self.script.to_string(), expected.script.to_string()));
             return out;
         }
         let mut push = |flag: &str, log: String, want: String| {
@@ -361,7 +357,7 @@ pub struct Note {
     /// The scenario key (`job.buffer.num_qps_per_rank`, `cluster.ranks_per_gpu`, ...).
     pub key: String,
     pub scenario_value: String,
-    /// What the script does, naming the script.
+    /// What the script does, naming it ("test_low_latency.py uses 18 (experts / ranks)").
     pub script_value: String,
     pub why: String,
 }
@@ -378,7 +374,7 @@ impl fmt::Display for Note {
         }
         write!(
             f,
-            "{}: scenario {}, {}: {}",
+            "{}: the scenario has {}, {}: {}",
             self.key, self.scenario_value, self.script_value, self.why
         )
     }
@@ -426,7 +422,8 @@ mod tests {
         assert!(err.contains("--hidden needs a value"), "{err}");
         let err = ScriptArgs::parse(Script::LowLatency, &["--hidden", "x"]).unwrap_err();
         assert!(err.contains("integer"), "{err}");
-        let pressure = ScriptArgs::parse(Script::Internode, &["--pressure-test-mode", "1"]).unwrap();
+        let pressure =
+            ScriptArgs::parse(Script::Internode, &["--pressure-test-mode", "1"]).unwrap();
         assert_eq!(pressure.other, ["--pressure-test-mode", "1"]);
         let diffs = pressure.differences(&ScriptArgs::defaults(Script::Internode), 2);
         assert_eq!(diffs, [("other flags".into(), "--pressure-test-mode 1".into(), "".into())]);

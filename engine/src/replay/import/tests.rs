@@ -18,8 +18,7 @@ fn fixture(name: &str) -> (String, String) {
 
 fn import_files(plan: &Plan, names: &[&str]) -> Result<RunResult, EngineError> {
     let texts: Vec<(String, String)> = names.iter().map(|n| fixture(n)).collect();
-    let logs: Vec<LogText<'_>> =
-        texts.iter().map(|(n, t)| LogText { name: n, text: t }).collect();
+    let logs: Vec<LogText<'_>> = texts.iter().map(|(n, t)| LogText { name: n, text: t }).collect();
     import(plan, &logs, Provenance::default())
 }
 
@@ -30,47 +29,132 @@ fn every_line_kind_parses() {
     let cases = [
         (
             "[rank 3] Dispatch + combine bandwidth: 66.65 GB/s, avg_t=331.48 us, min_t=322.70 us, max_t=338.82 us",
-            Line::Rank(3, RankLine::Both { bw_gbps: 66.65, avg_us: 331.48, min_us: 322.70, max_us: 338.82 }),
+            Line::Rank(
+                3,
+                RankLine::Both { bw_gbps: 66.65, avg_us: 331.48, min_us: 322.70, max_us: 338.82 },
+            ),
         ),
         (
             "[rank 12] Dispatch bandwidth: 63.17 GB/s, avg_t=118.23 us | Combine bandwidth: 74.10 GB/s, avg_t=195.40 us",
-            Line::Rank(12, RankLine::Kernels { dispatch_gbps: 63.17, dispatch_us: 118.23, combine_gbps: 74.10, combine_us: 195.40 }),
+            Line::Rank(
+                12,
+                RankLine::Kernels {
+                    dispatch_gbps: 63.17,
+                    dispatch_us: 118.23,
+                    combine_gbps: 74.10,
+                    combine_us: 195.40,
+                },
+            ),
         ),
         (
             "[rank 0] Dispatch send/recv time: 24.78 + 71.92 us | Combine send/recv time: 32.67 + 142.21 us",
-            Line::Rank(0, RankLine::Hook { dispatch_send_us: 24.78, dispatch_recv_us: 71.92, combine_send_us: 32.67, combine_recv_us: 142.21 }),
+            Line::Rank(
+                0,
+                RankLine::Hook {
+                    dispatch_send_us: 24.78,
+                    dispatch_recv_us: 71.92,
+                    combine_send_us: 32.67,
+                    combine_recv_us: 142.21,
+                },
+            ),
         ),
         (
             "[tuning] SMs 24, NVL chunk 6: 153.00 GB/s (NVL), 1048.83 us",
-            Line::Tuning(Tuning { best: None, sms: 24, nvl_chunk: Some(6), rdma_chunk: None, notify_us: None, t_us: 1048.83, rdma_gbps: None, nvl_gbps: 153.0 }),
+            Line::Tuning(Tuning {
+                best: None,
+                sms: 24,
+                nvl_chunk: Some(6),
+                rdma_chunk: None,
+                notify_us: None,
+                t_us: 1048.83,
+                rdma_gbps: None,
+                nvl_gbps: 153.0,
+            }),
         ),
         (
             "[tuning] SMs 24, NVL chunk default: 150.10 GB/s (NVL), 1060.00 us",
-            Line::Tuning(Tuning { best: None, sms: 24, nvl_chunk: None, rdma_chunk: None, notify_us: None, t_us: 1060.0, rdma_gbps: None, nvl_gbps: 150.1 }),
+            Line::Tuning(Tuning {
+                best: None,
+                sms: 24,
+                nvl_chunk: None,
+                rdma_chunk: None,
+                notify_us: None,
+                t_us: 1060.0,
+                rdma_gbps: None,
+                nvl_gbps: 150.1,
+            }),
         ),
         (
             "[tuning] Best dispatch (BF16): SMs 24, NVL chunk 8, 155.50 GB/s (NVL), t: 2001.40 us",
-            Line::Tuning(Tuning { best: Some(TuningOf::Dispatch(Dtype::Bf16)), sms: 24, nvl_chunk: Some(8), rdma_chunk: None, notify_us: None, t_us: 2001.4, rdma_gbps: None, nvl_gbps: 155.5 }),
+            Line::Tuning(Tuning {
+                best: Some(TuningOf::Dispatch(Dtype::Bf16)),
+                sms: 24,
+                nvl_chunk: Some(8),
+                rdma_chunk: None,
+                notify_us: None,
+                t_us: 2001.4,
+                rdma_gbps: None,
+                nvl_gbps: 155.5,
+            }),
         ),
         (
             "[tuning] Best combine: SMs 24, NVL chunk 4: 158.00 GB/s (NVL), t: 1969.73 us",
-            Line::Tuning(Tuning { best: Some(TuningOf::Combine), sms: 24, nvl_chunk: Some(4), rdma_chunk: None, notify_us: None, t_us: 1969.73, rdma_gbps: None, nvl_gbps: 158.0 }),
+            Line::Tuning(Tuning {
+                best: Some(TuningOf::Combine),
+                sms: 24,
+                nvl_chunk: Some(4),
+                rdma_chunk: None,
+                notify_us: None,
+                t_us: 1969.73,
+                rdma_gbps: None,
+                nvl_gbps: 158.0,
+            }),
         ),
         (
             "[tuning] SMs 24, NVL chunk 36, RDMA chunk 20: 35 + 1402 us, 43.01 GB/s (RDMA), 114.50 GB/s (NVL) ",
-            Line::Tuning(Tuning { best: None, sms: 24, nvl_chunk: Some(36), rdma_chunk: Some(20), notify_us: Some(35.0), t_us: 1402.0, rdma_gbps: Some(43.01), nvl_gbps: 114.5 }),
+            Line::Tuning(Tuning {
+                best: None,
+                sms: 24,
+                nvl_chunk: Some(36),
+                rdma_chunk: Some(20),
+                notify_us: Some(35.0),
+                t_us: 1402.0,
+                rdma_gbps: Some(43.01),
+                nvl_gbps: 114.5,
+            }),
         ),
         (
             "[tuning] Best dispatch (FP8): SMs 24, NVL chunk 36, RDMA chunk 20: 28.22 + 1408.04 us, 42.79 GB/s (RDMA), 113.97 GB/s (NVL)",
-            Line::Tuning(Tuning { best: Some(TuningOf::Dispatch(Dtype::Fp8)), sms: 24, nvl_chunk: Some(36), rdma_chunk: Some(20), notify_us: Some(28.22), t_us: 1408.04, rdma_gbps: Some(42.79), nvl_gbps: 113.97 }),
+            Line::Tuning(Tuning {
+                best: Some(TuningOf::Dispatch(Dtype::Fp8)),
+                sms: 24,
+                nvl_chunk: Some(36),
+                rdma_chunk: Some(20),
+                notify_us: Some(28.22),
+                t_us: 1408.04,
+                rdma_gbps: Some(42.79),
+                nvl_gbps: 113.97,
+            }),
         ),
         (
             "[tuning] Best combine: SMs 24, NVL chunk 4, RDMA chunk 16, 30.05 + 2731.42 us, 42.78 GB/s (RDMA), 113.94 GB/s (NVL)",
-            Line::Tuning(Tuning { best: Some(TuningOf::Combine), sms: 24, nvl_chunk: Some(4), rdma_chunk: Some(16), notify_us: Some(30.05), t_us: 2731.42, rdma_gbps: Some(42.78), nvl_gbps: 113.94 }),
+            Line::Tuning(Tuning {
+                best: Some(TuningOf::Combine),
+                sms: 24,
+                nvl_chunk: Some(4),
+                rdma_chunk: Some(16),
+                notify_us: Some(30.05),
+                t_us: 2731.42,
+                rdma_gbps: Some(42.78),
+                nvl_gbps: 113.94,
+            }),
         ),
         (
             "[testing] Running with FP8, with top-k (async=True, previous=False) ... passed",
-            Line::Testing { text: "Running with FP8, with top-k (async=True, previous=False) ...".into(), passed: true },
+            Line::Testing {
+                text: "Running with FP8, with top-k (async=True, previous=False) ...".into(),
+                passed: true,
+            },
         ),
         ("passed", Line::Passed),
         (
@@ -83,8 +167,18 @@ fn every_line_kind_parses() {
         ),
         ("[layout] Kernel performance: 0.052 ms", Line::LayoutMs(0.052)),
         ("Traceback (most recent call last):", Line::Traceback),
-        ("3: [rank 3] Dispatch send/recv time: 1 + 2 us | Combine send/recv time: 3 + 4 us",
-         Line::Rank(3, RankLine::Hook { dispatch_send_us: 1.0, dispatch_recv_us: 2.0, combine_send_us: 3.0, combine_recv_us: 4.0 })),
+        (
+            "3: [rank 3] Dispatch send/recv time: 1 + 2 us | Combine send/recv time: 3 + 4 us",
+            Line::Rank(
+                3,
+                RankLine::Hook {
+                    dispatch_send_us: 1.0,
+                    dispatch_recv_us: 2.0,
+                    combine_send_us: 3.0,
+                    combine_recv_us: 4.0,
+                },
+            ),
+        ),
         ("[rank 0] Allocating buffer of 2 GB", Line::Other),
         ("NCCL INFO Channel 00/32", Line::Other),
     ];
@@ -212,9 +306,15 @@ fn another_configuration_is_an_error_naming_both_values() {
     assert!(err.contains("intranode-ep8-2048-tokens.log:1: another configuration: num_tokens=2048 in the log, 4096 in the scenario"), "{err}");
     // A low-latency log for a normal-mode scenario.
     let err = import_files(&intranode, &["ll-ep16.node0.log"]).unwrap_err().to_string();
-    assert!(err.contains("the log ran test_low_latency.py; the scenario replays with test_intranode.py"), "{err}");
+    assert!(
+        err.contains(
+            "the log ran test_low_latency.py; the scenario replays with test_intranode.py"
+        ),
+        "{err}"
+    );
     // The same node's log twice.
-    let err = import_files(&ll, &["ll-ep16.node0.log", "ll-ep16.node0.log"]).unwrap_err().to_string();
+    let err =
+        import_files(&ll, &["ll-ep16.node0.log", "ll-ep16.node0.log"]).unwrap_err().to_string();
     assert!(err.contains("a second time (first at ll-ep16.node0.log:"), "{err}");
 }
 
@@ -231,8 +331,13 @@ fn intranode_takes_the_tuning_line_of_the_scenarios_config() {
     assert_eq!(r.measurements["deepep.dispatch.line"]["nvl_chunk"], 6);
     assert_eq!(r.measurements["deepep.dispatch.line"]["source"], "tuning");
     let log = fixture("intranode-ep8.log").1;
-    let fp8_block_end = log.lines().position(|l| l.starts_with("[tuning] Best dispatch (FP8)")).unwrap();
-    let line = log.lines().take(fp8_block_end).find(|l| l.starts_with("[tuning] SMs 24, NVL chunk 6:")).unwrap();
+    let fp8_block_end =
+        log.lines().position(|l| l.starts_with("[tuning] Best dispatch (FP8)")).unwrap();
+    let line = log
+        .lines()
+        .take(fp8_block_end)
+        .find(|l| l.starts_with("[tuning] SMs 24, NVL chunk 6:"))
+        .unwrap();
     let Ok(Line::Tuning(t)) = parse_line(line) else { panic!() };
     assert_eq!(dispatch.samples.len(), 1);
     assert_eq!(dispatch.samples[0].latency_us, t.t_us);
@@ -251,7 +356,10 @@ fn failed_assertion_makes_the_verdict_failed() {
     let r = import_files(&plan, &["intranode-ep8-failed.log"]).unwrap();
     assert_eq!(r.verdict, Verdict::Failed);
     let text = r.failures.join("\n");
-    assert!(text.contains("intranode-ep8-failed.log:10: Python traceback: AssertionError"), "{text}");
+    assert!(
+        text.contains("intranode-ep8-failed.log:10: Python traceback: AssertionError"),
+        "{text}"
+    );
     assert!(text.contains("intranode-ep8-failed.log:10: check did not pass"), "{text}");
     assert!(text.contains("dispatch: neither a tuning line"), "{text}");
     assert!(r.jobs[0].op("dispatch").unwrap().summary.wrong >= 1);
@@ -270,7 +378,11 @@ fn internode_two_nodes_with_notify_phase() {
     assert_eq!(r.measurements["deepep.best.combine"]["rdma_chunk"], 16);
     assert!(combine.summary.phases_us.contains_key("notify"));
     assert_eq!(combine.summary.logical_bw_label, "RDMA");
-    assert!((40.0..44.0).contains(&combine.summary.logical_bw_gbps), "{}", combine.summary.logical_bw_gbps);
+    assert!(
+        (40.0..44.0).contains(&combine.summary.logical_bw_gbps),
+        "{}",
+        combine.summary.logical_bw_gbps
+    );
     let reference = combine.reference.as_ref().unwrap();
     assert_eq!(reference.logical_bw_gbps, Some(43.0));
 }
