@@ -27,20 +27,22 @@ const INTRANODE_QPS: u32 = 1;
 /// (token, slot) entries test_low_latency.py masks to -1.
 pub const SCRIPT_LL_MASKED: u32 = 10;
 
-/// The chunk sizes the normal scripts' tuning loops try (deepep-tests "Timing"): a scenario
+/// The chunk sizes the normal scripts' tuning loops try (docs/deepep-replay.md, "The scripts"): a scenario
 /// Config outside them has no per-config line, and the import falls back to the Best line.
 fn in_tuning_sweep(script: Script, dispatch: bool, nvl_chunk: u32, rdma_chunk: u32) -> bool {
     match (script, dispatch) {
-        (Script::Intranode, true) => (4..=32).contains(&nvl_chunk) && nvl_chunk % 2 == 0,
+        (Script::Intranode, true) => (4..=32).contains(&nvl_chunk) && nvl_chunk.is_multiple_of(2),
         (Script::Intranode, false) => (1..=16).contains(&nvl_chunk),
         (Script::Internode, true) => {
             (4..=44).contains(&nvl_chunk)
-                && nvl_chunk % 4 == 0
+                && nvl_chunk.is_multiple_of(4)
                 && (4..=32).contains(&rdma_chunk)
-                && rdma_chunk % 4 == 0
+                && rdma_chunk.is_multiple_of(4)
         }
         (Script::Internode, false) => {
-            (1..=7).contains(&nvl_chunk) && (8..=32).contains(&rdma_chunk) && rdma_chunk % 4 == 0
+            (1..=7).contains(&nvl_chunk)
+                && (8..=32).contains(&rdma_chunk)
+                && rdma_chunk.is_multiple_of(4)
         }
         (Script::LowLatency, _) => true,
     }
@@ -526,7 +528,7 @@ impl Launch {
         let mut out = String::new();
         self.header(&mut out, &self.log_name("*"));
         let master = if self.nodes > 1 {
-            "${MASTER_ADDR:?set MASTER_ADDR to node 0's address}".to_string()
+            "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}".to_string()
         } else {
             "127.0.0.1".to_string()
         };

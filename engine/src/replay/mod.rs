@@ -50,7 +50,7 @@ impl Script {
             .find(|s| s.file_name() == name)
     }
 
-    /// Flags this script accepts (deepep-tests "Flags"), value-taking ones marked `true`.
+    /// Flags this script accepts (docs/deepep-replay.md, "The scripts"), value-taking ones marked `true`.
     fn flags(self) -> &'static [(&'static str, bool)] {
         match self {
             Script::Intranode => &[
@@ -117,7 +117,7 @@ pub struct ScriptArgs {
 }
 
 impl ScriptArgs {
-    /// The script's defaults (deepep-tests "Flags").
+    /// The script's defaults (docs/deepep-replay.md, "The scripts").
     pub fn defaults(script: Script) -> ScriptArgs {
         let (num_tokens, num_experts) = match script {
             Script::LowLatency => (128, 288),
