@@ -113,7 +113,8 @@ fn launch_every_bundled_scenario_or_say_why_not() {
 }
 
 /// A stand-in for `python DeepEP/tests/test_low_latency.py ...`: prints the environment it got
-/// and one kernel line per local rank (rank r: dispatch 110 + r us, combine 190 + r us).
+/// and one kernel line per local rank (rank r: dispatch 110 + r us, combine 190 + r us; 1,016
+/// selections of 7,408 and 14,336 B, as the script's GB/s count them).
 const FAKE_PYTHON: &str = r#"#!/bin/bash
 script=$1; shift
 np=8
@@ -125,7 +126,9 @@ done
 echo "[env] WORLD_SIZE=$WORLD_SIZE RANK=$RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT NVSHMEM_IB_SL=$NVSHMEM_IB_SL script=$script args=$args"
 for ((l = 0; l < np; l++)); do
   r=$((RANK * np + l))
-  echo "[rank $r] Dispatch bandwidth: 63.00 GB/s, avg_t=$((110 + r)).00 us | Combine bandwidth: 74.00 GB/s, avg_t=$((190 + r)).00 us"
+  awk -v r=$r 'BEGIN { d = 110 + r; c = 190 + r;
+    printf "[rank %d] Dispatch bandwidth: %.2f GB/s, avg_t=%.2f us | Combine bandwidth: %.2f GB/s, avg_t=%.2f us\n",
+      r, 1016 * 7408 / 1e3 / d, d, 1016 * 14336 / 1e3 / c, c }'
 done
 "#;
 

@@ -10,8 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use super::launch::{Launch, Marker, launch};
+use super::launch::{Launch, Marker, SCRIPT_LL_MASKED, launch};
 use super::{Script, ScriptArgs, Subject};
+use crate::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 use crate::deepep::config::Config;
 use crate::error::EngineError;
 use crate::plan::{JobPlan, Plan};
@@ -729,6 +730,48 @@ fn check_configuration(
                 *loc,
                 format!("another configuration: rank {rank} in the log, {n} ranks in the scenario"),
             ));
+        }
+    }
+    if launch.script == Script::LowLatency {
+        // The LL script prints no configuration; its bandwidth × time counts the messages, so a
+        // run with other tokens, top-k or hidden shows there. It masks up to 10 selections.
+        let selections = f64::from(want.num_tokens * want.num_topk);
+        let fewest = selections - f64::from(SCRIPT_LL_MASKED);
+        let slack = selections * 0.005;
+        let combine_dtype = if want.use_logfmt { Dtype::Logfmt } else { Dtype::Bf16 };
+        for ((rank, _), (loc, line)) in &parsed.ranks {
+            let RankLine::Kernels { dispatch_gbps, dispatch_us, combine_gbps, combine_us } = *line
+            else {
+                continue;
+            };
+            for (op, gbps, us, message_bytes) in [
+                (
+                    "dispatch",
+                    dispatch_gbps,
+                    dispatch_us,
+                    ll_dispatch_msg_bytes(want.hidden, Dtype::Fp8),
+                ),
+                (
+                    "combine",
+                    combine_gbps,
+                    combine_us,
+                    ll_combine_msg_bytes(want.hidden, combine_dtype),
+                ),
+            ] {
+                let counted = gbps * us * 1e3 / message_bytes as f64;
+                if counted < fewest - slack || counted > selections + slack {
+                    return Err(mismatch(
+                        *loc,
+                        format!(
+                            "another configuration: rank {rank}'s {op} line counts {counted:.0} \
+                             messages of {message_bytes} B ({gbps} GB/s x {us} us) in the log, \
+                             {fewest}-{selections} ({} tokens x top-{}, up to {SCRIPT_LL_MASKED} \
+                             masked) in the scenario",
+                            want.num_tokens, want.num_topk
+                        ),
+                    ));
+                }
+            }
         }
     }
     let best = parsed.best.iter().map(|(l, t)| (l, t));

@@ -429,6 +429,33 @@ mod tests {
         assert_eq!(diffs, [("other flags".into(), "--pressure-test-mode 1".into(), "".into())]);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_args_round_trip(
+            script in proptest::sample::select(vec![Script::Intranode, Script::Internode, Script::LowLatency]),
+            numbers in proptest::array::uniform5(1u32..100_000),
+            groups in proptest::option::of(1u32..20),
+            switches in proptest::array::uniform4(proptest::bool::ANY),
+        ) {
+            let mut args = ScriptArgs::defaults(script);
+            [args.num_processes, args.num_tokens, args.hidden, args.num_topk, args.num_experts] = numbers;
+            // Each script has only its own flags.
+            match script {
+                Script::Intranode => {
+                    (args.allow_mnnvl, args.use_fabric) = (switches[0], switches[1]);
+                }
+                Script::Internode => args.num_topk_groups = groups,
+                Script::LowLatency => {
+                    (args.allow_mnnvl, args.disable_nvlink, args.use_logfmt) =
+                        (switches[0], switches[2], switches[3]);
+                }
+            }
+            let parsed = ScriptArgs::parse(script, &args.to_args()).unwrap();
+            proptest::prop_assert_eq!(&parsed, &args);
+            proptest::prop_assert!(parsed.differences(&args, 4).is_empty());
+        }
+    }
+
     #[test]
     fn script_from_path() {
         assert_eq!(Script::from_path("DeepEP/tests/test_low_latency.py"), Some(Script::LowLatency));

@@ -312,6 +312,15 @@ fn another_configuration_is_an_error_naming_both_values() {
         ),
         "{err}"
     );
+    // A hand-launched LL log (no launch line) of hidden 4096: its printed bytes say so.
+    let text = "[rank 0] Dispatch bandwidth: 40.00 GB/s, avg_t=100.00 us | Combine bandwidth: 74.00 GB/s, avg_t=195.00 us\n";
+    let err = import(&ll, &[LogText { name: "hand.log", text }], Provenance::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("hand.log:1: another configuration: rank 0's dispatch line counts 540 messages of 7408 B (40 GB/s x 100 us) in the log, 1014-1024 (128 tokens x top-8, up to 10 masked) in the scenario"),
+        "{err}"
+    );
     // The same node's log twice.
     let err =
         import_files(&ll, &["ll-ep16.node0.log", "ll-ep16.node0.log"]).unwrap_err().to_string();
@@ -399,4 +408,54 @@ fn scenarios_the_scripts_cannot_replay_are_refused_on_import() {
 fn ranges_compress() {
     assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2, 5, 7-8");
     assert_eq!(ranges(&[3]), "3");
+}
+
+#[test]
+fn hook_mode_takes_send_plus_recv() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(LL16);
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("iterations = 3", "iterations = 3\nhook = true");
+    let plan = Plan::build(&crate::scenario::parse(LL16, &text).unwrap()).unwrap();
+    let r = import_files(&plan, &["ll-ep16.node0.log", "ll-ep16.node1.log"]).unwrap();
+    assert_eq!(r.verdict, Verdict::Ok, "{:?}", r.failures);
+    let log = fixture("ll-ep16.node0.log").1;
+    let line = log.lines().find(|l| l.starts_with("[rank 2] Dispatch send/recv")).unwrap();
+    let Ok(Line::Rank(2, RankLine::Hook { combine_send_us, combine_recv_us, .. })) =
+        parse_line(line)
+    else {
+        panic!("{line}")
+    };
+    let combine = r.jobs[0].op("combine").unwrap();
+    assert_eq!(combine.samples[2].latency_us, combine_send_us + combine_recv_us);
+    assert_eq!(combine.samples[2].phases_us["recv"], combine_recv_us);
+    assert!(combine.summary.phases_us.contains_key("send"));
+    // The bytes still come from the kernel lines.
+    assert!(combine.summary.logical_bytes_per_rank > 1.4e7);
+}
+
+proptest::proptest! {
+    #[test]
+    fn no_line_panics(line in "\\PC{0,120}") {
+        let _ = parse_line(&line);
+    }
+
+    #[test]
+    fn printed_ll_numbers_read_back(
+        rank in 0u32..1024,
+        values in proptest::array::uniform4(0.0f64..1e6),
+    ) {
+        let [a, b, c, d] = values.map(|v| (v * 100.0).round() / 100.0);
+        let line = format!(
+            "[rank {rank}] Dispatch bandwidth: {a:.2} GB/s, avg_t={b:.2} us | Combine bandwidth: {c:.2} GB/s, avg_t={d:.2} us"
+        );
+        let want = Line::Rank(rank, RankLine::Kernels { dispatch_gbps: a, dispatch_us: b, combine_gbps: c, combine_us: d });
+        proptest::prop_assert_eq!(parse_line(&line), Ok(want));
+        // Any cut of the line either reads as the same line or is an error, never another value.
+        for cut in 1..line.len() {
+            if let Ok(Line::Rank(_, l)) = parse_line(&line[..cut]) {
+                proptest::prop_assert!(false, "{:?} read as {:?}", &line[..cut], l);
+            }
+        }
+    }
 }
