@@ -128,4 +128,51 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replay a scenario with DeepEP's own test scripts: their launch lines out, their
+    /// printed numbers back in as a result document (docs/deepep-replay.md).
+    Deepep {
+        #[command(subcommand)]
+        command: DeepepCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeepepCommand {
+    /// Print, for every node, the command line and environment that run DeepEP's matching
+    /// test script with the scenario's workload. Where the scripts cannot do what the scenario
+    /// asks, print one line per reason and exit 2.
+    Launch {
+        scenario: PathBuf,
+        /// The DeepEP checkout whose tests/ holds the scripts (as seen from the nodes).
+        #[arg(long, default_value = "DeepEP", value_name = "PATH")]
+        deepep_dir: String,
+        /// Take the node rank from $SLURM_NODEID and the master from the first host of
+        /// $SLURM_JOB_NODELIST (one block for every node, run inside an allocation).
+        #[arg(long)]
+        nodes_from_slurm: bool,
+        /// `shell`: command lines; `slurm`: a ready sbatch script (nodes from Slurm).
+        #[arg(long, value_enum, default_value = "shell")]
+        format: LaunchFormatArg,
+    },
+    /// Read the scripts' logs (every node's; ranks may interleave) into a result document
+    /// (`backend.kind = "deepep"`) for `eptwin compare --measured` and `eptwin report`.
+    Import {
+        #[arg(required = true, value_name = "LOG")]
+        logs: Vec<PathBuf>,
+        /// The scenario the logs replay.
+        #[arg(long)]
+        scenario: PathBuf,
+        /// Directory for `<scenario name>.deepep.json`.
+        #[arg(long)]
+        out: PathBuf,
+        /// Print the result document on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LaunchFormatArg {
+    Shell,
+    Slurm,
 }

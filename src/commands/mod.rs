@@ -1,6 +1,7 @@
 //! One function per subcommand; each returns the exit code.
 
 mod compare;
+mod deepep;
 mod env;
 mod report;
 mod run;
@@ -32,6 +33,7 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Sweep { scenario, sets, shard, out, backend, threads, json } => {
             sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
+        Command::Deepep { command } => deepep::dispatch(command),
     }
 }
 
