@@ -285,7 +285,7 @@ pub fn parallel_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> 
 mod tests {
     use super::*;
     use eptwin_engine::ids::JobId;
-    use eptwin_engine::scenario::schema::OpKind;
+    use eptwin_engine::plan::OpKind;
 
     #[test]
     fn digests_are_checked_against_the_host_checked_iteration() {

@@ -5,8 +5,8 @@
 use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
 use eptwin_engine::deepep::config::Config;
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use crate::cuda::DeviceBuffer;
@@ -348,7 +348,7 @@ impl NormalJob {
                 layout.src_idx - layout.x
             )));
         }
-        let routing = d.routing.clone();
+        let routing = d.routing().clone();
         let expect = expectations(&routing, channels);
         let tokens: Vec<RankTokens> = parallel_map(n as usize, |r| {
             data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
@@ -1353,15 +1353,10 @@ pub(crate) fn dev_of_ref(devs: &Devices, gpu: u32) -> &crate::exec::Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eptwin_engine::scenario::schema::WorkloadSpec;
+    use eptwin_engine::plan::Workload;
 
     fn routing(n: u32, tokens: u32) -> RoutingTable {
-        let spec: WorkloadSpec = toml::from_str(&format!(
-            "tokens_per_rank = {tokens}\nhidden = 256\ntopk = 4\nexperts = {}\n",
-            n * 4
-        ))
-        .unwrap();
-        eptwin_engine::routing::generate(&spec, n)
+        eptwin_engine::routing::generate(&Workload::new(tokens, 256, 4, n * 4), n)
     }
 
     #[test]

@@ -4,8 +4,8 @@
 
 use eptwin_engine::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use crate::cuda::DeviceBuffer;
@@ -159,9 +159,9 @@ impl LlJob {
     /// Bytes this job needs on each GPU (to refuse plans that do not fit before allocating).
     pub fn bytes_needed(d: &DeepEpJob, ranks_on_gpu: u64, capacity: u64) -> u64 {
         let w = &d.workload;
-        let (t, h, k) = (w.max_dispatch_tokens_per_rank() as u64, w.hidden as u64, w.topk as u64);
+        let (t, h, k) = (w.max_dispatch_tokens_per_rank as u64, w.hidden as u64, w.topk as u64);
         let l = d.num_local_experts as u64;
-        let n = d.routing.num_ranks as u64;
+        let n = d.routing().num_ranks as u64;
         let msg = msg_stride(w.hidden, w.dispatch_dtype == Dtype::Fp8);
         let per_rank = t * h * 2          // x
             + t * msg                      // send_buf
@@ -217,8 +217,8 @@ impl LlJob {
                 "{n} low-latency ranks: the co-located kernels track at most 32 ranks per GPU"
             )));
         }
-        let max_tokens = w.max_dispatch_tokens_per_rank();
-        let routing = d.routing.clone();
+        let max_tokens = w.max_dispatch_tokens_per_rank;
+        let routing = d.routing().clone();
         let expect = expectations(&routing);
         let capacity = Self::capacity(&expect);
         for (i, dev) in devs.list.iter().enumerate() {
@@ -806,7 +806,7 @@ fn bytes_of_u16(v: &[u16]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eptwin_engine::scenario::schema::WorkloadSpec;
+    use eptwin_engine::plan::Workload;
 
     #[test]
     fn message_strides() {
@@ -818,10 +818,7 @@ mod tests {
 
     #[test]
     fn expectations_cover_every_selection() {
-        let spec: WorkloadSpec = toml::from_str(
-            "tokens_per_rank = 64\nhidden = 256\ntopk = 8\nexperts = 64\nmasked_selections = 10\n",
-        )
-        .unwrap();
+        let spec = Workload { masked_selections: 10, ..Workload::new(64, 256, 8, 64) };
         let rt = eptwin_engine::routing::generate(&spec, 8);
         let ex = expectations(&rt);
         let total: usize = ex.iter().flatten().map(|e| e.count()).sum();

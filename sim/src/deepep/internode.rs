@@ -185,7 +185,7 @@ impl InternodeProgram {
             combine_recv_rate: warps(8),
             costs,
             ranks: Ranks::new(n),
-            routing: d.routing.clone(),
+            routing: d.routing().clone(),
             masks: Vec::new(),
             rdma: Vec::new(),
             nvl: Vec::new(),

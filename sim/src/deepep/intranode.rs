@@ -107,7 +107,7 @@ impl IntranodeProgram {
             global: core.jobs[meta.job.index()].ranks.iter().map(|r| r.0).collect(),
             costs,
             ranks: Ranks::new(n),
-            routing: d.routing.clone(),
+            routing: d.routing().clone(),
             rings: Vec::new(),
             streams: Vec::new(),
             pos: Vec::new(),

@@ -135,7 +135,7 @@ impl LlProgram {
             }
         }
         let job = meta.job.index();
-        let routing = d.routing.clone();
+        let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
         let ne = (n * experts) as usize;
         let mut p = LlProgram {

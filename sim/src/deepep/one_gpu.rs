@@ -346,7 +346,7 @@ impl NormalProgram {
             launch: core.params.kernel_launch,
             flag: core.params.flag_latency,
             ranks: Ranks::new(n),
-            routing: d.routing.clone(),
+            routing: d.routing().clone(),
             rings: Vec::new(),
             spill: SpillBook::new(
                 (channels * n * n) as usize,
@@ -949,7 +949,7 @@ impl LlProgram {
             launch: core.params.kernel_launch,
             flag: core.params.flag_latency,
             ranks: Ranks::new(n),
-            routing: d.routing.clone(),
+            routing: d.routing().clone(),
             stage: vec![LlStage::Send; blocks as usize],
             item: vec![0; blocks as usize],
             group_item: vec![0; (blocks * LL_GROUPS) as usize],

@@ -254,7 +254,7 @@ impl ClusterProgram {
             c,
             launch: core.params.kernel_launch,
             ranks: Ranks::new(n),
-            routing: d.routing.clone(),
+            routing: d.routing().clone(),
             ledger: Ledger::new(n),
             slot_bytes,
             read_bytes,
