@@ -5,6 +5,7 @@
 //! Architecture Invariant: this crate is pure. It reads scenario files and writes result files
 //! (atomically) and nothing else: no clock, no OS randomness, no GPU, no network.
 
+pub mod cluster_ring;
 pub mod deepep;
 pub mod diag;
 pub mod error;

@@ -18,19 +18,20 @@ use crate::routing::generate;
 use crate::scenario::LoadedScenario;
 use crate::scenario::schema::{BufferSpec, ReferenceSpec, RoutingKind, TrafficSpec, WorkloadSpec};
 
+pub use crate::cluster_ring::{CLUSTER_INDEX_BYTES, ClusterSlot, cluster_ring_slots};
 pub use crate::deepep::bytes::{
     fp8_scale_bytes, ll_combine_msg_bytes, ll_dispatch_msg_bytes, logical_row_bytes,
     normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
 pub use crate::deepep::config::{Config, EpMode};
 pub use crate::deepep::env::NvshmemSettings;
-pub use crate::fabric::{FabricQos, Lane};
+pub use crate::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, Lane, VlArbEntry};
 pub use crate::profile::{HardwareProfile, SwitchMode};
 pub use crate::routing::RoutingTable;
 pub use crate::scenario::schema::{
     Dtype, FabricKind, FabricRouting, FabricTopology, NvlinkKind, OpKind, TrafficPattern,
 };
-pub use crate::topology::{PeerPath, Topology};
+pub use crate::topology::{NUM_MAX_NVL_PEERS, PeerPath, Topology};
 
 #[derive(Debug, Clone)]
 pub struct Plan {

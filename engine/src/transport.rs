@@ -18,8 +18,6 @@ use crate::scenario::schema::OpKind;
 pub enum BackendKind {
     Sim,
     Hw,
-    /// The run loop's test double.
-    Fake,
 }
 
 impl BackendKind {
@@ -27,7 +25,6 @@ impl BackendKind {
         match self {
             BackendKind::Sim => "sim",
             BackendKind::Hw => "hw",
-            BackendKind::Fake => "fake",
         }
     }
 }

@@ -9,8 +9,7 @@
 //! returns are lazy: each port keeps a list of returns (in no particular order) and absorbs those that are
 //! due when it arbitrates; only a port actually blocked on credits schedules a wake-up.
 
-use eptwin_engine::Plan;
-use eptwin_engine::scenario::schema::FabricTopology;
+use eptwin_engine::plan::{FabricKind, FabricTopology, Plan};
 
 use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
 use crate::core::{Core, Ev, prefetch, prefetch_at};
@@ -243,8 +242,8 @@ impl Net {
         let spines = if single || leaves <= 1 { 0 } else { nodes_per_leaf };
         let arb = ArbConfig::new(&plan.qos);
         let lossless: LaneMask = match params.kind {
-            eptwin_engine::scenario::schema::FabricKind::Infiniband => 0x7FFF,
-            eptwin_engine::scenario::schema::FabricKind::Roce => plan
+            FabricKind::Infiniband => 0x7FFF,
+            FabricKind::Roce => plan
                 .qos
                 .pfc
                 .iter()

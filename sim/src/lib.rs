@@ -24,11 +24,8 @@ pub mod world;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::Plan;
-use eptwin_engine::deepep::config::EpMode;
 use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::JobKind;
-use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::plan::{EpMode, JobKind, OpKind, Plan};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
 };
@@ -216,15 +213,6 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
     World::new(core)
 }
 
-/// Whether a job's kernels run back to back per rank (each rank launching its next kernel when
-/// its previous one ended) instead of each op starting on all ranks when the job's previous op
-/// ended (DESIGN.md). Off: with per-rank chaining the simulated low-latency loop drifts into a
-/// staggered regime (ranks' dispatch overlapping others' combine) that DeepEP's stable
-/// published numbers do not show; see ARCHITECTURE.md.
-pub fn chained(_plan: &Plan, _job: JobId) -> bool {
-    false
-}
-
 /// The program for one op of one job.
 pub fn make_program(
     plan: &Plan,
@@ -302,24 +290,12 @@ impl Transport for Simulator {
                 let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
                     make_program(&plan, core, j, o, it, w)
                 };
-                let ops = &plan.job(*job).ops;
-                let r = if chained(&plan, *job) && ops.contains(op) {
-                    // Steady state of the per-rank back-to-back loop: one round with all ranks
-                    // starting together, then one measured round chained per rank.
-                    world.run_streams(&mut factory, &[(*job, ops.clone(), 1, 1, true)])
-                } else {
-                    world.run_one(&mut factory, *job, *op, *iteration, *warmup)
-                };
+                let r = world.run_one(&mut factory, *job, *op, *iteration, *warmup);
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
-                let samples = collect(&mut world);
+                let measured = collect(&mut world);
                 self.recycle(&mut world);
-                let measured: Vec<OpSample> = if chained(&plan, *job) && ops.contains(op) {
-                    samples.into_iter().filter(|s| !s.warmup).collect()
-                } else {
-                    samples
-                };
                 for s in &measured {
                     self.cache.insert((job.0, s.op), s.clone());
                 }
@@ -340,7 +316,7 @@ impl Transport for Simulator {
                 };
                 let streams: Vec<_> = streams
                     .iter()
-                    .map(|s| (s.job, s.ops.clone(), s.warmup, s.iterations, chained(&plan, s.job)))
+                    .map(|s| (s.job, s.ops.clone(), s.warmup, s.iterations))
                     .collect();
                 let r = world.run_streams(&mut factory, &streams);
                 self.count(&world);

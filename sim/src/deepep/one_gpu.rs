@@ -31,23 +31,19 @@
 
 use std::collections::VecDeque;
 
-use eptwin_engine::Plan;
-use eptwin_engine::deepep::bytes::{
-    ll_combine_msg_bytes, ll_dispatch_msg_bytes, normal_combine_token_bytes,
-    normal_dispatch_token_bytes,
+use eptwin_engine::plan::{
+    Config, DeepEpJob, Dtype, OpKind, Plan, RoutingTable, ll_combine_msg_bytes,
+    ll_dispatch_msg_bytes, normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
-use eptwin_engine::deepep::config::Config;
-use eptwin_engine::plan::DeepEpJob;
-use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
-use super::{Ledger, Meta, Ranks, channel_range, deepep_job, mix};
+use super::{Ledger, Meta, Ranks, channel_range, deepep_job};
 use crate::core::{Action, Core, ProgId};
 use crate::params::OneGpu;
 use crate::time::Time;
 use crate::world::Program;
+use eptwin_engine::rng::mix;
 
 /// int4 (16 B) per lane per round of `UNROLLED_WARP_COPY(7, …)`: 7 loads of 16 B in flight per
 /// lane, 32 lanes.
@@ -747,10 +743,6 @@ impl Program for NormalProgram {
         self.n
     }
 
-    fn take_finished(&mut self) -> Vec<(u32, Time)> {
-        std::mem::take(&mut self.ranks.newly_finished)
-    }
-
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
         self.ranks.begin(r, t);
         // CUDA events around one launch: its cost as the events see it, then the blocks.
@@ -1298,10 +1290,6 @@ impl LlProgram {
 impl Program for LlProgram {
     fn num_ranks(&self) -> u32 {
         self.n
-    }
-
-    fn take_finished(&mut self) -> Vec<(u32, Time)> {
-        std::mem::take(&mut self.ranks.newly_finished)
     }
 
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
