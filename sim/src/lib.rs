@@ -12,8 +12,10 @@ pub mod deepep;
 pub mod fabric;
 pub mod gpu;
 pub mod jobs;
+#[path = "net/nic.rs"]
 pub mod nic;
 pub mod params;
+#[path = "core/queue.rs"]
 pub mod queue;
 pub mod ring;
 pub mod slab;
