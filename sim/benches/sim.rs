@@ -15,8 +15,8 @@ use eptwin_engine::ids::JobId;
 use eptwin_engine::plan::OpKind;
 use eptwin_engine::rng::Rng;
 use eptwin_engine::transport::{OpSpec, Transport};
+use eptwin_sim::core::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::core::{Action, Ev};
-use eptwin_sim::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::{QueueChoice, SimOptions, Simulator};
 
 fn plan(rel: &str, edit: impl Fn(String) -> String) -> Plan {

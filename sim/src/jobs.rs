@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use eptwin_engine::ids::Rank;
 use eptwin_engine::plan::{JobKind, PeerPath, Plan};
 
+use crate::core::slab::NONE;
 use crate::core::{Core, ProgId};
 use crate::gpu::PathKind;
-use crate::nic::QpLabel;
-use crate::slab::NONE;
+use crate::net::nic::QpLabel;
 
 /// Dense QP tables up to this many entries (n × n × qps); a sorted map beyond.
 const DENSE_QP_TABLE: usize = 1 << 26;

@@ -6,23 +6,15 @@
 //! integer picoseconds and events pop in (time, sequence) order, so the same plan gives
 //! byte-identical samples on every machine.
 
-pub mod arb;
 pub mod core;
 pub mod deepep;
-pub mod fabric;
 pub mod gpu;
+pub mod hwkernels;
 pub mod jobs;
-#[path = "net/nic.rs"]
-pub mod nic;
+pub mod net;
 pub mod params;
-#[path = "core/queue.rs"]
-pub mod queue;
-pub mod ring;
-pub mod slab;
-pub mod time;
 pub mod trace;
 pub mod traffic;
-pub mod world;
 
 use std::collections::BTreeMap;
 
@@ -33,11 +25,11 @@ use eptwin_engine::transport::{
 };
 
 use crate::core::Core;
-use crate::fabric::Net;
+use crate::core::world::{Program, RunError, World};
 use crate::gpu::Gpus;
 use crate::jobs::JobRt;
+use crate::net::Net;
 use crate::params::Params;
-use crate::world::{Program, RunError, World};
 
 /// The model's version: bump when a change alters simulated results.
 pub const MODEL_VERSION: &str = "1";
@@ -68,7 +60,7 @@ pub struct Simulator {
     use_cache: bool,
     trace: Option<trace::Trace>,
     /// Where the next traced op starts in the trace.
-    trace_end: time::Time,
+    trace_end: crate::core::time::Time,
     queue: QueueChoice,
     /// The large record arrays of the last op's machine, emptied, for the next one: its
     /// pages are already backed (a fresh machine's first writes to them would have the
@@ -81,11 +73,11 @@ pub struct Simulator {
 
 /// See [`Simulator::spare`].
 struct Spare {
-    pkts: slab::Slab<fabric::Pkt>,
-    msgs: nic::Msgs,
-    qps: Vec<nic::Qp>,
-    qp_tx: Vec<nic::QpTx>,
-    qp_labels: Vec<nic::QpLabel>,
+    pkts: crate::core::slab::Slab<crate::net::Pkt>,
+    msgs: crate::net::nic::Msgs,
+    qps: Vec<crate::net::nic::Qp>,
+    qp_tx: Vec<crate::net::nic::QpTx>,
+    qp_labels: Vec<crate::net::nic::QpLabel>,
 }
 
 impl Simulator {
@@ -171,7 +163,7 @@ impl Simulator {
     /// Keep a traced world's events.
     fn keep_trace(&mut self, world: &mut World) {
         let Some(tr) = world.core.trace.take() else { return };
-        self.trace_end = tr.offset + world.core.now + 10 * time::PS_PER_US;
+        self.trace_end = tr.offset + world.core.now + 10 * crate::core::time::PS_PER_US;
         match self.trace.as_mut() {
             None => self.trace = Some(tr),
             Some(all) => all.append(tr),
@@ -207,8 +199,8 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
     core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
     // Every QP the jobs can create (rank pairs × QPs per pair), reserved up front.
     let qps = core.jobs.iter().map(|j| j.max_qps()).sum::<usize>().min(1 << 20);
-    core.net.qps = crate::slab::with_capacity_huge(qps);
-    core.net.qp_tx = crate::slab::with_capacity_huge(qps);
+    core.net.qps = crate::core::slab::with_capacity_huge(qps);
+    core.net.qp_tx = crate::core::slab::with_capacity_huge(qps);
     core.net.qp_labels.reserve_exact(qps);
     let lanes = core.jobs.iter().fold(0, |m, j| m | 1 << j.lane);
     core.net.set_job_lanes(lanes);

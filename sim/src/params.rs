@@ -3,7 +3,7 @@
 
 use eptwin_engine::plan::{FabricKind, FabricRouting, HardwareProfile, Plan, SwitchMode};
 
-use crate::time::{Rate, Time, ns};
+use crate::core::time::{Rate, Time, ns};
 
 /// Per-packet header bytes on the wire (fabric.md §3 for IB, §5 for RoCEv2).
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +75,7 @@ pub struct Params {
     pub kernel_launch: Time,
     pub flag_latency: Time,
     /// The SM-side memory system (profile `[gpu.memory]`): present, ranks that share one GPU
-    /// run the hardware backend's one-GPU kernels (`deepep::one_gpu`).
+    /// run the hardware backend's one-GPU kernels (`hwkernels`).
     pub one_gpu: Option<OneGpu>,
     pub profile: HardwareProfile,
 }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::time::Time;
+use crate::core::time::Time;
 
 /// Events kept per trace (a few hundred MB of JSON at most).
 pub const MAX_EVENTS: usize = 2_000_000;

@@ -8,10 +8,10 @@ use eptwin_engine::ids::{JobId, Rank};
 use eptwin_engine::plan::{OpKind, PeerPath, Plan, TrafficJob, TrafficPattern};
 use eptwin_engine::transport::OpSample;
 
+use crate::core::time::{Rate, Time};
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::jobs::path_kind;
-use crate::time::{Rate, Time};
-use crate::world::Program;
 
 /// Default message size when `message_bytes` is not given.
 pub const DEFAULT_MESSAGE_BYTES: u64 = 1 << 20;

@@ -27,10 +27,10 @@ use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
 use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path};
+use crate::core::time::{Rate, Time, ns};
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use crate::time::{Rate, Time, ns};
-use crate::world::Program;
 use eptwin_engine::rng::mix;
 
 const P: u32 = NUM_MAX_NVL_PEERS;

@@ -17,10 +17,10 @@ use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
 use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path};
+use crate::core::time::{Rate, Time};
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use crate::time::{Rate, Time};
-use crate::world::Program;
 use eptwin_engine::rng::mix;
 
 /// Threads per block of the intranode kernels (768 = 24 warps).

@@ -19,10 +19,10 @@ use eptwin_engine::plan::{
 use eptwin_engine::transport::OpSample;
 
 use super::{GpuCosts, Meta, Ranks, Route, deepep_job, ll_route};
+use crate::core::time::Time;
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use crate::time::Time;
-use crate::world::Program;
 use eptwin_engine::rng::mix;
 
 /// DeepEP's doorbell batching for LL puts (`kNumRequestInBatch`).

@@ -5,8 +5,6 @@
 pub mod internode;
 pub mod intranode;
 pub mod ll;
-pub mod one_gpu;
-pub mod one_gpu_cluster;
 pub mod ring;
 
 use eptwin_engine::ids::JobId;
@@ -14,9 +12,10 @@ use eptwin_engine::plan::{DeepEpJob, EpMode, OpKind, PeerPath, Plan};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use crate::core::Core;
+use crate::core::time::{Rate, Time};
+use crate::core::world::Program;
 use crate::gpu::PathKind;
-use crate::time::{Rate, Time};
-use crate::world::Program;
+use crate::hwkernels;
 
 pub fn program(
     plan: &Plan,
@@ -29,14 +28,14 @@ pub fn program(
     let d = plan.job(job).deepep().expect("a DeepEP job");
     let meta = Meta { job, op, iteration, warmup };
     // Ranks sharing one GPU run the hardware backend's one-GPU kernels (DeepEP has none).
-    if one_gpu::applies(plan, core, &meta) {
+    if hwkernels::applies(plan, core, &meta) {
         match d.mode {
-            EpMode::LowLatency => return Box::new(one_gpu::LlProgram::new(plan, core, meta)),
+            EpMode::LowLatency => return Box::new(hwkernels::LlProgram::new(plan, core, meta)),
             // At most 8 ranks on a GPU with thread-block clusters: the rings in shared memory.
-            EpMode::Intranode if one_gpu_cluster::applies(plan, core, &meta) => {
-                return Box::new(one_gpu_cluster::ClusterProgram::new(plan, core, meta));
+            EpMode::Intranode if hwkernels::cluster::applies(plan, core, &meta) => {
+                return Box::new(hwkernels::cluster::ClusterProgram::new(plan, core, meta));
             }
-            EpMode::Intranode => return Box::new(one_gpu::NormalProgram::new(plan, core, meta)),
+            EpMode::Intranode => return Box::new(hwkernels::NormalProgram::new(plan, core, meta)),
             EpMode::Internode => {}
         }
     }
@@ -137,12 +136,12 @@ impl GpuCosts {
             warp: Rate::from_gbps(prof.gpu.warp_copy_bw_gbps),
             launch: p.kernel_launch,
             flag: p.flag_latency,
-            grid_sync: crate::time::ns(prof.gpu.grid_sync_ns),
-            per_token: crate::time::ns(prof.deepep.per_token_issue_ns),
-            ll_signal: crate::time::ns(prof.deepep.ll_signal_ns),
-            ll_recv_per_msg: crate::time::ns(prof.deepep.ll_recv_per_msg_ns),
+            grid_sync: crate::core::time::ns(prof.gpu.grid_sync_ns),
+            per_token: crate::core::time::ns(prof.deepep.per_token_issue_ns),
+            ll_signal: crate::core::time::ns(prof.deepep.ll_signal_ns),
+            ll_recv_per_msg: crate::core::time::ns(prof.deepep.ll_recv_per_msg_ns),
             wqe_post: p.wqe_post,
-            notify: crate::time::ns(prof.deepep.notify_host_roundtrip_ns),
+            notify: crate::core::time::ns(prof.deepep.notify_host_roundtrip_ns),
             sm_share: 1.0,
             ranks_per_gpu: ranks_per_gpu as u32,
             sm_count: p.sm_count.max(1),

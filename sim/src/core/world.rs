@@ -5,9 +5,9 @@ use eptwin_engine::ids::JobId;
 use eptwin_engine::plan::OpKind;
 use eptwin_engine::transport::OpSample;
 
+use crate::core::queue::EventQueue;
+use crate::core::time::{Time, fmt_us};
 use crate::core::{Core, ProgId};
-use crate::queue::EventQueue;
-use crate::time::{Time, fmt_us};
 
 /// An op instance running on the simulated machine: a DeepEP kernel (with its notify phase) or
 /// a round of background traffic.
@@ -344,7 +344,7 @@ mod tests {
     use eptwin_engine::ids::JobId;
 
     use super::*;
-    use crate::time::PS_PER_US;
+    use crate::core::time::PS_PER_US;
 
     /// Rank `r` waits for counter `base + r`; only even ranks' counters are ever bumped.
     struct Waiter {

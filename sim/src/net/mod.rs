@@ -9,15 +9,18 @@
 //! returns are lazy: each port keeps a list of returns (in no particular order) and absorbs those that are
 //! due when it arbitrates; only a port actually blocked on credits schedules a wake-up.
 
+pub mod arb;
+pub mod nic;
+
 use eptwin_engine::plan::{FabricKind, FabricTopology, Plan};
 
-use crate::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
+use crate::core::queue::EventQueue;
+use crate::core::ring::Ring;
+use crate::core::slab::{NONE, Slab};
+use crate::core::time::{Rate, Time, fmt_us};
 use crate::core::{Core, Ev, prefetch, prefetch_at};
-use crate::nic::{Msgs, Nic, Qp, QpTx};
-use crate::queue::EventQueue;
-use crate::ring::Ring;
-use crate::slab::{NONE, Slab};
-use crate::time::{Rate, Time, fmt_us};
+use crate::net::arb::{ArbConfig, ArbState, DrrState, LaneMask, MAX_LANES};
+use crate::net::nic::{Msgs, Nic, Qp, QpTx};
 
 /// Marks a port-queue item as a queue pair (else it is a packet).
 pub const QP_ITEM: u32 = 1 << 31;
@@ -135,7 +138,7 @@ pub struct Lane {
     pub credits: i32,
     /// Items ever taken from the front of `q`: an item pushed when `popped + q.len()` was `n`
     /// is still queued while `popped <= n` (a NIC's ACK can absorb later completions until
-    /// it leaves; [`crate::nic::Qp::ack_pos`]).
+    /// it leaves; [`crate::net::nic::Qp::ack_pos`]).
     pub popped: u64,
 }
 
@@ -191,7 +194,7 @@ pub struct Net {
     pub msgs: Msgs,
     pub qps: Vec<Qp>,
     /// Who each QP belongs to (for messages only; apart from the hot [`Qp`]).
-    pub qp_labels: Vec<crate::nic::QpLabel>,
+    pub qp_labels: Vec<crate::net::nic::QpLabel>,
     /// Each message's post time, recorded only when tracing (the trace's flows and spans).
     pub msg_posted_at: Vec<Time>,
     /// The send side of each QP (what a packet touches), apart from the rest of the QP.
@@ -965,7 +968,7 @@ impl Core {
     }
 
     /// The records an event names itself (no dependent load), fetched several events ahead
-    /// (`DEEP_PREFETCH` in [`crate::world`]): a delivery's packet, QP and message, the counter
+    /// (`DEEP_PREFETCH` in [`crate::core::world`]): a delivery's packet, QP and message, the counter
     /// a completion bumps, the QP a doorbell or a readiness touches. No effect on any result.
     #[inline(always)]
     pub(crate) fn prefetch_deep(&self, ev: Ev) {

@@ -29,6 +29,8 @@
 //!   backend's block size; low-latency kernels: one 1,024-thread block per SM, items of all
 //!   ranks interleaved over them, each block working through its items one after another.
 
+pub mod cluster;
+
 use std::collections::VecDeque;
 
 use eptwin_engine::plan::{
@@ -37,12 +39,12 @@ use eptwin_engine::plan::{
 };
 use eptwin_engine::transport::OpSample;
 
-use super::ring::Ring;
-use super::{Ledger, Meta, Ranks, channel_range, deepep_job};
+use crate::core::time::Time;
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
+use crate::deepep::ring::Ring;
+use crate::deepep::{Ledger, Meta, Ranks, channel_range, deepep_job};
 use crate::params::OneGpu;
-use crate::time::Time;
-use crate::world::Program;
 use eptwin_engine::rng::mix;
 
 /// int4 (16 B) per lane per round of `UNROLLED_WARP_COPY(7, …)`: 7 loads of 16 B in flight per
@@ -270,7 +272,7 @@ pub struct NormalProgram {
     flushed: FlushedL2,
 }
 
-/// What both normal-mode programs (global rings here, cluster rings in `one_gpu_cluster`) read
+/// What both normal-mode programs (global rings here, cluster rings in `cluster`) read
 /// first: the job, its rank count, the op's `Config` and channels, the one-GPU parameters and the
 /// GPU, whose memory servers this sets up.
 pub(super) struct NormalSetup<'a> {

@@ -1,7 +1,7 @@
 //! The hardware backend's normal kernels with their rings in thread-block-cluster shared memory
 //! (`kernels/cuda/intranode_cluster.cu`: `intranode_dispatch_cluster`,
 //! `intranode_combine_cluster`), which run when every rank of a job (at most 8) shares one
-//! sm_90+ GPU. Same protocol as the global-ring kernels (`one_gpu::NormalProgram`): per
+//! sm_90+ GPU. Same protocol as the global-ring kernels (`hwkernels::NormalProgram`): per
 //! (channel, source, destination) a ring in the receiver's memory, filled in order, drained in
 //! order, slots handed back with a head counter; but each channel is one cluster of one block
 //! per rank, a ring lives in the receiving block's shared memory, and every slot is filled by a
@@ -24,7 +24,7 @@
 //!   server: `cluster_ingest_chunk_ns` plus the bytes at `cluster_sm_ingest_gbps`.
 //! * **The GPU's handoff rate.** Every bulk copy into a peer block's shared memory crosses one
 //!   FIFO server at `cluster_handoff_bw_gbps` (a lower bound from the whole-wave probe shapes).
-//! * **L2 and HBM** as in the global-ring model (`one_gpu`): the fills' global reads (from HBM
+//! * **L2 and HBM** as in the global-ring model (`hwkernels`): the fills' global reads (from HBM
 //!   the first time a token is read, from L2 after), the outputs' stores (written back), the
 //!   timing's flushed L2; the L2 also spends `cluster_transfer_l2_ns` per bulk transfer of a
 //!   chunk (each fill, each slot stored out): the whole-wave probe shapes move the same bytes
@@ -44,14 +44,14 @@ use eptwin_engine::plan::{
 };
 use eptwin_engine::transport::OpSample;
 
-use super::one_gpu::{FlushedL2, MemSnap, NormalSetup, normal_setup};
-use super::ring::Ring;
-use super::{Ledger, Meta, Ranks, channel_range, deepep_job};
+use super::{FlushedL2, MemSnap, NormalSetup, normal_setup};
+use crate::core::time::Time;
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
+use crate::deepep::ring::Ring;
+use crate::deepep::{Ledger, Meta, Ranks, channel_range, deepep_job};
 use crate::gpu::Server;
 use crate::params::{ClusterRings, OneGpu};
-use crate::time::Time;
-use crate::world::Program;
 use eptwin_engine::rng::mix;
 
 /// Ranks of a portable cluster: one block per rank per channel.
@@ -99,7 +99,7 @@ fn fill_at(c: &ClusterRings, resident: u32, blocks: u32) -> Time {
     }
 }
 
-/// Whether job `meta` runs the cluster kernels: the one-GPU model applies (`one_gpu::applies`,
+/// Whether job `meta` runs the cluster kernels: the one-GPU model applies (`hwkernels::applies`,
 /// checked by the caller), the profile has the cluster keys, at most 8 ranks, every part of a
 /// slot is a 16-byte multiple (bulk copies: the backend refuses other shapes), and the op's
 /// ring gets at least two slots in shared memory (with one the protocol cannot proceed).
@@ -694,7 +694,7 @@ mod tests {
     use eptwin_engine::result::{RunResult, Verdict};
 
     use super::*;
-    use crate::time::{PS_PER_US, Rate, ns};
+    use crate::core::time::{PS_PER_US, Rate, ns};
 
     fn rings(fill_ns: u64, bulk_gbps: f64) -> ClusterRings {
         ClusterRings {
