@@ -7,7 +7,13 @@ use crate::scenario::schema::{BufferSpec, NvlinkKind};
 use crate::topology::NUM_MAX_NVL_PEERS;
 
 pub(super) fn check(job: &Job<'_>, b: &BufferSpec, mode: EpMode, d: &mut Diagnostics<'_>) {
-    let (prefix, name, topo, profile) = (job.prefix.as_str(), job.name(), job.topo, job.profile);
+    check_sizes(job, b, d);
+    check_qps_sms_mnnvl(job, b, mode, d);
+}
+
+/// Buffer sizes: alignment, Python's INT_MAX, an RDMA buffer only where it is used.
+fn check_sizes(job: &Job<'_>, b: &BufferSpec, d: &mut Diagnostics<'_>) {
+    let (prefix, name) = (job.prefix.as_str(), job.name());
     let bkey = |k: &str| format!("{prefix}.buffer.{k}");
     let n = job.ranks.len() as u32;
     let nvl_bytes = b.num_nvl_bytes.bytes();
@@ -51,6 +57,12 @@ pub(super) fn check(job: &Job<'_>, b: &BufferSpec, mode: EpMode, d: &mut Diagnos
     if rdma_bytes > 0 && !(n > NUM_MAX_NVL_PEERS || b.low_latency_mode) {
         d.error("rdma-bytes-intranode", &bkey("num_rdma_bytes"), name, format!("num_rdma_bytes = {rdma_bytes} with {n} ranks in normal mode: an RDMA buffer needs > 8 ranks or low_latency_mode (deep_ep.cpp:160-161)"));
     }
+}
+
+/// QPs, SMs and MNNVL against the mode and the machine.
+fn check_qps_sms_mnnvl(job: &Job<'_>, b: &BufferSpec, mode: EpMode, d: &mut Diagnostics<'_>) {
+    let (prefix, name, topo, profile) = (job.prefix.as_str(), job.name(), job.topo, job.profile);
+    let bkey = |k: &str| format!("{prefix}.buffer.{k}");
     if mode.uses_nvshmem() && b.num_qps_per_rank == 0 {
         d.error(
             "qps-positive",

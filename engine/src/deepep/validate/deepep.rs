@@ -29,7 +29,8 @@ pub(super) fn check(
 ) -> Option<DeepEpJob> {
     let n = job.ranks.len() as u32;
     let mode = EpMode::new(b.low_latency_mode, n);
-    check_rank_geometry(job, b, mode, d);
+    check_rank_counts(job, b, mode, d);
+    check_nvl_domains(job, b, mode, d);
     buffer::check(job, b, mode, d);
     let shape = workload::check(job, b, w, mode, d)?;
     let configs = match mode {
@@ -45,11 +46,11 @@ pub(super) fn check(
     Some(DeepEpJob::new(mode, BufferSettings::from(b), Workload::from_spec(w, n), configs, n))
 }
 
-/// Rank geometry (deep_ep.cpp:158-161, launch.cuh) and the NVLink domains of normal kernels.
-fn check_rank_geometry(job: &Job<'_>, b: &BufferSpec, mode: EpMode, d: &mut Diagnostics<'_>) {
-    let (prefix, name, ranks, topo) = (job.prefix.as_str(), job.name(), job.ranks, job.topo);
-    let bkey = |k: &str| format!("{prefix}.buffer.{k}");
-    let n = ranks.len() as u32;
+/// Rank counts DeepEP accepts and its kernels are instantiated for (deep_ep.cpp:158-161,
+/// launch.cuh).
+fn check_rank_counts(job: &Job<'_>, b: &BufferSpec, mode: EpMode, d: &mut Diagnostics<'_>) {
+    let (prefix, name) = (job.prefix.as_str(), job.name());
+    let n = job.ranks.len() as u32;
     let nodes = num_rdma_ranks(n);
     if !(n < NUM_MAX_NVL_PEERS || n.is_multiple_of(NUM_MAX_NVL_PEERS)) {
         d.error("num-ranks", &format!("{prefix}.ranks"), name, format!("{n} ranks: DeepEP needs fewer than 8 or a multiple of 8 (deep_ep.cpp:159 host assert)"));
@@ -72,7 +73,13 @@ fn check_rank_geometry(job: &Job<'_>, b: &BufferSpec, mode: EpMode, d: &mut Diag
         ),
         _ => {}
     }
-    // Ranks [8k, 8k+8) of the group must share one NVLink domain for normal kernels (issue #76).
+}
+
+/// Normal kernels: ranks [8k, 8k+8) of the group must share one NVLink domain (issue #76).
+fn check_nvl_domains(job: &Job<'_>, b: &BufferSpec, mode: EpMode, d: &mut Diagnostics<'_>) {
+    let (prefix, name, ranks, topo) = (job.prefix.as_str(), job.name(), job.ranks, job.topo);
+    let bkey = |k: &str| format!("{prefix}.buffer.{k}");
+    let n = ranks.len() as u32;
     if mode != EpMode::LowLatency {
         for group in ranks.chunks(NUM_MAX_NVL_PEERS as usize) {
             let gpus: Vec<GpuId> = group.iter().map(|&r| topo.gpu_of(Rank(r))).collect();

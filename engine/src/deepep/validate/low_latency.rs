@@ -9,7 +9,6 @@ use crate::scenario::schema::{BufferSpec, Dtype, NvlinkKind, WorkloadSpec};
 use crate::topology::NUM_MAX_NVL_PEERS;
 
 const LL_HIDDEN: [u32; 8] = [2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192];
-
 pub(super) fn check(
     job: &Job<'_>,
     b: &BufferSpec,
@@ -18,9 +17,19 @@ pub(super) fn check(
     settings: &NvshmemSettings,
     d: &mut Diagnostics<'_>,
 ) {
-    let (prefix, name, topo) = (job.prefix.as_str(), job.name(), job.topo);
-    let n = job.ranks.len() as u32;
-    let bkey = |k: &str| format!("{prefix}.buffer.{k}");
+    check_capacity(job, w, settings, d);
+    check_hidden(job, w, d);
+    check_qps_and_buffer(job, b, w, local_experts, d);
+}
+
+/// The buffer capacity T against the tokens and the QP depth.
+fn check_capacity(
+    job: &Job<'_>,
+    w: &WorkloadSpec,
+    settings: &NvshmemSettings,
+    d: &mut Diagnostics<'_>,
+) {
+    let (prefix, name) = (job.prefix.as_str(), job.name());
     let wkey = |k: &str| format!("{prefix}.workload.{k}");
     let t = w.max_dispatch_tokens_per_rank();
     if w.tokens_per_rank > t {
@@ -40,6 +49,15 @@ pub(super) fn check(
             ),
         );
     }
+}
+
+/// The hidden sizes the kernels are instantiated for, and TMA's alignment of the receive
+/// buffer.
+fn check_hidden(job: &Job<'_>, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
+    let (prefix, name) = (job.prefix.as_str(), job.name());
+    let wkey = |k: &str| format!("{prefix}.workload.{k}");
+    let n = job.ranks.len() as u32;
+    let t = w.max_dispatch_tokens_per_rank();
     if !w.hidden.is_multiple_of(128) {
         d.error(
             "ll-hidden",
@@ -67,6 +85,22 @@ pub(super) fn check(
             format!("num_ranks · T = {n}·{t} must be a multiple of 4 (TMA; deep_ep.cpp:1598)"),
         );
     }
+}
+
+/// QPs per rank against the local experts, the RDMA buffer against its size hint, and
+/// advice on NVLink peers.
+fn check_qps_and_buffer(
+    job: &Job<'_>,
+    b: &BufferSpec,
+    w: &WorkloadSpec,
+    local_experts: u32,
+    d: &mut Diagnostics<'_>,
+) {
+    let (prefix, name, topo) = (job.prefix.as_str(), job.name(), job.topo);
+    let n = job.ranks.len() as u32;
+    let bkey = |k: &str| format!("{prefix}.buffer.{k}");
+    let wkey = |k: &str| format!("{prefix}.workload.{k}");
+    let t = w.max_dispatch_tokens_per_rank();
     if b.num_qps_per_rank < local_experts {
         d.error(
             "ll-qps-ge-local-experts",

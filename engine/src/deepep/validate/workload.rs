@@ -16,8 +16,8 @@ pub(super) struct Shape {
     pub experts_divisible: bool,
     pub local_experts: u32,
 }
-
-/// `None` when hidden, experts or top-k is zero (reported): nothing else can be checked.
+/// The workload's rules in order; `None` when hidden, experts or top-k is zero (reported):
+/// nothing else can be checked.
 pub(super) fn check(
     job: &Job<'_>,
     b: &BufferSpec,
@@ -25,10 +25,28 @@ pub(super) fn check(
     mode: EpMode,
     d: &mut Diagnostics<'_>,
 ) -> Option<Shape> {
+    let shape = check_shape(job, b, w, mode, d)?;
+    check_dtypes(job, b, w, d);
+    check_routing(job, w, d);
+    check_ops(job, b, w, d);
+    Some(shape)
+}
+
+fn wkey(job: &Job<'_>, k: &str) -> String {
+    format!("{}.workload.{k}", job.prefix)
+}
+
+/// Tokens, hidden, experts and top-k against the rank count and the kernels' limits.
+fn check_shape(
+    job: &Job<'_>,
+    b: &BufferSpec,
+    w: &WorkloadSpec,
+    mode: EpMode,
+    d: &mut Diagnostics<'_>,
+) -> Option<Shape> {
     let (prefix, name) = (job.prefix.as_str(), job.name());
-    let wkey = |k: &str| format!("{prefix}.workload.{k}");
+    let wkey = |k: &str| wkey(job, k);
     let n = job.ranks.len() as u32;
-    let nodes = num_rdma_ranks(n);
     let mode_word = match mode {
         EpMode::Intranode => "normal intranode",
         EpMode::Internode => "normal internode",
@@ -81,6 +99,12 @@ pub(super) fn check(
             ),
         );
     }
+    Some(Shape { experts_divisible: divisible, local_experts })
+}
+
+/// Dispatch in FP8 or BF16; combine in BF16, or LogFMT in low-latency mode.
+fn check_dtypes(job: &Job<'_>, b: &BufferSpec, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
+    let (name, wkey) = (job.name(), |k: &str| wkey(job, k));
     if w.dispatch_dtype == Dtype::Logfmt {
         d.error(
             "dtype",
@@ -104,6 +128,12 @@ pub(super) fn check(
         ),
         _ => {}
     }
+}
+
+/// The routing's parameters and the masked selections.
+fn check_routing(job: &Job<'_>, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
+    let (name, wkey) = (job.name(), |k: &str| wkey(job, k));
+    let nodes = num_rdma_ranks(job.ranks.len() as u32);
     match w.routing {
         RoutingKind::NodeLimited => match w.topk_groups {
             Some(0) => {
@@ -155,6 +185,11 @@ pub(super) fn check(
             "more masked selections than (token, slot) entries".into(),
         );
     }
+}
+
+/// What runs: iterations, the ops and their order, hook mode.
+fn check_ops(job: &Job<'_>, b: &BufferSpec, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
+    let (name, wkey) = (job.name(), |k: &str| wkey(job, k));
     if w.iterations == 0 {
         d.error("iterations", &wkey("iterations"), name, "iterations must be ≥ 1".into());
     }
@@ -186,5 +221,4 @@ pub(super) fn check(
             "num_max_dispatch_tokens_per_rank sizes low-latency buffers only".into(),
         );
     }
-    Some(Shape { experts_divisible: divisible, local_experts })
 }
