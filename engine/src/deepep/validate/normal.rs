@@ -102,7 +102,7 @@ fn check_config(
                 format!("{nodes} nodes > 24 for internode combine (internode.cu:2358)"),
             );
         }
-        if recv % nodes != 0 {
+        if !recv.is_multiple_of(nodes) {
             d.error(
                 "combine-nvl-recv",
                 &ck("num_max_nvl_chunked_recv_tokens"),
