@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use crate::diag::Diagnostic;
 use crate::scenario::source::Location;
-use crate::transport::TransportError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -20,8 +19,6 @@ pub enum EngineError {
     /// The scenario parsed but breaks DeepEP/NVSHMEM/fabric rules.
     #[error("{file}: {} error(s):\n{}", count_errors(.diagnostics), render(.diagnostics))]
     Invalid { file: String, diagnostics: Vec<Diagnostic> },
-    #[error("{0}")]
-    Transport(#[from] TransportError),
     #[error("writing results to {}: {message}", path.display())]
     ResultWrite { path: PathBuf, message: String },
     #[error("{0}")]

@@ -6,6 +6,7 @@
 //! (atomically; a sweep writes each point's scenario beside its result) and nothing else: no
 //! clock, no OS randomness, no GPU, no network.
 
+pub mod cluster_ring;
 pub mod deepep;
 pub mod diag;
 pub mod error;

@@ -117,10 +117,10 @@ pub fn scenario_ref(plan: &Plan) -> ScenarioRef {
         ("fabric".to_string(), json!(format!("{:?}", plan.qos.kind).to_lowercase())),
     ]);
     ScenarioRef {
-        name: plan.scenario.name.clone(),
+        name: plan.name.clone(),
         sha256: plan.scenario_sha256.clone(),
         file: plan.scenario_file.clone(),
-        description: plan.scenario.description.clone(),
+        description: plan.description.clone(),
         facts,
     }
 }
@@ -152,7 +152,7 @@ fn job_result(job: &JobPlan, samples: &[OpSample]) -> JobResult {
         kind: job_kind_name(job).to_string(),
         ranks: job.num_ranks(),
         sl: job.sl.0,
-        vl: job.vl.map(|v| v.0),
+        vl: job.vl().map(|v| v.0),
         facts: job_facts(job),
         ops,
     }
@@ -240,9 +240,7 @@ pub fn job_facts(job: &JobPlan) -> BTreeMap<String, Value> {
             ("experts".into(), json!(d.workload.experts)),
             ("seed".into(), json!(d.workload.seed)),
         ]),
-        JobKind::Traffic(t) => {
-            BTreeMap::from([("bytes_per_rank".into(), json!(t.bytes_per_rank.bytes()))])
-        }
+        JobKind::Traffic(t) => BTreeMap::from([("bytes_per_rank".into(), json!(t.bytes_per_rank))]),
     }
 }
 

@@ -18,8 +18,6 @@ use crate::scenario::schema::OpKind;
 pub enum BackendKind {
     Sim,
     Hw,
-    /// The run loop's test double.
-    Fake,
     /// Numbers imported from DeepEP's own test scripts (`eptwin deepep import`): measured by
     /// DeepEP, not by a transport of eptwin.
     DeepEp,
@@ -30,7 +28,6 @@ impl BackendKind {
         match self {
             BackendKind::Sim => "sim",
             BackendKind::Hw => "hw",
-            BackendKind::Fake => "fake",
             BackendKind::DeepEp => "deepep",
         }
     }

@@ -281,7 +281,7 @@ pub fn bf16_close(got: f32, want: f32, scale: f32) -> bool {
 mod tests {
     use super::*;
     use eptwin_engine::ids::JobId;
-    use eptwin_engine::scenario::schema::OpKind;
+    use eptwin_engine::plan::OpKind;
 
     #[test]
     fn digests_are_checked_against_the_host_checked_iteration() {

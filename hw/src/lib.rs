@@ -37,7 +37,7 @@ use eptwin_engine::Plan;
 use eptwin_engine::deepep::config::EpMode;
 use eptwin_engine::ids::JobId;
 use eptwin_engine::plan::{DeepEpJob, JobKind};
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
 };
@@ -391,7 +391,7 @@ fn prepare(
                 one_gpu: devs.list.len() == 1 && dev0.ranks.len() as u32 == n,
                 compute_major: dev0.gpu.compute_capability.0,
                 hidden: w.hidden,
-                fp8: w.dispatch_dtype == eptwin_engine::scenario::schema::Dtype::Fp8,
+                fp8: w.dispatch_dtype == Dtype::Fp8,
                 topk: w.topk,
                 dispatch_recv_tokens: cfg_recv(&d.dispatch_config),
                 combine_recv_tokens: cfg_recv(&d.combine_config),
@@ -630,8 +630,8 @@ fn prepare(
 
     let logical_sum = |v: &[u64]| v.iter().sum::<u64>() as f64;
     let logical_bytes = BTreeMap::from([
-        (OpKind::Dispatch, logical_sum(&d.logical.dispatch_per_rank)),
-        (OpKind::Combine, logical_sum(&d.logical.combine_per_rank)),
+        (OpKind::Dispatch, logical_sum(&d.logical().dispatch_per_rank)),
+        (OpKind::Combine, logical_sum(&d.logical().combine_per_rank)),
     ]);
     let mut nccl_us = BTreeMap::new();
     if options.nccl_baseline {
@@ -663,7 +663,7 @@ fn nccl_baseline(
     devs: &mut Devices,
     runtime: &Runtime,
     gpu_of_rank: &[u32],
-    w: &eptwin_engine::scenario::schema::WorkloadSpec,
+    w: &eptwin_engine::plan::Workload,
     m: &mut BTreeMap<String, Value>,
 ) -> Result<BTreeMap<OpKind, f64>, HwError> {
     let mut nccl_us = BTreeMap::new();

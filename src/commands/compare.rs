@@ -38,7 +38,7 @@ pub fn compare(
             code = code.worst(ExitCode::BadInput);
             continue;
         };
-        let name = plan.scenario.name.clone();
+        let name = plan.name.clone();
         let (sim, _) = execute(&plan, BackendArg::Sim, false)
             .with_context(|| format!("simulating {}", path.display()))?;
         let sim_path = result_path(out, &name, Some("sim"));

@@ -9,7 +9,7 @@ use eptwin_engine::replay::launch::{LaunchFormat, launch};
 use eptwin_engine::replay::{Severity, Subject};
 use eptwin_engine::result::{Provenance, result_path, write_atomic};
 
-use super::load_plan;
+use super::load_with_plan;
 use crate::ExitCode;
 use crate::cli::{DeepepCommand, LaunchFormatArg};
 
@@ -30,8 +30,8 @@ fn launch_lines(
     nodes_from_slurm: bool,
     format: LaunchFormatArg,
 ) -> Result<ExitCode> {
-    let Some(plan) = load_plan(scenario) else { return Ok(ExitCode::BadInput) };
-    match launch(&Subject::from_plan(&plan), deepep_dir) {
+    let Some((loaded, plan)) = load_with_plan(scenario) else { return Ok(ExitCode::BadInput) };
+    match launch(&Subject::from_plan(&plan, &loaded.scenario), deepep_dir) {
         Ok(l) => {
             for note in &l.warnings {
                 eprintln!("{}: {note}", scenario.display());
@@ -58,7 +58,7 @@ fn launch_lines(
 }
 
 fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Result<ExitCode> {
-    let Some(plan) = load_plan(scenario) else { return Ok(ExitCode::BadInput) };
+    let Some((loaded, plan)) = load_with_plan(scenario) else { return Ok(ExitCode::BadInput) };
     let texts: Vec<(String, String)> = logs
         .iter()
         .map(|p| {
@@ -76,8 +76,8 @@ fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Res
         command: Some(std::env::args().collect::<Vec<_>>().join(" ")),
         ..Provenance::default()
     };
-    let result = import(&plan, &log_texts, provenance)?;
-    let file = result_path(out, &plan.scenario.name, Some("deepep"));
+    let result = import(&plan, &loaded.scenario, &log_texts, provenance)?;
+    let file = result_path(out, &plan.name, Some("deepep"));
     write_atomic(&file, &result.to_json())?;
     tracing::info!("wrote {}", file.display());
     if json {

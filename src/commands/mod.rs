@@ -73,6 +73,13 @@ fn rfc3339(at: jiff::Timestamp) -> String {
 
 /// Load and plan a scenario, printing diagnostics to stderr. `None` ⇒ bad input (exit 2).
 pub fn load_plan(path: &std::path::Path) -> Option<eptwin_engine::Plan> {
+    load_with_plan(path).map(|(_, plan)| plan)
+}
+
+/// The parsed scenario and its plan, or `None` after printing why (as [`load_plan`]).
+pub fn load_with_plan(
+    path: &std::path::Path,
+) -> Option<(eptwin_engine::LoadedScenario, eptwin_engine::Plan)> {
     let loaded = match eptwin_engine::load(path) {
         Ok(l) => l,
         Err(e) => {
@@ -81,7 +88,7 @@ pub fn load_plan(path: &std::path::Path) -> Option<eptwin_engine::Plan> {
         }
     };
     match eptwin_engine::Plan::build(&loaded) {
-        Ok(plan) => Some(plan),
+        Ok(plan) => Some((loaded, plan)),
         Err(eptwin_engine::EngineError::Invalid { diagnostics, .. }) => {
             for d in diagnostics.iter().filter(|d| d.is_error()) {
                 eprintln!("{d}");

@@ -27,7 +27,7 @@ pub fn run(
         };
         let (result, trace_json) = execute(&plan, backend, trace.is_some())
             .with_context(|| format!("running {}", path.display()))?;
-        let file = result_path(out, &plan.scenario.name, None);
+        let file = result_path(out, &plan.name, None);
         write_atomic(&file, &result.to_json())?;
         tracing::info!("wrote {}", file.display());
         if let (Some(trace_path), Some(trace_json)) = (trace, trace_json) {

@@ -21,7 +21,7 @@ use crate::result::{
     Verdict,
 };
 use crate::run::{job_facts, job_kind_name, reference_comparison, scenario_ref};
-use crate::scenario::schema::{Dtype, OpKind};
+use crate::scenario::schema::{Dtype, OpKind, Scenario};
 use crate::scenario::sha256_hex;
 use crate::transport::BackendKind;
 
@@ -418,10 +418,11 @@ struct Parsed {
 /// Read the logs into a result document for `plan`'s one DeepEP job.
 pub fn import(
     plan: &Plan,
+    scenario: &Scenario,
     logs: &[LogText<'_>],
     provenance: Provenance,
 ) -> Result<RunResult, EngineError> {
-    let subject = Subject::from_plan(plan);
+    let subject = Subject::from_plan(plan, scenario);
     let launch = launch(&subject, "DeepEP").map_err(|notes| EngineError::ReplayRefused {
         file: subject.file.clone(),
         reasons: notes.iter().map(|n| n.to_string()).collect(),
@@ -521,7 +522,7 @@ pub fn import(
             kind: job_kind_name(job).to_string(),
             ranks: job.num_ranks(),
             sl: job.sl.0,
-            vl: job.vl.map(|v| v.0),
+            vl: job.vl().map(|v| v.0),
             facts: job_facts(job),
             ops,
         }],

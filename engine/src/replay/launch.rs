@@ -669,7 +669,7 @@ mod tests {
     pub(crate) fn subject(text: &str) -> Subject {
         let loaded = parse("test.toml", text).unwrap();
         let plan = crate::plan::Plan::build(&loaded).unwrap();
-        Subject::from_plan(&plan)
+        Subject::from_plan(&plan, &loaded.scenario)
     }
 
     const LL16: &str = r#"

@@ -15,7 +15,7 @@ use std::fmt;
 use crate::deepep::config::{Config, EpMode};
 use crate::deepep::env::EnvOrigin;
 use crate::plan::{JobKind, Plan};
-use crate::scenario::schema::{BufferSpec, NvlinkKind, OpKind, WorkloadSpec};
+use crate::scenario::schema::{BufferSpec, NvlinkKind, OpKind, Scenario, WorkloadSpec};
 
 /// One of DeepEP V1's test scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,13 +296,16 @@ pub struct SubjectDeepEp {
 }
 
 impl Subject {
-    pub fn from_plan(plan: &Plan) -> Subject {
+    /// `scenario` is the parsed file `plan` was built from: the replay compares keys as written
+    /// (explicit ring sizes, `enable_shrink`, `topk_groups`), which the plan resolves away.
+    pub fn from_plan(plan: &Plan, scenario: &Scenario) -> Subject {
         let t = &plan.topology;
         let cluster_ranks = t.nodes * t.gpus_per_node * t.ranks_per_gpu;
         let jobs = plan
             .jobs
             .iter()
-            .map(|job| SubjectJob {
+            .zip(&scenario.jobs)
+            .map(|(job, spec)| SubjectJob {
                 name: job.name.clone(),
                 num_ranks: job.num_ranks(),
                 all_ranks: job.num_ranks() == cluster_ranks,
@@ -313,21 +316,21 @@ impl Subject {
                     .map(|(k, v)| (k.clone(), v.value.clone()))
                     .collect(),
                 ops: job.ops.clone(),
-                deepep: match &job.kind {
-                    JobKind::DeepEp(d) => Some(SubjectDeepEp {
+                deepep: match (&job.kind, &spec.buffer, &spec.workload) {
+                    (JobKind::DeepEp(d), Some(buffer), Some(workload)) => Some(SubjectDeepEp {
                         mode: d.mode,
-                        buffer: d.buffer.clone(),
-                        workload: d.workload.clone(),
+                        buffer: buffer.clone(),
+                        workload: workload.clone(),
                         dispatch_config: d.dispatch_config,
                         combine_config: d.combine_config,
                     }),
-                    JobKind::Traffic(_) => None,
+                    _ => None,
                 },
             })
             .collect();
         Subject {
             file: plan.scenario_file.clone(),
-            name: plan.scenario.name.clone(),
+            name: plan.name.clone(),
             sha256: plan.scenario_sha256.clone(),
             nodes: t.nodes,
             gpus_per_node: t.gpus_per_node,

@@ -3,7 +3,7 @@
 
 use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
 use eptwin_engine::deepep::config::Config;
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use super::args::NormalParams;

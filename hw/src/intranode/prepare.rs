@@ -1,8 +1,8 @@
 //! Setting up a normal job: the configs and shapes it needs, the test tokens, every rank's
 //! device buffers, and the argument arrays the kernels read (peer pointers included).
 
+use eptwin_engine::plan::Dtype;
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
-use eptwin_engine::scenario::schema::Dtype;
 use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};
@@ -69,7 +69,7 @@ impl NormalJob {
                 layout.src_idx - layout.x
             )));
         }
-        let routing = d.routing.clone();
+        let routing = d.routing().clone();
         let expect = expectations(&routing, channels);
         let tokens: Vec<RankTokens> = (0..n as usize)
             .into_par_iter()

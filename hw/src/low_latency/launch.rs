@@ -2,7 +2,7 @@
 //! phases apart in hook mode), CUDA-event timing, digests and the host-checked iteration.
 
 use eptwin_engine::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use super::args::LlParams;

@@ -1,8 +1,8 @@
 //! Setting up a low-latency job: what it needs per GPU, the packed-row capacity, the test
 //! tokens, every rank's device buffers and the argument arrays the kernels read.
 
+use eptwin_engine::plan::Dtype;
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
-use eptwin_engine::scenario::schema::Dtype;
 use rayon::prelude::*;
 
 use super::args::LlRankArgs;
@@ -19,9 +19,9 @@ impl LlJob {
     /// Bytes this job needs on each GPU (to refuse plans that do not fit before allocating).
     pub fn bytes_needed(d: &DeepEpJob, ranks_on_gpu: u64, capacity: u64) -> u64 {
         let w = &d.workload;
-        let (t, h, k) = (w.max_dispatch_tokens_per_rank() as u64, w.hidden as u64, w.topk as u64);
+        let (t, h, k) = (w.max_dispatch_tokens_per_rank as u64, w.hidden as u64, w.topk as u64);
         let l = d.num_local_experts as u64;
-        let n = d.routing.num_ranks as u64;
+        let n = d.routing().num_ranks as u64;
         let msg = msg_stride(w.hidden, w.dispatch_dtype == Dtype::Fp8);
         let per_rank = t * h * 2          // x
             + t * msg                      // send_buf
@@ -77,8 +77,8 @@ impl LlJob {
                 "{n} low-latency ranks: the co-located kernels track at most 32 ranks per GPU"
             )));
         }
-        let max_tokens = w.max_dispatch_tokens_per_rank();
-        let routing = d.routing.clone();
+        let max_tokens = w.max_dispatch_tokens_per_rank;
+        let routing = d.routing().clone();
         let expect = expectations(&routing);
         let capacity = Self::capacity(&expect);
         for (i, dev) in devs.list.iter().enumerate() {

@@ -6,9 +6,11 @@ use std::path::Path;
 use super::*;
 use crate::plan::Plan;
 
-fn plan(rel: &str) -> Plan {
+/// A scenario of the repository with its plan (the import reads both).
+fn plan(rel: &str) -> (Plan, crate::scenario::schema::Scenario) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
-    Plan::build(&crate::scenario::load(&path).unwrap()).unwrap()
+    let loaded = crate::scenario::load(&path).unwrap();
+    (Plan::build(&loaded).unwrap(), loaded.scenario)
 }
 
 fn fixture(name: &str) -> (String, String) {
@@ -16,10 +18,13 @@ fn fixture(name: &str) -> (String, String) {
     (name.to_string(), std::fs::read_to_string(path).unwrap())
 }
 
-fn import_files(plan: &Plan, names: &[&str]) -> Result<RunResult, EngineError> {
+fn import_files(
+    (plan, scenario): &(Plan, crate::scenario::schema::Scenario),
+    names: &[&str],
+) -> Result<RunResult, EngineError> {
     let texts: Vec<(String, String)> = names.iter().map(|n| fixture(n)).collect();
     let logs: Vec<LogText<'_>> = texts.iter().map(|(n, t)| LogText { name: n, text: t }).collect();
-    import(plan, &logs, Provenance::default())
+    import(plan, scenario, &logs, Provenance::default())
 }
 
 const LL16: &str = "scenarios/validation/deepep-ll-ep16.toml";
@@ -211,7 +216,7 @@ fn ll_ep16_two_node_logs() {
     assert_eq!(r.backend["logs"].as_array().unwrap().len(), 2);
     assert_eq!(r.backend["logs"][1]["sha256"].as_str().unwrap().len(), 64);
     assert_eq!(r.scenario.name, "deepep-ll-ep16");
-    assert_eq!(r.scenario.sha256, plan.scenario_sha256);
+    assert_eq!(r.scenario.sha256, plan.0.scenario_sha256);
     // The scenario's 2 GiB buffer is larger than the script's size hint: a warning, kept.
     assert!(
         r.advisories.iter().any(|a| a.contains("num_rdma_bytes") && a.contains("2146961792")),
@@ -314,7 +319,7 @@ fn another_configuration_is_an_error_naming_both_values() {
     );
     // A hand-launched LL log (no launch line) of hidden 4096: its printed bytes say so.
     let text = "[rank 0] Dispatch bandwidth: 40.00 GB/s, avg_t=100.00 us | Combine bandwidth: 74.00 GB/s, avg_t=195.00 us\n";
-    let err = import(&ll, &[LogText { name: "hand.log", text }], Provenance::default())
+    let err = import(&ll.0, &ll.1, &[LogText { name: "hand.log", text }], Provenance::default())
         .unwrap_err()
         .to_string();
     assert!(
@@ -416,7 +421,8 @@ fn hook_mode_takes_send_plus_recv() {
     let text = std::fs::read_to_string(&path)
         .unwrap()
         .replace("iterations = 3", "iterations = 3\nhook = true");
-    let plan = Plan::build(&crate::scenario::parse(LL16, &text).unwrap()).unwrap();
+    let loaded = crate::scenario::parse(LL16, &text).unwrap();
+    let plan = (Plan::build(&loaded).unwrap(), loaded.scenario);
     let r = import_files(&plan, &["ll-ep16.node0.log", "ll-ep16.node1.log"]).unwrap();
     assert_eq!(r.verdict, Verdict::Ok, "{:?}", r.failures);
     let log = fixture("ll-ep16.node0.log").1;
