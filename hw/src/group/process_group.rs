@@ -318,6 +318,13 @@ impl ProcessGroup {
         self.shared.recorded()
     }
 
+    /// A handle that tells, from anywhere in this process, whether the group has failed: a
+    /// wait outside the group (a GPU stream) polls it to end early instead of running into
+    /// its own bound.
+    pub fn watch(&self) -> GroupWatch {
+        GroupWatch { shared: Arc::clone(&self.shared) }
+    }
+
     /// Ends the run for every process with `reason` (they fail with "process N on H (pid P)
     /// aborted the run: reason"). Returns the failure this process now reports.
     pub fn abort(&self, reason: &str) -> GroupError {
@@ -710,6 +717,25 @@ impl ProcessGroup {
             ),
             when: format!("during `{}`", expect.label),
         }))
+    }
+}
+
+/// See [`ProcessGroup::watch`]. Reading it does not count as the calling thread having seen
+/// the failure: the next group call still returns it.
+#[derive(Clone)]
+pub struct GroupWatch {
+    shared: Arc<Shared>,
+}
+
+impl GroupWatch {
+    pub fn failure(&self) -> Option<Failure> {
+        self.shared.recorded()
+    }
+}
+
+impl std::fmt::Debug for GroupWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GroupWatch({})", self.shared.me)
     }
 }
 
