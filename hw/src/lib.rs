@@ -4,7 +4,9 @@
 //! (`placement`), compiles the embedded kernels for the device (`compile`), measures the copy
 //! ceilings and the NCCL all-to-all baseline in the same run (`probes`, `nccl`), then times
 //! each dispatch/combine with CUDA events after an L2 flush and checks the received tokens and
-//! the combined sums the way DeepEP's tests do (`intranode`, `low_latency`).
+//! the combined sums the way DeepEP's tests do (`intranode`, `low_latency`). One job's ranks
+//! may also run as several processes, each with its own block of ranks, sharing buffers through
+//! CUDA IPC (`processes`, docs/cluster.md).
 //!
 //! Architecture Invariant: every GPU library is loaded at run time; a missing GPU, driver,
 //! NVRTC or NCCL makes `capabilities()` report the plan as waived with one line, never a panic.
@@ -861,7 +863,7 @@ fn connect(
         }
         m.extend(p);
     }
-    if let Some(p) = procs.as_deref_mut() {
+    if let Some(p) = procs {
         if options.probes {
             p.barrier("copy probes in process 0", PROBES_TIMEOUT)?;
         }

@@ -1022,6 +1022,36 @@ mod tests {
     }
 
     #[test]
+    fn a_watch_sees_a_failure_that_the_next_call_still_returns() {
+        let results = with_group(
+            2,
+            |_| {},
+            |g| {
+                let watch = g.watch();
+                assert_eq!(watch.failure(), None);
+                g.barrier("first", T)?;
+                if g.rank() == 1 {
+                    return Err::<(), _>(g.abort("stop"));
+                }
+                // Process 0 is elsewhere (a GPU wait): the watch sees process 1's abort.
+                let deadline = now() + T;
+                while watch.failure().is_none() {
+                    assert!(now() < deadline, "the abort never arrived");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let seen = watch.failure().unwrap();
+                let e = g.barrier("second", T).unwrap_err();
+                assert_eq!(e, GroupError::Peer(seen));
+                Err(e)
+            },
+        );
+        for r in results {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("aborted the run: stop after `first`"), "{e}");
+        }
+    }
+
+    #[test]
     fn a_late_process_fails_the_collective_within_its_timeout() {
         let started = now();
         let results = with_group(
