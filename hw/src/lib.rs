@@ -871,7 +871,10 @@ fn connect(
             "hw.processes".into(),
             json!({
                 "processes": p.count(),
-                "ranks": p.blocks().iter().map(|b| format!("{}..{}", b.start, b.end - 1)).collect::<Vec<_>>(),
+                "ranks": p.blocks().iter().map(|b| match b.len() {
+                    1 => b.start.to_string(),
+                    _ => format!("{}..{}", b.start, b.end - 1),
+                }).collect::<Vec<_>>(),
                 "hosts": p.hosts(),
                 "normal_kernels": "global-memory rings (intranode.cu): the cluster kernels need every rank in one launch",
                 "peer_buffers": "CUDA IPC handles (cuIpcGetMemHandle / cuIpcOpenMemHandle)",
