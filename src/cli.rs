@@ -47,6 +47,14 @@ pub enum Command {
         /// (one scenario only).
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Hardware: start N processes of this command on this machine (eptwin's own launcher,
+        /// like `torchrun --nproc-per-node N`) and exit with their verdict's code.
+        #[arg(long, value_name = "N")]
+        spawn: Option<usize>,
+        /// Hardware: scenario ranks per process when a launcher (srun, torchrun, mpirun,
+        /// --spawn) starts several; process p runs ranks p·K to p·K+K−1 (default 1).
+        #[arg(long, value_name = "K")]
+        ranks_per_process: Option<usize>,
     },
     /// Parse and check every DeepEP/NVSHMEM/fabric rule; errors name file:line:col.
     Validate {

@@ -31,6 +31,10 @@ pub enum HwError {
     Setup { context: String, message: String },
     #[error("writing the kernel cache {path}: {message}")]
     Cache { path: String, message: String },
+    /// Another process of a multi-process run failed (the line names it, or is the same in
+    /// every process that failed).
+    #[error("{0}")]
+    Processes(String),
 }
 
 impl From<HwError> for TransportError {
@@ -58,6 +62,7 @@ pub enum WaitKind {
     LlRecvCount,
     LlCombineFlag,
     ProbeFlag,
+    ProcessBarrier,
     Unknown(i32),
 }
 
@@ -74,6 +79,7 @@ impl WaitKind {
             8 => WaitKind::LlRecvCount,
             9 => WaitKind::LlCombineFlag,
             10 => WaitKind::ProbeFlag,
+            11 => WaitKind::ProcessBarrier,
             other => WaitKind::Unknown(other),
         }
     }
@@ -132,6 +138,11 @@ impl ErrorRecord {
                 self.expert, self.peer
             ),
             WaitKind::ProbeFlag => format!("waited for the flag of probe side {}", self.peer),
+            WaitKind::ProcessBarrier => format!(
+                "waited at the barrier before the timed launch for the other processes ({} of \
+                 {} arrivals in)",
+                self.observed, self.expected
+            ),
             WaitKind::Unknown(k) => format!("waited (unknown wait kind {k})"),
         };
         format!(

@@ -3,6 +3,7 @@
 mod compare;
 mod deepep;
 mod env;
+mod processes;
 mod report;
 mod run;
 mod sweep;
@@ -18,8 +19,9 @@ use crate::cli::{BackendArg, Command};
 
 pub fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { scenarios, backend, out, json, trace } => {
-            run::run(&scenarios, backend, &out, json, trace.as_deref())
+        Command::Run { scenarios, backend, out, json, trace, spawn, ranks_per_process } => {
+            let options = run::RunOptions { backend, out, json, trace, spawn, ranks_per_process };
+            run::run(&scenarios, &options)
         }
         Command::Validate { scenarios } => validate::validate(&scenarios),
         Command::Env { scenario, job, explain } => env::env(&scenario, job.as_deref(), explain),

@@ -23,8 +23,8 @@ pub struct ClusterRings {
 #[derive(Debug, Clone, Copy)]
 pub struct RingInputs {
     pub ranks: u32,
-    /// Every rank of the job on the one GPU in use.
-    pub one_gpu: bool,
+    /// Every rank of the job in one launch: on one GPU, in one process.
+    pub one_launch: bool,
     pub compute_major: i32,
     pub hidden: u32,
     pub fp8: bool,
@@ -82,8 +82,8 @@ impl ClusterRings {
 
 /// Why cluster rings cannot run for this job (common to both kernels).
 fn cluster_precondition(i: &RingInputs) -> Result<(), String> {
-    if !i.one_gpu {
-        return Err("needs every rank on one GPU".into());
+    if !i.one_launch {
+        return Err("needs every rank of the job in one launch (one GPU, one process)".into());
     }
     if i.ranks > 8 {
         return Err(format!("{} ranks > 8 (one portable cluster per channel)", i.ranks));
@@ -196,7 +196,7 @@ mod tests {
     fn deepseek_inputs() -> RingInputs {
         RingInputs {
             ranks: 8,
-            one_gpu: true,
+            one_launch: true,
             compute_major: 9,
             hidden: 7168,
             fp8: true,
@@ -210,7 +210,7 @@ mod tests {
     fn cluster_rings_only_where_they_can_run() {
         let i = deepseek_inputs();
         for bad in [
-            RingInputs { one_gpu: false, ..i },
+            RingInputs { one_launch: false, ..i },
             RingInputs { ranks: 16, ..i },
             RingInputs { compute_major: 8, ..i },
             // 16,384 BF16 channels: one 32 KB slot per source is more than a block may have.

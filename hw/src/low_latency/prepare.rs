@@ -1,5 +1,8 @@
 //! Setting up a low-latency job: what it needs per GPU, the packed-row capacity, the test
-//! tokens, every rank's device buffers and the argument arrays the kernels read.
+//! tokens, this process's ranks' device buffers and the argument arrays the kernels read
+//! (other processes' buffers mapped through CUDA IPC in a multi-process run).
+
+use std::collections::BTreeMap;
 
 use eptwin_engine::plan::Dtype;
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
@@ -10,10 +13,12 @@ use super::{
     ExpertExpectation, LlJob, LlLaunch, MAX_ITEMS_PER_BLOCK, RankBuffers, combine_slot,
     expectations, msg_stride,
 };
+use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
 use crate::options::HwOptions;
+use crate::processes::{Processes, share_buffers};
 
 impl LlJob {
     /// Bytes this job needs on each GPU (to refuse plans that do not fit before allocating).
@@ -114,8 +119,10 @@ impl LlJob {
         let msg = msg_stride(w.hidden, fp8) as usize;
         let cslot = combine_slot(w.hidden) as usize;
         let pay = if fp8 { h } else { 2 * h };
-        let mut bufs = Vec::with_capacity(nn);
-        for r in 0..nn {
+        let local: Vec<u32> = devs.list.iter().flat_map(|d| d.ranks.iter().copied()).collect();
+        let mut bufs = BTreeMap::new();
+        for &rank in &local {
+            let r = rank as usize;
             let g = &dev_of(devs, gpu_of_rank[r]).gpu;
             let b = RankBuffers {
                 x: g.alloc(tt * h * 2)?,
@@ -144,38 +151,7 @@ impl LlJob {
             // Poison the receive slots once: a message that never arrives cannot look valid.
             g.memset_u8(b.recv_buf.ptr, 0xff, b.recv_buf.bytes)?;
             g.memset_u8(b.combine_recv_buf.ptr, 0xff, b.combine_recv_buf.bytes)?;
-            bufs.push(b);
-        }
-        let all: Vec<LlRankArgs> = bufs
-            .iter()
-            .map(|b| LlRankArgs {
-                x: b.x.ptr,
-                topk_idx: b.topk_idx.ptr,
-                topk_weights: b.topk_weights.ptr,
-                send_buf: b.send_buf.ptr,
-                atomic_counter: b.atomic_counter.ptr,
-                finish_counter: b.finish_counter.ptr,
-                recv_buf: b.recv_buf.ptr,
-                recv_count: b.recv_count.ptr,
-                packed_recv_x: b.packed_recv_x.ptr,
-                packed_recv_scales: b.packed_recv_scales.ptr,
-                packed_recv_src_info: b.packed_recv_src_info.ptr,
-                packed_recv_slot: b.packed_recv_slot.ptr,
-                packed_recv_layout_range: b.packed_recv_layout_range.ptr,
-                packed_recv_count: b.packed_recv_count.ptr,
-                combine_x: b.combine_x.ptr,
-                combine_recv_buf: b.combine_recv_buf.ptr,
-                combine_recv_flag: b.combine_recv_flag.ptr,
-                combined_x: b.combined_x.ptr,
-                num_tokens: tt as i32,
-                reserved: 0,
-            })
-            .collect();
-        let mut args = Vec::new();
-        for dev in &devs.list {
-            let a = dev.gpu.alloc(std::mem::size_of_val(all.as_slice()))?;
-            dev.gpu.upload(&a, &all)?;
-            args.push(a);
+            bufs.insert(rank, b);
         }
         devs.sync("low-latency setup")?;
         Ok(LlJob {
@@ -193,12 +169,77 @@ impl LlJob {
             routing,
             expect,
             bufs,
-            args,
+            args: Vec::new(),
+            peers: None,
             use_discard: options.l2_discard,
             discard_in_dispatch: options.discard_in_dispatch(),
             dispatched: false,
             reference_digest: [None, None],
+            rank_digests: None,
             launch,
         })
+    }
+
+    /// The per-GPU argument arrays the kernels read: this process's ranks' buffers, and of the
+    /// other ranks the four the kernels write into (receive slots and counts, combine slots
+    /// and flags), mapped from other processes. Collective in a multi-process run.
+    pub fn connect(
+        &mut self,
+        devs: &Devices,
+        procs: Option<&mut Processes>,
+    ) -> Result<(), HwError> {
+        let exported: BTreeMap<u32, Vec<&DeviceBuffer>> = self
+            .bufs
+            .iter()
+            .map(|(&r, b)| {
+                (r, vec![&b.recv_buf, &b.recv_count, &b.combine_recv_buf, &b.combine_recv_flag])
+            })
+            .collect();
+        let peers = share_buffers(procs, devs, self.n, &exported, "low-latency receive buffers")?;
+        let t = self.routing.tokens_per_rank as i32;
+        let mut args = Vec::with_capacity(devs.list.len());
+        for (i, dev) in devs.list.iter().enumerate() {
+            let all: Vec<LlRankArgs> = (0..self.n)
+                .map(|r| match self.bufs.get(&r) {
+                    Some(b) => LlRankArgs {
+                        x: b.x.ptr,
+                        topk_idx: b.topk_idx.ptr,
+                        topk_weights: b.topk_weights.ptr,
+                        send_buf: b.send_buf.ptr,
+                        atomic_counter: b.atomic_counter.ptr,
+                        finish_counter: b.finish_counter.ptr,
+                        recv_buf: b.recv_buf.ptr,
+                        recv_count: b.recv_count.ptr,
+                        packed_recv_x: b.packed_recv_x.ptr,
+                        packed_recv_scales: b.packed_recv_scales.ptr,
+                        packed_recv_src_info: b.packed_recv_src_info.ptr,
+                        packed_recv_slot: b.packed_recv_slot.ptr,
+                        packed_recv_layout_range: b.packed_recv_layout_range.ptr,
+                        packed_recv_count: b.packed_recv_count.ptr,
+                        combine_x: b.combine_x.ptr,
+                        combine_recv_buf: b.combine_recv_buf.ptr,
+                        combine_recv_flag: b.combine_recv_flag.ptr,
+                        combined_x: b.combined_x.ptr,
+                        num_tokens: t,
+                        reserved: 0,
+                    },
+                    None => LlRankArgs {
+                        recv_buf: peers.ptr(i, r, 0),
+                        recv_count: peers.ptr(i, r, 1),
+                        combine_recv_buf: peers.ptr(i, r, 2),
+                        combine_recv_flag: peers.ptr(i, r, 3),
+                        num_tokens: t,
+                        ..LlRankArgs::default()
+                    },
+                })
+                .collect();
+            let a = dev.gpu.alloc(std::mem::size_of_val(all.as_slice()))?;
+            dev.gpu.upload(&a, &all)?;
+            args.push(a);
+        }
+        devs.sync("low-latency arguments")?;
+        self.args = args;
+        self.peers = Some(peers);
+        Ok(())
     }
 }
