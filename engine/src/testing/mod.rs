@@ -16,6 +16,8 @@
 //! assert_eq!(plan.jobs[0].nvshmem.qp_depth, 256);
 //! ```
 
+pub mod conformance;
+
 use std::path::{Path, PathBuf};
 
 use crate::deepep::validate::validate;
