@@ -9,11 +9,11 @@
 //! ```
 //! use eptwin_engine::testing::ScenarioDraft;
 //! let plan = ScenarioDraft::bundled("ep16-ll")
-//!     .set("job[0].env.NVSHMEM_QP_DEPTH", "256")
+//!     .set("job[0].env.NVSHMEM_QP_DEPTH", "1024")
 //!     .set("job[0].workload.iterations", 2)
 //!     .plan();
 //! assert_eq!(plan.jobs[0].iterations, 2);
-//! assert_eq!(plan.jobs[0].nvshmem.qp_depth, 256);
+//! assert_eq!(plan.jobs[0].nvshmem.qp_depth, 1024);
 //! ```
 
 pub mod conformance;
