@@ -2,7 +2,7 @@
 # Runs on the GPU machine (the device tool's `run`), from the repository root, with the
 # binaries built here and carried in .devbin/ (scripts/h200-measure.sh --prepare builds them):
 #   .devbin/eptwin   release build of the CLI
-#   .devbin/hw-unit  eptwin-hw unit tests      .devbin/hw-it  eptwin-hw GPU conformance tests
+#   .devbin/hw-unit  eptwin-hw unit tests      .devbin/hw-it  eptwin-hw GPU tests + conformance arm
 #   .devbin/hw-processes  eptwin-hw multi-process tests (ignored without a GPU; run under MPS)
 # Writes the full log and the result files under $OUT (the files that come back):
 #   $OUT/log.txt, $OUT/results/<scenario>.json, $OUT/diag/<scenario>.json
@@ -69,9 +69,9 @@ run_step() {
 }
 
 step "eptwin-hw unit tests (NVRTC compiles every kernel for this GPU)"
-run_step 120 .devbin/hw-unit --test-threads=1
-step "eptwin-hw GPU conformance tests"
-run_step 240 .devbin/hw-it --test-threads=1 --nocapture
+run_step 120 .devbin/hw-unit --include-ignored --test-threads=1
+step "eptwin-hw GPU tests and the conformance suite's hardware arm (ignored without a GPU)"
+run_step 240 .devbin/hw-it --ignored --test-threads=1 --nocapture
 step "eptwin-hw multi-process tests (processes sharing the GPU through MPS, digests against one process)"
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/eptwin-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/eptwin-mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"

@@ -85,6 +85,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::testing::proptest_config(256))]
         #[test]
         fn layout_is_consistent(seed in any::<u64>(), nodes in 1u32..5, topk in 1u32..9, masked in 0u32..20) {
             let ranks = nodes * 8;

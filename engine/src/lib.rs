@@ -22,6 +22,8 @@ pub mod routing;
 pub mod run;
 pub mod scenario;
 pub mod sweep;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod topology;
 pub mod transport;
 pub mod units;

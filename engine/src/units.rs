@@ -163,6 +163,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::testing::proptest_config(256))]
         #[test]
         fn display_round_trips(bytes in any::<u64>()) {
             let size = ByteSize(bytes);

@@ -213,18 +213,11 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// Every module compiles for sm_90 when NVRTC is installed (waived otherwise;
-    /// `EPTWIN_REQUIRE_HW=1` turns the waiver into a failure).
+    /// Every module compiles for sm_90 with the NVRTC installed beside the GPU.
     #[test]
+    #[ignore = "needs NVRTC: run with --include-ignored on the GPU machine (scripts/h200-measure.sh)"]
     fn every_kernel_compiles_for_sm_90() {
-        let version = match nvrtc_version() {
-            Ok(v) => v,
-            Err(reason) => {
-                assert!(std::env::var("EPTWIN_REQUIRE_HW").as_deref() != Ok("1"), "{reason}");
-                eprintln!("waived: {reason}");
-                return;
-            }
-        };
+        let version = nvrtc_version().unwrap_or_else(|reason| panic!("{reason}"));
         let c = Compiler::new(version, None);
         for m in eptwin_kernels::MODULES {
             for defines in crate::kernel_defines::representative(m.id) {

@@ -172,6 +172,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// The crate's conversion and the kernels' agree on every finite value, ties included.
         #[test]
         fn bf16_conversion_matches_the_kernels(bits in proptest::prelude::any::<u32>()) {

@@ -294,6 +294,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// Whatever the shard count, merging every shard of a grid gives back the grid once.
         #[test]
         fn shards_merge_back_to_the_grid(count in 1u32..12, total in 0usize..60) {

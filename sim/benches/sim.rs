@@ -7,24 +7,17 @@
 //! `cargo bench -p eptwin-sim` (all), or e.g. `cargo bench -p eptwin-sim -- speed`.
 
 use std::hint::black_box;
-use std::path::Path;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use eptwin_engine::Plan;
 use eptwin_engine::ids::JobId;
 use eptwin_engine::plan::OpKind;
 use eptwin_engine::rng::Rng;
+use eptwin_engine::testing::ScenarioDraft;
 use eptwin_engine::transport::{OpSpec, Transport};
 use eptwin_sim::core::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::core::{Action, Ev};
 use eptwin_sim::{QueueChoice, SimOptions, Simulator};
-
-fn plan(rel: &str, edit: impl Fn(String) -> String) -> Plan {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
-    let text = edit(std::fs::read_to_string(&path).expect("scenario"));
-    let loaded = eptwin_engine::parse(rel, &text).expect("parse");
-    Plan::build(&loaded).expect("plan")
-}
 
 /// Simulate the given ops of job 0 once on a fresh simulator; returns events handled.
 fn simulate(plan: &Plan, ops: &[OpKind], queue: QueueChoice) -> u64 {
@@ -81,22 +74,21 @@ fn fabric_runs(c: &mut Criterion) {
     let mut g = c.benchmark_group("fabric");
     g.sample_size(10);
     let cases: Vec<(&str, Plan, Vec<OpKind>)> = vec![
-        ("ep16-ll-dispatch", plan("scenarios/ep16-ll.toml", |s| s), vec![OpKind::Dispatch]),
+        ("ep16-ll-dispatch", ScenarioDraft::bundled("ep16-ll").plan(), vec![OpKind::Dispatch]),
         (
             "ep16-alltoall-16MiB",
-            plan("scenarios/vl-isolation-separate.toml", |s| {
-                // The bulk job alone: a saturating RDMA all-to-all through the fat tree.
-                let i = s.find("[[job]]\nname = \"bulk\"").expect("bulk job");
-                let head = s[..s.find("[[job]]").expect("a job")].to_string();
-                (head + &s[i..]).replace("\"256MiB\"", "\"16MiB\"")
-            }),
+            // The bulk job alone: a saturating RDMA all-to-all through the fat tree.
+            ScenarioDraft::bundled("vl-isolation-separate")
+                .without_job("decode")
+                .set("job[bulk].traffic.bytes_per_rank", "16MiB")
+                .plan(),
             vec![OpKind::Transfer],
         ),
         (
             "ep32-normal-512tok",
-            plan("scenarios/ep32-normal-internode.toml", |s| {
-                s.replace("tokens_per_rank = 4096", "tokens_per_rank = 512")
-            }),
+            ScenarioDraft::bundled("ep32-normal-internode")
+                .set("job[0].workload.tokens_per_rank", 512)
+                .plan(),
             vec![OpKind::Dispatch, OpKind::Combine],
         ),
     ];
@@ -118,12 +110,12 @@ fn speed(c: &mut Criterion) {
     let mut g = c.benchmark_group("speed");
     g.sample_size(10);
     let both = [OpKind::Dispatch, OpKind::Combine];
-    let ep256 = plan("scenarios/ep256-ll-decode.toml", |s| s);
+    let ep256 = ScenarioDraft::bundled("ep256-ll-decode").plan();
     g.throughput(Throughput::Elements(simulate(&ep256, &both, QueueChoice::Calendar)));
     g.bench_function("ep256-ll-dispatch+combine", |b| {
         b.iter(|| simulate(&ep256, &both, QueueChoice::Calendar))
     });
-    let ep64 = plan("scenarios/ep64-normal-internode.toml", |s| s);
+    let ep64 = ScenarioDraft::bundled("ep64-normal-internode").plan();
     g.throughput(Throughput::Elements(simulate(&ep64, &both, QueueChoice::Calendar)));
     g.bench_function("ep64-normal-4096tok-dispatch+combine", |b| {
         b.iter(|| simulate(&ep64, &both, QueueChoice::Calendar))

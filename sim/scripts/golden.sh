@@ -7,6 +7,10 @@
 #   sim/scripts/golden.sh record DIR    # before a change: write the reference results to DIR
 #   sim/scripts/golden.sh check DIR     # after: run again into a temp dir and compare with DIR
 #
+# `cargo test` checks the same against the committed snapshots in sim/tests/snapshots/
+# (sim/tests/it/scenarios.rs; EPTWIN_BLESS=1 rewrites them); this script compares with any
+# reference run, e.g. one recorded before a change.
+#
 # A change that is meant to move results slightly (documented in results/sim/README.md) is
 # measured with sim/scripts/result-diff.py REF_DIR NEW_DIR instead: per file and field, the
 # number of differing values and the largest relative difference.
@@ -15,14 +19,15 @@ cd "$(dirname "$0")/../.."
 mode=${1:?record|check}
 ref=${2:?reference directory}
 cargo build --release -q
+bin=${CARGO_TARGET_DIR:-target}/release/eptwin
 scenarios=(scenarios/*.toml scenarios/validation/*.toml scenarios/ll-ep-sweep/*.toml)
 traced=(ep16-ll roce-ep16-ll)
 case "$mode" in
 record)
-    ./target/release/eptwin run "${scenarios[@]}" --out "$ref" >/dev/null
+    "$bin" run "${scenarios[@]}" --out "$ref" >/dev/null
     mkdir -p "$ref/traces"
     for s in "${traced[@]}"; do
-        ./target/release/eptwin run "scenarios/$s.toml" --out "$ref/traces" \
+        "$bin" run "scenarios/$s.toml" --out "$ref/traces" \
             --trace "$ref/traces/$s.trace.json" >/dev/null
         rm "$ref/traces/$s.json"
     done
@@ -32,7 +37,7 @@ check)
     out=$(mktemp -d)
     trap 'rm -rf "$out"' EXIT
     start=$(date +%s.%N)
-    ./target/release/eptwin run "${scenarios[@]}" --out "$out" >/dev/null || true
+    "$bin" run "${scenarios[@]}" --out "$out" >/dev/null || true
     end=$(date +%s.%N)
     bad=0
     for f in "$ref"/*.json; do
@@ -52,7 +57,7 @@ check)
     done
     for s in "${traced[@]}"; do
         [ -f "$ref/traces/$s.trace.json" ] || continue
-        ./target/release/eptwin run "scenarios/$s.toml" --out "$out/traces" \
+        "$bin" run "scenarios/$s.toml" --out "$out/traces" \
             --trace "$out/$s.trace.json" >/dev/null
         if cmp -s "$ref/traces/$s.trace.json" "$out/$s.trace.json"; then
             echo "trace $s identical"

@@ -295,6 +295,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// HBM traffic only ever adds L2 time, and the L2's time is additive over requests
         /// (within rounding of a picosecond per rate).
         #[test]

@@ -269,6 +269,16 @@ impl Transport for Simulator {
 
     fn execute(&mut self, op: &OpSpec) -> Result<OpOutcome, TransportError> {
         let plan = self.plan()?.clone();
+        let jobs = match op {
+            OpSpec::Op { job, .. } => vec![*job],
+            OpSpec::Concurrent { streams } => streams.iter().map(|s| s.job).collect(),
+        };
+        if let Some(job) = jobs.iter().find(|j| j.index() >= plan.jobs.len()) {
+            return Err(TransportError::Backend {
+                context: format!("job {}", job.0),
+                message: format!("the plan has {} job(s)", plan.jobs.len()),
+            });
+        }
         match op {
             OpSpec::Op { job, op, iteration, warmup } => {
                 if self.use_cache

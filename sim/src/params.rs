@@ -344,6 +344,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// The extra L2 work grows with the bytes handed over and discarded, and with slower
         /// ring and discard rates.
         #[test]

@@ -433,6 +433,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(crate::testing::proptest_config(256))]
         #[test]
         fn any_args_round_trip(
             script in proptest::sample::select(vec![Script::Intranode, Script::Internode, Script::LowLatency]),

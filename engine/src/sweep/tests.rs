@@ -120,6 +120,7 @@ fn points_are_named_described_and_headed_by_their_values() {
 }
 
 proptest::proptest! {
+    #![proptest_config(crate::testing::proptest_config(256))]
     /// The grid holds every combination exactly once, in row-major order.
     #[test]
     fn grid_is_the_full_product(sizes in proptest::collection::vec(1usize..5, 0..4)) {

@@ -93,7 +93,7 @@ fn damage() -> impl Strategy<Value = Damage> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(eptwin_engine::testing::proptest_config(2000))]
 
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {

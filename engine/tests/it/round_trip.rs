@@ -99,7 +99,7 @@ fn mutated() -> impl Strategy<Value = Scenario> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #![proptest_config(eptwin_engine::testing::proptest_config(1000))]
 
     #[test]
     fn accepted_scenarios_round_trip(scenario in mutated()) {

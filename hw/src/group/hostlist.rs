@@ -183,6 +183,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// Ranges round-trip: a list built from hosts and ranges expands to exactly them.
         #[test]
         fn ranges_expand_to_every_number(lo in 0u64..500, len in 0u64..40, width in 1usize..5) {

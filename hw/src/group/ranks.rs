@@ -128,6 +128,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// Whenever the blocks exist they partition 0..R in order, K ranks each.
         #[test]
         fn blocks_partition_the_ranks(r in 1usize..200, p in 1usize..50, k in proptest::option::of(1usize..10)) {

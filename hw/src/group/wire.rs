@@ -297,6 +297,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         #[test]
         fn lists_round_trip(items in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..10)) {
             let bytes = encode_list(&items);

@@ -335,6 +335,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// Every entry is reached from exactly one (peer, src, dst, q), maps back to its peer,
         /// and the two ends of every connection name each other.
         #[test]

@@ -132,6 +132,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         #[test]
         fn peer_info_round_trips(qps in prop::collection::vec(endpoint(), 0..40),
                                  regions in prop::collection::vec(region(), 0..8)) {

@@ -161,6 +161,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         #[test]
         fn roce_traffic_class_encodes_the_priority(sl in 0u8..=7) {
             let s = QpSettings { sl, ..QpSettings::default() };

@@ -279,7 +279,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        #![proptest_config(eptwin_engine::testing::proptest_config(24))]
         /// Every record of every producer arrives exactly once, each producer's in its order.
         #[test]
         fn concurrent_producers_lose_nothing(capacity in 2usize..16, producers in 1usize..4,

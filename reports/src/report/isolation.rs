@@ -185,6 +185,7 @@ mod tests {
     use super::*;
 
     proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// The CDF is a staircase over the sorted samples: monotone in both coordinates,
         /// from (min, 0) to (max, 1), with one rise of 1/n per sample.
         #[test]

@@ -249,6 +249,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// Digit runs compare as numbers: `eN` sorts by N whatever the widths.
         #[test]
         fn natural_key_orders_numbers(a in 0u32..100_000, b in 0u32..100_000) {

@@ -570,7 +570,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #![proptest_config(eptwin_engine::testing::proptest_config(1000))]
 
         /// Every queue pops the same (time, push order) sequence as the binary heap, whatever
         /// the mix of delays and however pushes and pops interleave.
@@ -652,6 +652,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// A bucket's sort (insertion sort when small, two radix passes when large) is the
         /// standard stable sort by time: equal times keep their push order.
         #[test]

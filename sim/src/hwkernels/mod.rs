@@ -191,6 +191,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// A warp's copy time grows with the bytes, by whole rounds of 7 loads per lane.
         #[test]
         fn warp_copy_is_whole_rounds(int4 in 0u64..100_000, row in 1u64..10_000_000) {

@@ -716,6 +716,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// Whatever the order of stores and consumes: the bytes consumers read from HBM are
         /// exactly the bytes that spilled, never more than they consume; slots in flight are
         /// what was stored and not consumed; nothing spills while the slots fit.

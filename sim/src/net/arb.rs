@@ -386,7 +386,7 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #![proptest_config(eptwin_engine::testing::proptest_config(1000))]
 
         /// The position-mask pick serves the same entry, with the same remaining weight, as
         /// the scan of the table, from any position and for any eligible set.

@@ -6,7 +6,9 @@
 
 use eptwin_engine::result::{RunResult, Verdict};
 
-use crate::util::{latency_us, plan_of_text, run};
+use eptwin_engine::testing::ScenarioDraft;
+
+use crate::util::{latency_us, run};
 
 fn incast(
     vlarb_high: &str,
@@ -61,7 +63,7 @@ iterations = 1
 "#,
         a.0, a.1, b.0, b.1
     );
-    run(&plan_of_text("arb", &text))
+    run(&ScenarioDraft::from_text("arb", &text).plan())
 }
 
 fn finish_ratio(r: &RunResult) -> f64 {

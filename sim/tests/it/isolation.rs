@@ -2,14 +2,15 @@
 //! all-to-all keeps its latency within 15% of running alone; on one shared VL it inflates by
 //! 1.5x or more.
 
-use crate::util::{latency_us, plan_of_file, repo, run};
+use eptwin_engine::testing::ScenarioDraft;
+
+use crate::util::{latency_us, run};
 
 #[test]
 fn separate_vl_isolates_decode_shared_vl_does_not() {
-    let dir = repo().join("scenarios");
-    let alone = run(&plan_of_file(&dir.join("vl-isolation-alone.toml")));
-    let shared = run(&plan_of_file(&dir.join("vl-isolation-shared.toml")));
-    let separate = run(&plan_of_file(&dir.join("vl-isolation-separate.toml")));
+    let alone = run(&ScenarioDraft::bundled("vl-isolation-alone").plan());
+    let shared = run(&ScenarioDraft::bundled("vl-isolation-shared").plan());
+    let separate = run(&ScenarioDraft::bundled("vl-isolation-separate").plan());
     for r in [&alone, &shared, &separate] {
         assert!(r.failures.is_empty(), "{}: {:?}", r.scenario.name, r.failures);
     }

@@ -3,6 +3,7 @@
 //! determinism, and property tests for every invariant and for DeepEP's correctness.
 
 mod arbitration;
+mod conformance;
 mod isolation;
 mod properties;
 mod qp_depth;

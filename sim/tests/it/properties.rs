@@ -8,10 +8,12 @@
 use eptwin_engine::result::Verdict;
 use proptest::prelude::*;
 
-use crate::util::{plan_of_text, run};
+use eptwin_engine::testing::ScenarioDraft;
+
+use crate::util::run;
 
 fn config() -> ProptestConfig {
-    ProptestConfig { cases: 1000, failure_persistence: None, ..ProptestConfig::default() }
+    eptwin_engine::testing::proptest_config(1000)
 }
 
 #[derive(Debug, Clone)]
@@ -171,7 +173,7 @@ proptest! {
         for (i, j) in jobs.iter().enumerate() {
             text.push_str(&traffic_toml(i, j));
         }
-        let plan = plan_of_text("prop", &text);
+        let plan = ScenarioDraft::from_text("prop", &text).plan();
         let r = run(&plan);
         prop_assert_eq!(r.verdict, Verdict::Ok, "{:?}\n{}", r.failures, text);
         for job in &r.jobs {
@@ -401,7 +403,7 @@ iterations = 1
 }
 
 fn assert_correct(text: &str) -> Result<(), TestCaseError> {
-    let plan = plan_of_text("prop", text);
+    let plan = ScenarioDraft::from_text("prop", text).plan();
     let r = run(&plan);
     prop_assert_eq!(r.verdict, Verdict::Ok, "{:?}\n{}", r.failures, text);
     for op in &r.jobs[0].ops {
@@ -437,7 +439,7 @@ proptest! {
     fn one_gpu_cluster_kernels_are_exact(c in one_gpu()) {
         let text = one_gpu_toml(&c);
         assert_correct(&text)?;
-        let r = run(&plan_of_text("prop", &text));
+        let r = run(&ScenarioDraft::from_text("prop", &text).plan());
         for op in &r.jobs[0].ops {
             prop_assert!(
                 op.summary.checks.iter().any(|k| k.starts_with("one-GPU cluster")),
@@ -482,7 +484,7 @@ warmup = 0
 iterations = 1
 ops = ["dispatch"]
 "#;
-    let r = run(&plan_of_text("overrun", text));
+    let r = run(&ScenarioDraft::from_text("overrun", text).plan());
     assert_eq!(r.verdict, Verdict::Failed);
     assert!(r.failures.iter().any(|f| f.contains("QP overrun")), "{:?}", r.failures);
 }

@@ -2,32 +2,32 @@
 //! saturates where depth × message size covers bandwidth × RTT, within 10% of
 //! `min(depth × size / RTT, saturated bandwidth)`.
 
-use crate::util::{plan_of_text, repo, run};
+use eptwin_engine::testing::ScenarioDraft;
+use toml::Value;
 
-fn scenario(depth: u32, bytes: &str) -> String {
-    let text =
-        std::fs::read_to_string(repo().join("scenarios/qp-depth.toml")).expect("qp-depth.toml");
-    text.replace("NVSHMEM_QP_DEPTH = \"128\"", &format!("NVSHMEM_QP_DEPTH = \"{depth}\""))
-        .replace("bytes_per_rank = \"16MiB\"", &format!("bytes_per_rank = {bytes}"))
+use crate::util::run;
+
+/// The bundled QP-depth scenario at `depth` moving `bytes_per_rank`.
+fn scenario(depth: u32, bytes_per_rank: Value) -> ScenarioDraft {
+    ScenarioDraft::bundled("qp-depth")
+        .set("job[stream].env.NVSHMEM_QP_DEPTH", depth.to_string())
+        .set("job[stream].traffic.bytes_per_rank", bytes_per_rank)
 }
 
 #[test]
 fn throughput_follows_littles_law() {
-    let text = std::fs::read_to_string(repo().join("scenarios/qp-depth.toml")).expect("read");
-    let msg: f64 = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("message_bytes = "))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("message_bytes");
+    let msg = ScenarioDraft::bundled("qp-depth")
+        .get("job[stream].traffic.message_bytes")
+        .and_then(Value::as_integer)
+        .expect("message_bytes") as f64;
     let bytes_per_rank = 16.0 * 1024.0 * 1024.0;
     // Unloaded round trip: one message, post to completion.
-    let one = run(&plan_of_text("rtt", &scenario(128, &format!("{}", msg as u64))));
+    let one = run(&scenario(128, Value::Integer(msg as i64)).plan());
     let rtt_us = one.jobs[0].ops[0].summary.latency_us.mean;
     let depths = [128u32, 256, 512, 1024, 2048, 4096];
     let mut gbps = Vec::new();
     for &d in &depths {
-        let r = run(&plan_of_text(&format!("d{d}"), &scenario(d, "\"16MiB\"")));
+        let r = run(&scenario(d, "16MiB".into()).plan());
         assert!(r.failures.is_empty(), "{:?}", r.failures);
         let lat = r.jobs[0].ops[0].summary.latency_us.mean;
         gbps.push(bytes_per_rank / (lat * 1e3));

@@ -1,79 +1,299 @@
-//! Data-driven: every scenario in `scenarios/` (and the validation suite) runs on the
-//! simulator with verdict ok and sane summaries; results are deterministic.
+//! Data-driven: every scenario of the library (`scenarios/`, `validation/`, `ll-ep-sweep/`)
+//! runs on the simulator with verdict ok and sane summaries, and its result document equals its
+//! committed snapshot in `sim/tests/snapshots/` (the whole document but the provenance that
+//! changes per commit, `eptwin.git_commit` and `eptwin.command`), as do the Chrome traces of
+//! an InfiniBand and a RoCE packet-level scenario (sha256 in `traces.sha256`). Each scenario
+//! runs once. A change meant to move results is blessed with
+//! `EPTWIN_BLESS=1 cargo test --release -p eptwin-sim --test it every_scenario`, which rewrites
+//! the snapshots for review in the diff (sim/scripts/golden.sh wraps both).
 
-use eptwin_engine::result::Verdict;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::util::{plan_of_file, repo, run, tomls};
+use eptwin_engine::result::{Provenance, RunResult, Verdict};
+use eptwin_engine::scenario::sha256_hex;
+use eptwin_engine::testing::{ScenarioDraft, bundled_scenarios};
+use eptwin_sim::{SimOptions, Simulator};
+use serde_json::Value;
 
-#[test]
-fn every_scenario_runs_with_sane_summaries() {
-    let root = repo().join("scenarios");
-    let mut files = tomls(&root);
-    files.extend(tomls(&root.join("validation")));
-    assert!(files.len() >= 20, "found {} scenarios", files.len());
-    let mut report = Vec::new();
-    for f in &files {
-        let plan = plan_of_file(f);
-        let r = run(&plan);
-        assert_eq!(
-            r.verdict,
-            Verdict::Ok,
-            "{}: {:?} {:?}",
-            f.display(),
-            r.failures,
-            r.waived_reason
-        );
-        for job in &r.jobs {
-            assert!(!job.ops.is_empty(), "{}: job {} has no ops", f.display(), job.name);
-            for op in &job.ops {
-                let s = &op.summary;
-                let lat = s.latency_us.mean;
-                assert!(
-                    lat > 0.0 && lat.is_finite() && lat < 1e6,
-                    "{}: {} {} latency {lat}",
-                    f.display(),
-                    job.name,
-                    op.op
-                );
-                assert!(
-                    s.latency_us.min <= s.latency_us.p50 && s.latency_us.p50 <= s.latency_us.max
-                );
-                assert!(
-                    s.nvlink_bytes + s.rdma_bytes > 0,
-                    "{}: {} {} moved no bytes",
-                    f.display(),
-                    job.name,
-                    op.op
-                );
-                // Headers only add bytes on the wire.
-                assert!(
-                    s.wire_bytes >= s.rdma_bytes,
-                    "{}: wire {} < rdma {}",
-                    f.display(),
-                    s.wire_bytes,
-                    s.rdma_bytes
-                );
-                assert!(
-                    !s.checks.is_empty(),
-                    "{}: {} {} ran no checks",
-                    f.display(),
-                    job.name,
-                    op.op
-                );
-                report.push(format!(
-                    "{:<28} {:<8} {:<9} {:>10.2} us {:>9.2} GB/s",
-                    r.scenario.name, job.name, op.op, lat, s.logical_bw_gbps
-                ));
+use crate::util::run;
+
+/// Scenarios whose packet traces are part of the snapshot.
+const TRACED: [&str; 2] = ["scenarios/ep16-ll.toml", "scenarios/roce-ep16-ll.toml"];
+const BLESS: &str = "EPTWIN_BLESS";
+
+fn snapshot_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots")
+}
+
+/// `scenarios/validation/x.toml` → `validation/x.json` under the snapshot directory.
+fn snapshot_name(scenario: &Path) -> PathBuf {
+    scenario.strip_prefix("scenarios").unwrap_or(scenario).with_extension("json")
+}
+
+/// One scenario's run, as `eptwin run` makes it (and `--trace` for the traced ones).
+struct Outcome {
+    scenario: PathBuf,
+    result: RunResult,
+    trace_sha256: Option<String>,
+}
+
+fn run_scenario(scenario: &Path) -> Outcome {
+    let plan = ScenarioDraft::read(scenario).plan();
+    let trace = TRACED.iter().any(|t| Path::new(t) == scenario);
+    let mut sim = Simulator::new(SimOptions { trace });
+    let provenance =
+        Provenance { version: eptwin_engine::VERSION.to_string(), ..Provenance::default() };
+    let result = eptwin_engine::run::run(&plan, &mut sim, provenance)
+        .unwrap_or_else(|e| panic!("{}: {e}", scenario.display()));
+    let trace_sha256 = sim.trace_json().filter(|_| trace).map(|t| sha256_hex(t.as_bytes()));
+    Outcome { scenario: scenario.to_path_buf(), result, trace_sha256 }
+}
+
+/// Every scenario on a pool of threads (results do not depend on it: each run has its own
+/// simulator), in the order given.
+fn run_all(scenarios: &[PathBuf]) -> Vec<Outcome> {
+    let next = AtomicUsize::new(0);
+    let done = Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(scenarios.len());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(scenario) = scenarios.get(i) else { break };
+                    let outcome = run_scenario(scenario);
+                    done.lock().unwrap().push((i, outcome));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap();
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, o)| o).collect()
+}
+
+/// What a result must say for any scenario of the library: ok, every op timed, bytes moved,
+/// checks run.
+fn sanity(o: &Outcome) -> Vec<String> {
+    let (f, r) = (o.scenario.display(), &o.result);
+    let mut bad = Vec::new();
+    if r.verdict != Verdict::Ok {
+        bad.push(format!("{f}: verdict {:?}: {:?} {:?}", r.verdict, r.failures, r.waived_reason));
+        return bad;
+    }
+    for job in &r.jobs {
+        if job.ops.is_empty() {
+            bad.push(format!("{f}: job {} has no ops", job.name));
+        }
+        for op in &job.ops {
+            let s = &op.summary;
+            let lat = s.latency_us.mean;
+            let at = format!("{f}: {} {}", job.name, op.op);
+            if !(lat > 0.0 && lat.is_finite() && lat < 1e6) {
+                bad.push(format!("{at}: latency {lat} us"));
+            }
+            if !(s.latency_us.min <= s.latency_us.p50 && s.latency_us.p50 <= s.latency_us.max) {
+                bad.push(format!("{at}: min ≤ p50 ≤ max broken: {:?}", s.latency_us));
+            }
+            if s.nvlink_bytes + s.rdma_bytes == 0 {
+                bad.push(format!("{at}: moved no bytes"));
+            }
+            // Headers only add bytes on the wire.
+            if s.wire_bytes < s.rdma_bytes {
+                bad.push(format!("{at}: wire {} < rdma {}", s.wire_bytes, s.rdma_bytes));
+            }
+            if s.checks.is_empty() {
+                bad.push(format!("{at}: ran no checks"));
             }
         }
     }
-    println!("{}", report.join("\n"));
+    bad
+}
+
+/// The snapshot of a result: the document with sorted keys, without the provenance that
+/// changes per commit.
+fn snapshot_of(result: &RunResult) -> String {
+    let mut doc = serde_json::to_value(result).expect("results serialise");
+    if let Some(provenance) = doc.get_mut("eptwin").and_then(Value::as_object_mut) {
+        provenance.remove("git_commit");
+        provenance.remove("command");
+    }
+    let mut text = serde_json::to_string_pretty(&doc).expect("JSON serialises");
+    text.push('\n');
+    text
+}
+
+/// The first leaf where `want` and `got` differ (`jobs[0].ops[1].summary.latency_us.mean`),
+/// with both values, and how many leaves differ in all.
+fn first_difference(want: &Value, got: &Value) -> Option<(String, String, String, usize)> {
+    fn walk(path: &str, want: &Value, got: &Value, out: &mut Vec<(String, String, String)>) {
+        match (want, got) {
+            (Value::Object(a), Value::Object(b)) => {
+                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                for k in keys {
+                    let sub = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                    match (a.get(k), b.get(k)) {
+                        (Some(x), Some(y)) => walk(&sub, x, y, out),
+                        (x, y) => out.push((sub, show(x), show(y))),
+                    }
+                }
+            }
+            (Value::Array(a), Value::Array(b)) => {
+                for i in 0..a.len().max(b.len()) {
+                    let sub = format!("{path}[{i}]");
+                    match (a.get(i), b.get(i)) {
+                        (Some(x), Some(y)) => walk(&sub, x, y, out),
+                        (x, y) => out.push((sub, show(x), show(y))),
+                    }
+                }
+            }
+            _ if want != got => out.push((path.to_string(), want.to_string(), got.to_string())),
+            _ => {}
+        }
+    }
+    fn show(v: Option<&Value>) -> String {
+        v.map_or_else(|| "(absent)".to_string(), Value::to_string)
+    }
+    let mut diffs = Vec::new();
+    walk("", want, got, &mut diffs);
+    let count = diffs.len();
+    diffs.into_iter().next().map(|(path, a, b)| (path, a, b, count))
+}
+
+/// Compare each outcome with its snapshot (or, blessing, write the snapshots); the problems.
+fn check_snapshots(outcomes: &[Outcome], bless: bool) -> Vec<String> {
+    let dir = snapshot_dir();
+    let mut bad = Vec::new();
+    let mut written = 0;
+    let mut wanted_files = Vec::new();
+    for o in outcomes {
+        let name = snapshot_name(&o.scenario);
+        let path = dir.join(&name);
+        wanted_files.push(path.clone());
+        let now = snapshot_of(&o.result);
+        let before = std::fs::read_to_string(&path).ok();
+        if before.as_deref() == Some(now.as_str()) {
+            continue;
+        }
+        if bless {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &now).unwrap();
+            written += 1;
+            continue;
+        }
+        let Some(before) = before else {
+            bad.push(format!("{}: no snapshot {}", o.scenario.display(), path.display()));
+            continue;
+        };
+        let want: Value = serde_json::from_str(&before)
+            .unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()));
+        let got: Value = serde_json::from_str(&now).unwrap();
+        bad.push(match first_difference(&want, &got) {
+            Some((at, a, b, n)) => format!(
+                "{}: result differs from {} at {at}: snapshot {a}, now {b} ({n} field(s) differ)",
+                o.scenario.display(),
+                path.display()
+            ),
+            None => format!("{}: {} differs in layout only", o.scenario.display(), path.display()),
+        });
+    }
+    let traces: String = outcomes
+        .iter()
+        .filter_map(|o| o.trace_sha256.as_ref().map(|h| format!("{h}  {}\n", o.scenario.display())))
+        .collect();
+    let traces_path = dir.join("traces.sha256");
+    wanted_files.push(traces_path.clone());
+    let traces_before = std::fs::read_to_string(&traces_path).unwrap_or_default();
+    if traces_before != traces {
+        if bless {
+            std::fs::write(&traces_path, &traces).unwrap();
+            written += 1;
+        } else {
+            bad.push(format!(
+                "packet traces differ from {}:\nsnapshot:\n{traces_before}now:\n{traces}",
+                traces_path.display()
+            ));
+        }
+    }
+    // A snapshot without its scenario (renamed, removed) is stale.
+    for stale in files_under(&dir).into_iter().filter(|f| !wanted_files.contains(f)) {
+        if bless {
+            std::fs::remove_file(&stale).unwrap();
+            written += 1;
+        } else {
+            bad.push(format!("{}: a snapshot of no scenario", stale.display()));
+        }
+    }
+    if bless {
+        println!("{BLESS}: {written} snapshot file(s) written or removed in {}", dir.display());
+    }
+    bad
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_scenario_runs_sane_and_matches_its_snapshot() {
+    let scenarios = bundled_scenarios();
+    assert!(scenarios.len() >= 40, "found {} scenarios", scenarios.len());
+    for t in TRACED {
+        assert!(scenarios.contains(&PathBuf::from(t)), "{t} is in the library");
+    }
+    let outcomes = run_all(&scenarios);
+    let mut bad: Vec<String> = outcomes.iter().flat_map(sanity).collect();
+    let bless = std::env::var(BLESS).is_ok_and(|v| v == "1");
+    bad.extend(check_snapshots(&outcomes, bless));
+    for o in &outcomes {
+        for job in &o.result.jobs {
+            for op in &job.ops {
+                println!(
+                    "{:<28} {:<8} {:<9} {:>10.2} us {:>9.2} GB/s",
+                    o.result.scenario.name,
+                    job.name,
+                    op.op,
+                    op.summary.latency_us.mean,
+                    op.summary.logical_bw_gbps
+                );
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{}\n\nIf the change is meant to move results, rewrite the snapshots with\n  \
+         {BLESS}=1 cargo test --release -p eptwin-sim --test it every_scenario\nand review \
+         them in the diff (sim/scripts/result-diff.py sizes the change).",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_first_difference_names_the_field() {
+    let want: Value = serde_json::from_str(r#"{"a": [1, {"b": 2.5}], "c": "x"}"#).unwrap();
+    let got: Value = serde_json::from_str(r#"{"a": [1, {"b": 2.75}], "d": "x"}"#).unwrap();
+    let (at, a, b, n) = first_difference(&want, &got).unwrap();
+    assert_eq!((at.as_str(), a.as_str(), b.as_str(), n), ("a[1].b", "2.5", "2.75", 3));
+    assert!(first_difference(&want, &want).is_none());
 }
 
 #[test]
 fn same_scenario_gives_byte_identical_results() {
-    for name in ["ep16-ll.toml", "vl-isolation-separate.toml", "ep16-normal-internode.toml"] {
-        let plan = plan_of_file(&repo().join("scenarios").join(name));
+    for name in ["ep16-ll", "vl-isolation-separate", "ep16-normal-internode"] {
+        let plan = ScenarioDraft::bundled(name).plan();
         let a = run(&plan).to_json();
         let b = run(&plan).to_json();
         assert_eq!(a, b, "{name}: two runs differ");
@@ -82,11 +302,8 @@ fn same_scenario_gives_byte_identical_results() {
 
 #[test]
 fn the_seed_changes_the_workload() {
-    let path = repo().join("scenarios/ep16-ll.toml");
-    let text = std::fs::read_to_string(&path).expect("read");
-    let other = text.replace("masked_selections = 10", "masked_selections = 10\nseed = 7");
-    let a = run(&crate::util::plan_of_text("a", &text));
-    let b = run(&crate::util::plan_of_text("b", &other));
+    let a = run(&ScenarioDraft::bundled("ep16-ll").plan());
+    let b = run(&ScenarioDraft::bundled("ep16-ll").set("job[0].workload.seed", 7).plan());
     assert_ne!(
         a.jobs[0].ops[0].summary.latency_us.mean, b.jobs[0].ops[0].summary.latency_us.mean,
         "a different seed routes differently"

@@ -4,11 +4,11 @@
 use eptwin_engine::result::Provenance;
 use eptwin_sim::{SimOptions, Simulator};
 
-use crate::util::{plan_of_file, repo};
+use eptwin_engine::testing::ScenarioDraft;
 
 #[test]
 fn trace_is_standard_chrome_trace_json() {
-    let plan = plan_of_file(&repo().join("scenarios/ep16-ll.toml"));
+    let plan = ScenarioDraft::bundled("ep16-ll").plan();
     let mut sim = Simulator::new(SimOptions { trace: true });
     let r = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run");
     assert!(r.failures.is_empty());

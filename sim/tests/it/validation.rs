@@ -2,11 +2,13 @@
 //! simulator with the bundled `h800-cx7` profile. Prints the table; fails if any row drifts beyond
 //! its tolerance.
 
-use crate::util::{latency_us, plan_of_file, repo, run, tomls};
+use eptwin_engine::testing::{ScenarioDraft, repo_root, tomls};
+
+use crate::util::{latency_us, run};
 
 #[test]
 fn published_deepep_rows_within_tolerance() {
-    let files = tomls(&repo().join("scenarios/validation"));
+    let files = tomls(&repo_root().join("scenarios/validation"));
     assert_eq!(files.len(), 7, "one scenario per published row");
     let mut lines = vec![format!(
         "{:<22} {:<9} {:>8} {:>10} {:>10} {:>8} {:>6}",
@@ -15,7 +17,7 @@ fn published_deepep_rows_within_tolerance() {
     let mut errors = Vec::new();
     let mut bad = Vec::new();
     for f in &files {
-        let plan = plan_of_file(f);
+        let plan = ScenarioDraft::read(f).plan();
         assert_eq!(plan.profile.name, "h800-cx7", "{}: the suite uses one profile", f.display());
         let r = run(&plan);
         assert!(r.failures.is_empty(), "{}: {:?}", f.display(), r.failures);
@@ -64,9 +66,8 @@ fn published_deepep_rows_within_tolerance() {
 /// low-latency latency grows with EP, combine costs more than dispatch.
 #[test]
 fn shape_of_the_published_tables() {
-    let dir = repo().join("scenarios/validation");
     let bw = |name: &str, op: &str| {
-        let r = run(&plan_of_file(&dir.join(format!("{name}.toml"))));
+        let r = run(&ScenarioDraft::bundled(&format!("validation/{name}")).plan());
         r.jobs[0].ops.iter().find(|o| o.op == op).expect("op").summary.clone()
     };
     let ep32 = bw("deepep-normal-ep32", "dispatch");
@@ -95,12 +96,11 @@ fn shape_of_the_published_tables() {
 /// experts) vanishes.
 #[test]
 fn low_latency_latency_flattens_at_large_ep() {
-    let dir = repo().join("scenarios/ll-ep-sweep");
     let eps = [8u32, 16, 32, 64, 128, 256];
     let curve = |prefix: &str| -> Vec<[f64; 2]> {
         eps.iter()
             .map(|ep| {
-                let r = run(&plan_of_file(&dir.join(format!("{prefix}{ep}.toml"))));
+                let r = run(&ScenarioDraft::bundled(&format!("ll-ep-sweep/{prefix}{ep}")).plan());
                 [latency_us(&r, "ll", "dispatch"), latency_us(&r, "ll", "combine")]
             })
             .collect()

@@ -441,6 +441,7 @@ fn hook_mode_takes_send_plus_recv() {
 }
 
 proptest::proptest! {
+    #![proptest_config(crate::testing::proptest_config(256))]
     #[test]
     fn no_line_panics(line in "\\PC{0,120}") {
         let _ = parse_line(&line);
