@@ -40,6 +40,22 @@ pub fn render(result: &RunResult) -> String {
     }
     let _ = writeln!(
         out,
+        "#  bw: DeepEP's logical bytes per rank / mean time, col: the link those bytes crossed; \
+         nvlink(MB), rdma(MB): bytes of one op summed over all ranks"
+    );
+    let all_equal = result.jobs.iter().flat_map(|j| &j.ops).all(|o| {
+        let l = &o.summary.latency_us;
+        [l.p50, l.p99, l.min, l.max].iter().all(|&v| v == l.mean)
+    });
+    if backend == "sim" && all_equal {
+        let _ = writeln!(
+            out,
+            "#  simulator: every iteration runs on an idle machine and takes the same time, so \
+             mean = p50 = p99 = min = max"
+        );
+    }
+    let _ = writeln!(
+        out,
         "# {:<12} {:<9} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>5} {:>11} {:>11} {:>7}",
         "job",
         "op",
@@ -70,7 +86,7 @@ pub fn render(result: &RunResult) -> String {
                 s.latency_us.min,
                 s.latency_us.max,
                 s.logical_bw_gbps,
-                s.logical_bw_label,
+                link_column(s),
                 s.nvlink_bytes as f64 / 1e6,
                 s.rdma_bytes as f64 / 1e6,
                 s.wrong
@@ -107,10 +123,98 @@ pub fn render(result: &RunResult) -> String {
     out
 }
 
+/// DeepEP's bandwidth column, unless no byte took that link: low-latency results count
+/// "RDMA" bandwidth even when every peer is reached over NVLink.
+fn link_column(s: &crate::result::Summary) -> &str {
+    match s.logical_bw_label.as_str() {
+        "RDMA" if s.rdma_bytes == 0 && s.nvlink_bytes > 0 => "NVL",
+        "RDMA" if s.rdma_bytes == 0 => "-",
+        label => label,
+    }
+}
+
 fn truncate(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
         text.to_string()
     } else {
         text.chars().take(width - 1).chain(['~']).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::result::{JobResult, OpResult, Provenance, ScenarioRef, Stats, Summary};
+
+    fn result(kind: &str, rdma_bytes: u64, spread: bool) -> RunResult {
+        let latency_us = Stats {
+            mean: 10.0,
+            p50: 10.0,
+            p99: if spread { 12.0 } else { 10.0 },
+            min: 10.0,
+            max: if spread { 12.0 } else { 10.0 },
+        };
+        RunResult {
+            schema: 1,
+            scenario: ScenarioRef {
+                name: "t".into(),
+                sha256: String::new(),
+                file: String::new(),
+                description: String::new(),
+                facts: BTreeMap::new(),
+            },
+            backend: BTreeMap::from([("kind".into(), serde_json::json!(kind))]),
+            eptwin: Provenance::default(),
+            verdict: Verdict::Ok,
+            waived_reason: None,
+            failures: Vec::new(),
+            advisories: Vec::new(),
+            jobs: vec![JobResult {
+                name: "decode".into(),
+                kind: "low-latency".into(),
+                ranks: 8,
+                sl: 0,
+                vl: None,
+                facts: BTreeMap::new(),
+                ops: vec![OpResult {
+                    op: "dispatch".into(),
+                    summary: Summary {
+                        latency_us,
+                        logical_bw_gbps: 1.0,
+                        logical_bw_label: "RDMA".into(),
+                        logical_bytes_per_rank: 1.0,
+                        rdma_bytes,
+                        nvlink_bytes: 5_000_000,
+                        wire_bytes: 0,
+                        phases_us: BTreeMap::new(),
+                        checks: Vec::new(),
+                        wrong: 0,
+                    },
+                    reference: None,
+                    samples: Vec::new(),
+                }],
+            }],
+            measurements: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_link_column_names_a_link_bytes_crossed() {
+        let nvlink_only = render(&result("sim", 0, false));
+        assert!(nvlink_only.contains("  NVL "), "{nvlink_only}");
+        let rdma = render(&result("sim", 1, false));
+        assert!(rdma.contains(" RDMA "), "{rdma}");
+    }
+
+    #[test]
+    fn the_header_says_what_the_columns_are() {
+        let sim = render(&result("sim", 0, false));
+        assert!(sim.contains("summed over all ranks"), "{sim}");
+        assert!(sim.contains("mean = p50 = p99 = min = max"), "{sim}");
+        // Spread samples (hardware, or a shared fabric) get no such note.
+        assert!(!render(&result("sim", 0, true)).contains("mean = p50"));
+        assert!(!render(&result("hw", 0, false)).contains("idle machine"));
     }
 }

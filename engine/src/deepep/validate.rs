@@ -81,6 +81,11 @@ fn validate_into(scn: &Scenario, d: &mut Diagnostics<'_>) -> Option<Validated> {
             return None;
         }
     };
+    // Ranges and limits first: the rules below compute with these values.
+    let in_range = profile::ranges::check(&profile, d);
+    if !(crate::scenario::limits::check(scn, &profile, d) && in_range) {
+        return None;
+    }
     let topology = Topology::from_profile(&profile.cluster);
     check_cluster(&topology, d);
 
@@ -162,24 +167,27 @@ fn validate_into(scn: &Scenario, d: &mut Diagnostics<'_>) -> Option<Validated> {
         job_ranks.push(ranks);
     }
 
-    // Isolation advice: jobs sharing a VL share its buffers and arbitration turn.
-    if scn.jobs.len() > 1 {
-        for (i, a) in job_vls.iter().enumerate() {
-            for (j, b) in job_vls.iter().enumerate().skip(i + 1) {
-                if let (Some(a), Some(b)) = (a, b)
-                    && a == b
-                {
-                    d.advisory(
-                        "shared-vl",
-                        &format!("job[{j}].env"),
-                        Some(&scn.jobs[j].name),
-                        format!(
-                            "shares VL{} with job {:?}: no isolation between them (DeepEP README recommends separate VLs via NVSHMEM_IB_SL)",
-                            a.0, scn.jobs[i].name
-                        ),
-                    );
-                }
-            }
+    // Isolation advice: jobs sharing a VL share its buffers and arbitration turn. One advisory
+    // per job, naming the first job on its VL (one per pair grew quadratically with jobs).
+    let mut on_vl: BTreeMap<u8, (usize, usize)> = BTreeMap::new(); // VL → (first job, jobs)
+    for (j, vl) in job_vls.iter().enumerate() {
+        let Some(vl) = vl else { continue };
+        let (first, before) = *on_vl.entry(vl.0).and_modify(|e| e.1 += 1).or_insert((j, 0));
+        if before > 0 {
+            let more = if before > 1 {
+                format!(" and {} other job(s)", before - 1)
+            } else {
+                String::new()
+            };
+            d.advisory(
+                "shared-vl",
+                &format!("job[{j}].env"),
+                Some(&scn.jobs[j].name),
+                format!(
+                    "shares VL{} with job {:?}{more}: no isolation between them (DeepEP README recommends separate VLs via NVSHMEM_IB_SL)",
+                    vl.0, scn.jobs[first].name
+                ),
+            );
         }
     }
 
@@ -777,14 +785,27 @@ fn check_low_latency(
     let needed_depth = (t as u64 + 1) * 2;
     if (settings.qp_depth as u64) < needed_depth {
         let key = format!("{prefix}.env.NVSHMEM_QP_DEPTH");
+        // Advice that can be followed: a depth NVSHMEM accepts, or fewer tokens per call.
+        let fix = if needed_depth <= MAX_QP_DEPTH as u64 {
+            format!("set NVSHMEM_QP_DEPTH ≥ {}", needed_depth.next_power_of_two())
+        } else {
+            let max_t = MAX_QP_DEPTH / 2 - 1;
+            let knob = if w.num_max_dispatch_tokens_per_rank.is_some() {
+                "num_max_dispatch_tokens_per_rank"
+            } else {
+                "tokens_per_rank"
+            };
+            format!(
+                "no depth fits: NVSHMEM's largest, {MAX_QP_DEPTH}, allows T ≤ {max_t}; dispatch at most {max_t} tokens per call ({knob} ≤ {max_t}), or this cannot run in low-latency mode"
+            )
+        };
         d.error(
             "ll-qp-depth",
             &key,
             name,
             format!(
-                "QP depth {} < 2·(T+1) = {needed_depth} for T = {t}: DeepEP refuses every LL dispatch/combine (buffer.py:602, 656; PR #430); set NVSHMEM_QP_DEPTH ≥ {}",
+                "QP depth {} < 2·(T+1) = {needed_depth} for T = {t}: DeepEP refuses every LL dispatch/combine (buffer.py:602, 656; PR #430); {fix}",
                 settings.qp_depth,
-                needed_depth.next_power_of_two()
             ),
         );
     }

@@ -1,7 +1,7 @@
 //! Scenario files: schema, loading with positions, and serialisation back to TOML.
 
 pub mod limits;
-mod plain;
+pub(crate) mod plain;
 pub mod schema;
 pub mod source;
 
