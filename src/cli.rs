@@ -33,30 +33,38 @@ pub enum BackendArg {
 pub enum Command {
     /// Run scenarios, print an nccl-tests-style table, write one result JSON per scenario.
     Run {
-        #[arg(required = true)]
+        /// Scenario files (TOML, docs/scenario.md); each runs in turn, and no two may share a
+        /// `name`.
+        #[arg(required = true, value_name = "SCENARIO")]
         scenarios: Vec<PathBuf>,
+        /// Where the scenarios run.
         #[arg(long, value_enum, default_value = "sim")]
         backend: BackendArg,
-        /// Directory for result files (`DIR/<scenario name>.json`).
-        #[arg(long, default_value = "out")]
+        /// Directory for result files (`DIR/<scenario name>.json`), created if missing and
+        /// checked before anything runs. A result never replaces one of another backend, and a
+        /// waived result never replaces a measured one: it goes to `<name>.<backend>.json`.
+        #[arg(long, default_value = "out", value_name = "DIR")]
         out: PathBuf,
         /// Print the result documents on stdout (JSON Lines) instead of the table.
         #[arg(long)]
         json: bool,
         /// Simulator: write a Chrome trace-event / Perfetto trace of the run to this file
         /// (one scenario only).
-        #[arg(long)]
+        #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
     },
     /// Parse and check every DeepEP/NVSHMEM/fabric rule; errors name file:line:col.
     Validate {
-        #[arg(required = true)]
+        /// Scenario files (TOML, at most 16 MiB each); every error of every file is printed.
+        #[arg(required = true, value_name = "SCENARIO")]
         scenarios: Vec<PathBuf>,
     },
     /// Print the `export VAR=value` lines DeepEP's `Buffer` would leave in the environment.
     Env {
+        /// A scenario file.
         scenario: PathBuf,
-        #[arg(long)]
+        /// The job whose environment to print (needed when the scenario has several).
+        #[arg(long, value_name = "NAME")]
         job: Option<String>,
         /// Annotate each line with who set it (user, DeepEP source line, overwritten values).
         #[arg(long)]
@@ -64,6 +72,7 @@ pub enum Command {
     },
     /// NVLink connectivity check: NVML on a GPU machine, the declared topology with a scenario.
     Topo {
+        /// A scenario file: check its declared topology (without one: the GPUs here, NVML).
         scenario: Option<PathBuf>,
         /// Bypass the check (eptwin's switch; DeepEP itself has none).
         #[arg(long)]
@@ -75,10 +84,12 @@ pub enum Command {
     /// Run on the simulator and the hardware (or read measured results), write both results
     /// and the comparison, and print a table of the differences.
     Compare {
-        #[arg(required = true)]
+        /// Scenario files; no two may share a `name`.
+        #[arg(required = true, value_name = "SCENARIO")]
         scenarios: Vec<PathBuf>,
-        /// Directory for `<scenario>.sim.json`, `<scenario>.hw.json`, `<scenario>.compare.json`.
-        #[arg(long, default_value = "out")]
+        /// Directory for `<scenario>.sim.json`, `<scenario>.hw.json`, `<scenario>.compare.json`
+        /// (created if missing, checked before anything runs).
+        #[arg(long, default_value = "out", value_name = "DIR")]
         out: PathBuf,
         /// Compare against previously measured result files or directories (e.g.
         /// `results/h200/`) instead of running the hardware here.
@@ -95,9 +106,13 @@ pub enum Command {
     /// Charts (PNG + SVG) and an index.html from result files, sweep indexes and simulator
     /// traces (files or directories).
     Report {
-        #[arg(required = true)]
+        /// Result files, sweep indexes, simulator traces, or directories holding them
+        /// (searched recursively); other eptwin documents among them, such as comparisons,
+        /// are skipped.
+        #[arg(required = true, value_name = "RESULT|DIR")]
         results: Vec<PathBuf>,
-        #[arg(long)]
+        /// Directory for the charts (PNG + SVG) and index.html.
+        #[arg(long, value_name = "DIR")]
         out: PathBuf,
         /// Print what was written and skipped as JSON.
         #[arg(long)]
@@ -106,6 +121,7 @@ pub enum Command {
     /// Parameter sweep on all cores, shardable for batch schedulers: one result per point
     /// plus an index that `eptwin report` plots.
     Sweep {
+        /// The scenario file whose keys are varied.
         scenario: PathBuf,
         /// KEY=V1,V2,... (several make a grid). KEY is a scenario key path such as
         /// `job.env.NVSHMEM_QP_DEPTH`, `job[0].buffer.num_qps_per_rank`,
@@ -117,8 +133,9 @@ pub enum Command {
         #[arg(long, value_name = "K/N")]
         shard: Option<String>,
         /// Directory for the points and the index (default: out/sweep-<scenario name>).
-        #[arg(long)]
+        #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        /// Where the points run.
         #[arg(long, value_enum, default_value = "sim")]
         backend: BackendArg,
         /// Worker threads (default: SLURM_CPUS_PER_TASK, else all cores).
@@ -128,4 +145,28 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `--help` describes every positional argument and option of every subcommand.
+    #[test]
+    fn every_argument_has_help() {
+        let cli = super::Cli::command();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" && arg.get_help().is_none() {
+                    missing.push(format!("{} {id}", sub.get_name()));
+                }
+            }
+            if sub.get_about().is_none() {
+                missing.push(format!("{} (about)", sub.get_name()));
+            }
+        }
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
 }

@@ -93,7 +93,12 @@ pub fn load_plan(path: &std::path::Path) -> Option<eptwin_engine::Plan> {
             return None;
         }
     };
-    match eptwin_engine::Plan::build(&loaded) {
+    plan_loaded(&loaded)
+}
+
+/// Plan a loaded scenario, printing diagnostics to stderr. `None` ⇒ bad input (exit 2).
+pub fn plan_loaded(loaded: &eptwin_engine::LoadedScenario) -> Option<eptwin_engine::Plan> {
+    match eptwin_engine::Plan::build(loaded) {
         Ok(plan) => Some(plan),
         Err(eptwin_engine::EngineError::Invalid { diagnostics, .. }) => {
             for d in diagnostics.iter().filter(|d| d.is_error()) {

@@ -90,7 +90,10 @@ fn iteration_and_warmup_limits() {
         "{}\n[[job]]\nname = \"second\"\n[job.buffer]\nnum_nvl_bytes = \"1GiB\"\n[job.workload]\ntokens_per_rank = 1\nhidden = 7168\ntopk = 1\nexperts = 8\niterations = 100000\n",
         BASE.replace("iterations = 2", "iterations = 100000")
     );
-    has(&errors(&two, "name", "name"), "the jobs record 400000 samples");
+    has(
+        &errors(&two, "name", "name"),
+        "job[0].workload.iterations: the jobs record 400000 samples",
+    );
 }
 
 #[test]
