@@ -227,34 +227,40 @@ pub fn execute_observed(
 }
 
 /// A progress bar on stderr while a scenario runs, only when stderr is a terminal (logs and
-/// redirected output stay clean); cleared before the table is printed.
-pub struct ProgressBar(Option<indicatif::ProgressBar>);
+/// redirected output stay clean); cleared before the table is printed. A spinner while the
+/// backend prepares, then ops done of all.
+pub struct ProgressBar(Option<indicatif::ProgressBar>, bool);
 
 impl ProgressBar {
     pub fn new(name: &str) -> ProgressBar {
         use std::io::IsTerminal;
         if !std::io::stderr().is_terminal() {
-            return ProgressBar(None);
+            return ProgressBar(None, false);
         }
-        let bar = indicatif::ProgressBar::with_draw_target(
-            Some(0),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
+        let bar =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
         if let Ok(style) =
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ops, {elapsed}")
+            indicatif::ProgressStyle::with_template("{msg} {spinner} preparing, {elapsed}")
         {
-            bar.set_style(style.progress_chars("=> "));
+            bar.set_style(style);
         }
         bar.set_message(name.to_string());
         bar.enable_steady_tick(std::time::Duration::from_millis(250));
-        ProgressBar(Some(bar))
+        ProgressBar(Some(bar), false)
     }
 
     pub fn show(&mut self, p: Progress) {
-        if let Some(bar) = &self.0 {
-            bar.set_length(p.total);
-            bar.set_position(p.done);
+        let Some(bar) = &self.0 else { return };
+        if !self.1 {
+            self.1 = true;
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:30}] {pos}/{len} ops, {elapsed}",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
         }
+        bar.set_length(p.total);
+        bar.set_position(p.done);
     }
 }
 

@@ -51,6 +51,10 @@ pub const MAX_OPS: usize = 64;
 /// Samples in a result, Σ over jobs of iterations × ops: each is one record of ~100 to 200
 /// bytes in the result JSON, so a result stays under ~40 MB.
 pub const MAX_RESULT_SAMPLES: u64 = 200_000;
+/// Ops of a scenario with several jobs, Σ over jobs of (warmup + iterations) × ops: the jobs
+/// share one simulated session, which keeps every op's program (~26 KB each, ≈ 430 MiB at the
+/// limit; the simulator numbers them with 16 bits).
+pub const MAX_SESSION_OPS: u64 = 1 << 14;
 /// Background traffic: bytes each rank sends per round.
 pub const MAX_TRAFFIC_BYTES_PER_RANK: u64 = 1 << 40;
 /// The largest RDMA message InfiniBand carries (2^31 bytes).
@@ -89,6 +93,7 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
     }
     let num_ranks = check_cluster(profile, d);
     let mut samples = 0u64;
+    let mut session_ops = 0u64;
     // The job recording the most samples, where an excess is reported.
     let mut largest: Option<(u64, String)> = None;
     let rounds_before = d.items.len();
@@ -99,11 +104,13 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
         if let Some(w) = &job.workload {
             let key = |k: &str| format!("{prefix}.workload.{k}");
             job_samples += check_rounds(job, &key, w.warmup, w.iterations, w.ops.len(), d);
+            session_ops += (w.warmup as u64 + w.iterations as u64) * w.ops.len() as u64;
             check_deepep(job, &prefix, ranks, d);
         }
         if let Some(t) = &job.traffic {
             let key = |k: &str| format!("{prefix}.traffic.{k}");
             job_samples += check_rounds(job, &key, t.warmup, t.iterations, t.ops.len(), d);
+            session_ops += (t.warmup as u64 + t.iterations as u64) * t.ops.len() as u64;
             check_traffic(job, &prefix, t, ranks, d);
         }
         if let Some(r) = &job.reference {
@@ -119,6 +126,21 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
     let rounds_ok = !d.items[rounds_before..]
         .iter()
         .any(|i| i.rule == "limit-iterations" || i.rule == "limit-ops");
+    let several = scn.jobs.len() > 1;
+    if let Some((_, key)) =
+        largest.as_ref().filter(|_| rounds_ok && several && session_ops > MAX_SESSION_OPS)
+    {
+        d.error(
+            "limit-session",
+            key,
+            None,
+            format!(
+                "the jobs run {session_ops} ops together ((warmup + iterations) × ops, summed over \
+                 jobs): at most {MAX_SESSION_OPS} when several jobs share the fabric (one \
+                 simulated session keeps every op)"
+            ),
+        );
+    }
     if let Some((_, key)) = largest.filter(|_| rounds_ok && samples > MAX_RESULT_SAMPLES) {
         d.error(
             "limit-samples",

@@ -272,3 +272,24 @@ fn profile_overrides_are_ranged_at_their_keys() {
         has(&ov(section, kv), expected);
     }
 }
+
+#[test]
+fn jobs_sharing_the_fabric_run_a_bounded_session() {
+    let shared = format!(
+        "{}\n[[job]]\nname = \"bulk\"\nranks = \"0-1\"\n[job.traffic]\npattern = \"ring\"\nbytes_per_rank = \"64KiB\"\nwarmup = 0\niterations = 1\n",
+        BASE.replace("warmup = 1", "warmup = 0")
+    );
+    // 8,000 rounds × 2 ops + 1 = 16,001 ops: within 16,384.
+    assert!(
+        !errors(&shared, "iterations = 2", "iterations = 8000")
+            .iter()
+            .any(|e| e.contains("limit-session")),
+    );
+    // 10,000 rounds: 20,001 ops (a session the simulator numbers with 16 bits kept growing).
+    has(
+        &errors(&shared, "iterations = 2", "iterations = 10000"),
+        "job[0].workload.iterations: the jobs run 20001 ops together ((warmup + iterations) × ops, summed over jobs): at most 16384",
+    );
+    // One job alone is not a session: its ops are run one by one.
+    assert_eq!(errors(BASE, "iterations = 2", "iterations = 100000"), Vec::<String>::new());
+}
