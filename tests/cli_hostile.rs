@@ -231,6 +231,7 @@ fn iterations_and_warmup_beyond_their_limits_are_refused() {
 }
 
 #[test]
+#[allow(clippy::disallowed_methods)] // a wall-clock bound: these took minutes, or forever
 fn sizes_that_would_exhaust_memory_are_refused_before_allocating() {
     for (base, old, new, expected) in [
         (
@@ -292,6 +293,7 @@ fn files_that_are_not_scenarios_are_refused_without_reading_them() {
 }
 
 #[test]
+#[allow(clippy::disallowed_methods)] // a wall-clock bound: these took minutes, or forever
 fn validating_many_jobs_is_linear() {
     let mut scenario = String::from(
         "schema = 1\nname = \"many\"\n[cluster]\nprofile = \"h800-cx7\"\nnodes = 250\n",
@@ -299,7 +301,8 @@ fn validating_many_jobs_is_linear() {
     for i in 0..2000 {
         scenario.push_str(&format!(
             "[[job]]\nname = \"j{i}\"\nranks = [{i}]\n[job.buffer]\nnum_nvl_bytes = \"1GiB\"\n\
-             [job.workload]\ntokens_per_rank = 1\nhidden = 7168\ntopk = 1\nexperts = 1\n"
+             [job.workload]\ntokens_per_rank = 1\nhidden = 7168\ntopk = 1\nexperts = 1\n\
+             warmup = 0\niterations = 1\nops = [\"dispatch\"]\n"
         ));
     }
     let case = Case::new(&scenario, "many", "many");
@@ -474,6 +477,26 @@ fn a_waived_run_does_not_replace_a_result_of_another_backend() {
     let report = eptwin(&args);
     assert_eq!(report.status.code(), Some(0), "{}", text(&report));
     assert!(report_dir.join("index.html").exists());
+    assert!(
+        text(&report).contains("# ignored 1 file(s) that are not results"),
+        "{}",
+        text(&report)
+    );
+}
+
+#[test]
+fn charts_are_written_whole() {
+    let out = tempfile::tempdir().unwrap();
+    let o = eptwin(&["report", "reports/tests/fixtures", "--out", out.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Each chart is drawn into a temporary file and renamed: none is left behind.
+    let names: Vec<String> = std::fs::read_dir(out.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n.ends_with(".png")), "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with(".svg")), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with('.')), "{names:?}");
 }
 
 #[test]

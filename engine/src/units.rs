@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(parse("1.5e3"), Ok(1500));
         assert_eq!(parse("0.5KiB"), Ok(512));
         assert_eq!(parse("1_000"), Ok(1000));
-        assert_eq!(parse("16EB").is_err(), true, "no exabyte unit");
+        assert!(parse("16EB").is_err(), "no exabyte unit");
         assert_eq!(parse("18446744073709551615"), Ok(u64::MAX));
         assert_eq!(parse("1.8446744073709551615e19"), Ok(u64::MAX));
         assert_eq!(parse("0e99999"), Ok(0));

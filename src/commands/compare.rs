@@ -32,7 +32,7 @@ pub fn compare(
         Some(hw)
     };
     writable_dir(out, "--out")?;
-    let (loaded, mut code) = load_distinct(scenarios)?;
+    let (loaded, mut code) = load_distinct(scenarios);
     let Some(loaded) = loaded else { return Ok(ExitCode::BadInput) };
     let mut comparisons = Vec::new();
     for (path, scenario) in &loaded {

@@ -32,7 +32,7 @@ pub fn run(
     if let Some(trace_path) = trace {
         writable_file(trace_path, "--trace")?;
     }
-    let (loaded, mut code) = load_distinct(scenarios)?;
+    let (loaded, mut code) = load_distinct(scenarios);
     let Some(loaded) = loaded else { return Ok(ExitCode::BadInput) };
     for (path, scenario) in &loaded {
         let Some(plan) = plan_loaded(scenario) else {
@@ -71,11 +71,12 @@ pub fn run(
     Ok(code)
 }
 
+/// Scenario files as parsed, with their paths.
+pub type Scenarios = Vec<(PathBuf, LoadedScenario)>;
+
 /// Parse every scenario before running any, and refuse two with the same `name`. The
 /// scenarios that parsed (`None` when names collide), and the exit code so far.
-pub fn load_distinct(
-    scenarios: &[PathBuf],
-) -> Result<(Option<Vec<(PathBuf, LoadedScenario)>>, ExitCode)> {
+pub fn load_distinct(scenarios: &[PathBuf]) -> (Option<Scenarios>, ExitCode) {
     let mut code = ExitCode::Ok;
     let mut loaded = Vec::new();
     for path in scenarios {
@@ -101,7 +102,7 @@ pub fn load_distinct(
             clash = true;
         }
     }
-    Ok((if clash { None } else { Some(loaded) }, code))
+    (if clash { None } else { Some(loaded) }, code)
 }
 
 /// `dir` is a directory results can be written to (created if missing), checked before any

@@ -4,28 +4,21 @@
 
 /// Rewrite one deserializer message; `value` is the text of the span it points at.
 pub fn describe(message: &str, value: &str) -> String {
-    if let Some(rest) = message.strip_prefix("invalid type: ") {
-        if let Some((found, expected)) = rest.rsplit_once(", expected ") {
+    for (prefix, with_range) in [("invalid type: ", false), ("invalid value: ", true)] {
+        if let Some((found, expected)) =
+            message.strip_prefix(prefix).and_then(|rest| rest.rsplit_once(", expected "))
+        {
             return format!(
                 "expected {}, found {}",
-                expected_type(expected, false),
+                expected_type(expected, with_range),
                 found_value(found, value)
             );
         }
     }
-    if let Some(rest) = message.strip_prefix("invalid value: ") {
-        if let Some((found, expected)) = rest.rsplit_once(", expected ") {
-            return format!(
-                "expected {}, found {}",
-                expected_type(expected, true),
-                found_value(found, value)
-            );
-        }
-    }
-    if let Some(rest) = message.strip_prefix("unknown variant ") {
-        if let Some((variant, expected)) = rest.split_once(", ") {
-            return format!("expected {}, found {}", one_of(expected), quoted(variant));
-        }
+    if let Some((variant, expected)) =
+        message.strip_prefix("unknown variant ").and_then(|rest| rest.split_once(", "))
+    {
+        return format!("expected {}, found {}", one_of(expected), quoted(variant));
     }
     if let Some(rest) = message.strip_prefix("unknown field ") {
         let accepted = match rest.split_once(", ") {

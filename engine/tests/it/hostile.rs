@@ -67,7 +67,8 @@ fn many_jobs(n: usize) -> String {
     for i in 0..n {
         text.push_str(&format!(
             "[[job]]\nname = \"j{i}\"\nranks = [{i}]\n[job.buffer]\nnum_nvl_bytes = \"1GiB\"\n\
-             [job.workload]\ntokens_per_rank = 1\nhidden = 7168\ntopk = 1\nexperts = 1\n"
+             [job.workload]\ntokens_per_rank = 1\nhidden = 7168\ntopk = 1\nexperts = 1\n\
+             warmup = 0\niterations = 1\nops = [\"dispatch\"]\n"
         ));
     }
     text
