@@ -52,6 +52,14 @@ pub enum Command {
         /// (one scenario only).
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
+        /// Hardware: start N processes of this command on this machine (eptwin's own launcher,
+        /// like `torchrun --nproc-per-node N`) and exit with their verdict's code.
+        #[arg(long, value_name = "N")]
+        spawn: Option<usize>,
+        /// Hardware: scenario ranks per process when a launcher (srun, torchrun, mpirun,
+        /// --spawn) starts several; process p runs ranks p·K to p·K+K−1 (default 1).
+        #[arg(long, value_name = "K")]
+        ranks_per_process: Option<usize>,
     },
     /// Parse and check every DeepEP/NVSHMEM/fabric rule; errors name file:line:col.
     Validate {
@@ -145,28 +153,82 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replay a scenario with DeepEP's own test scripts: their launch lines out, their
+    /// printed numbers back in as a result document (docs/deepep-replay.md).
+    Deepep {
+        #[command(subcommand)]
+        command: DeepepCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeepepCommand {
+    /// Print, for every node, the command line and environment that run DeepEP's matching
+    /// test script with the scenario's workload. Where the scripts cannot do what the scenario
+    /// asks, print one line per reason and exit 2.
+    Launch {
+        /// The scenario to replay.
+        scenario: PathBuf,
+        /// The DeepEP checkout whose tests/ holds the scripts (as seen from the nodes).
+        #[arg(long, default_value = "DeepEP", value_name = "PATH")]
+        deepep_dir: String,
+        /// Take the node rank from $SLURM_NODEID and the master from the first host of
+        /// $SLURM_JOB_NODELIST (one block for every node, run inside an allocation).
+        #[arg(long)]
+        nodes_from_slurm: bool,
+        /// `shell`: command lines; `slurm`: a ready sbatch script (nodes from Slurm).
+        #[arg(long, value_enum, default_value = "shell")]
+        format: LaunchFormatArg,
+    },
+    /// Read the scripts' logs (every node's; ranks may interleave) into a result document
+    /// (`backend.kind = "deepep"`) for `eptwin compare --measured` and `eptwin report`.
+    Import {
+        /// DeepEP's test logs, one per node (or one with every node's lines).
+        #[arg(required = true, value_name = "LOG")]
+        logs: Vec<PathBuf>,
+        /// The scenario the logs replay.
+        #[arg(long)]
+        scenario: PathBuf,
+        /// Directory for `<scenario name>.deepep.json`.
+        #[arg(long)]
+        out: PathBuf,
+        /// Print the result document on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LaunchFormatArg {
+    Shell,
+    Slurm,
 }
 
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
 
-    /// `--help` describes every positional argument and option of every subcommand.
+    /// `--help` describes every positional argument and option of every subcommand, nested
+    /// ones (`deepep launch`) included.
     #[test]
     fn every_argument_has_help() {
-        let cli = super::Cli::command();
-        let mut missing = Vec::new();
-        for sub in cli.get_subcommands() {
-            for arg in sub.get_arguments() {
-                let id = arg.get_id().as_str();
-                if id != "help" && id != "version" && arg.get_help().is_none() {
-                    missing.push(format!("{} {id}", sub.get_name()));
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                let name = format!("{path}{}", sub.get_name());
+                for arg in sub.get_arguments() {
+                    let id = arg.get_id().as_str();
+                    if id != "help" && id != "version" && arg.get_help().is_none() {
+                        missing.push(format!("{name} {id}"));
+                    }
                 }
-            }
-            if sub.get_about().is_none() {
-                missing.push(format!("{} (about)", sub.get_name()));
+                if sub.get_about().is_none() {
+                    missing.push(format!("{name} (about)"));
+                }
+                walk(sub, &format!("{name} "), missing);
             }
         }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "", &mut missing);
         assert!(missing.is_empty(), "no help text: {missing:?}");
     }
 }

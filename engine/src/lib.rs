@@ -1,10 +1,12 @@
 //! eptwin engine: the scenario language and its validation, DeepEP configuration semantics,
 //! hardware profiles, topology, routing and layout, the `Transport` trait, the run loop and
-//! the result documents.
+//! the result documents, and parameter sweeps over them.
 //!
 //! Architecture Invariant: this crate is pure. It reads scenario files and writes result files
-//! (atomically) and nothing else: no clock, no OS randomness, no GPU, no network.
+//! (atomically; a sweep writes each point's scenario beside its result) and nothing else: no
+//! clock, no OS randomness, no GPU, no network.
 
+pub mod cluster_ring;
 pub mod deepep;
 pub mod diag;
 pub mod error;
@@ -13,12 +15,13 @@ pub mod ids;
 pub mod layout;
 pub mod plan;
 pub mod profile;
+pub mod replay;
 pub mod result;
 pub mod rng;
 pub mod routing;
 pub mod run;
 pub mod scenario;
-pub mod table;
+pub mod sweep;
 pub mod topology;
 pub mod transport;
 pub mod units;

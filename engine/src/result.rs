@@ -42,7 +42,7 @@ impl Verdict {
 pub struct RunResult {
     pub schema: u32,
     pub scenario: ScenarioRef,
-    /// `kind` ("sim" | "hw") plus the backend's identity and versions.
+    /// `kind` ("sim" | "hw" | "deepep") plus the backend's identity and versions.
     pub backend: BTreeMap<String, serde_json::Value>,
     pub eptwin: Provenance,
     pub verdict: Verdict,
@@ -185,6 +185,10 @@ pub struct ReferenceComparison {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampleRecord {
     pub iteration: u32,
+    /// The global rank whose printed line this sample is (documents imported from DeepEP's
+    /// tests, where one sample is one rank's line); absent for eptwin's own runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
     pub latency_us: f64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub phases_us: BTreeMap<String, f64>,
@@ -205,9 +209,15 @@ impl RunResult {
         self.jobs.iter().find(|j| j.name == name)
     }
 
-    /// The backend kind string ("sim", "hw").
+    /// The backend kind string ("sim", "hw", "deepep").
     pub fn backend_kind(&self) -> &str {
         self.backend.get("kind").and_then(|v| v.as_str()).unwrap_or("?")
+    }
+
+    /// Whether the numbers were measured on GPUs: by eptwin's hardware backend (`"hw"`) or by
+    /// DeepEP's own test scripts (`"deepep"`, imported).
+    pub fn is_measured(&self) -> bool {
+        is_measured_kind(self.backend_kind())
     }
 }
 
@@ -215,6 +225,11 @@ impl JobResult {
     pub fn op(&self, op: &str) -> Option<&OpResult> {
         self.ops.iter().find(|o| o.op == op)
     }
+}
+
+/// Whether a `backend.kind` names measured numbers (see [`RunResult::is_measured`]).
+pub fn is_measured_kind(kind: &str) -> bool {
+    matches!(kind, "hw" | "deepep")
 }
 
 /// The file a result goes to: `DIR/<scenario name>.json` (with a backend suffix when asked,
@@ -226,22 +241,28 @@ pub fn result_path(dir: &Path, scenario_name: &str, suffix: Option<&str>) -> Pat
     }
 }
 
-/// Write `text` to `path` atomically: a temporary file in the same directory, then rename.
+/// Write `text` to `path` atomically (see [`write_file_atomic`]).
 pub fn write_atomic(path: &Path, text: &str) -> Result<(), EngineError> {
-    let err = |message: String| EngineError::ResultWrite { path: path.to_path_buf(), message };
+    write_file_atomic(path, text.as_bytes())
+        .map_err(|e| EngineError::ResultWrite { path: path.to_path_buf(), message: e.to_string() })
+}
+
+/// Write `bytes` to `path` atomically and durably: a temporary file in the same directory
+/// (created with it), written and synced to disk, then renamed over `path`. A reader sees the
+/// old file or the new one, never half of one; a failed write leaves no temporary file.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
-    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("result");
-    let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
-    {
-        let mut file = std::fs::File::create(&tmp).map_err(|e| err(e.to_string()))?;
-        file.write_all(text.as_bytes()).map_err(|e| err(e.to_string()))?;
-        file.sync_all().map_err(|e| err(e.to_string()))?;
-    }
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e.to_string())
-    })
+    std::fs::create_dir_all(dir)?;
+    // A temporary file is private (0600) by default; results are shared files, so ask for what
+    // `File::create` gives (0666 less the umask).
+    let mut file = tempfile::Builder::new()
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Read a result file.
@@ -276,5 +297,17 @@ mod tests {
             1,
             "no temp files left"
         );
+    }
+
+    #[test]
+    fn atomic_write_gives_the_permissions_of_a_created_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::File::create(&plain).unwrap();
+        let atomic = dir.path().join("atomic");
+        write_file_atomic(&atomic, b"x").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&atomic), mode(&plain));
     }
 }

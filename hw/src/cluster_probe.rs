@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 
+use eptwin_engine::plan::ClusterSlot;
 use serde_json::{Value, json};
 
 use crate::error::HwError;
@@ -117,11 +118,10 @@ pub fn shapes() -> Vec<ProbeShape> {
     ]
 }
 
-/// The shapes of the kinds named in `EPTWIN_CLUSTER_PROBE_ONLY` (`warp` or `tma`; both when
-/// unset): a kernel that faults takes the context down, so kinds can run in separate processes.
-/// `load` selects only the [`load_shapes`] (which `tma` includes).
-fn selected(fit: u32) -> Vec<ProbeShape> {
-    let only = std::env::var("EPTWIN_CLUSTER_PROBE_ONLY").unwrap_or_default();
+/// The shapes of the kinds named in `only` (`EPTWIN_CLUSTER_PROBE_ONLY`: `warp` or `tma`; both
+/// when empty): a kernel that faults takes the context down, so kinds can run in separate
+/// processes. `load` selects only the [`load_shapes`] (which `tma` includes).
+fn selected(fit: u32, only: &str) -> Vec<ProbeShape> {
     if only == "load" {
         return load_shapes(fit);
     }
@@ -210,7 +210,7 @@ fn chunks_per_warp(s: &ProbeShape) -> u32 {
 
 /// Measure every shape on the first GPU; `probe.cluster_handoff_bw_gbps` (bytes handed over per
 /// second) and the check's outcome per shape.
-pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
+pub fn run(devs: &mut Devices, only: &str) -> Result<BTreeMap<String, Value>, HwError> {
     let mut m = BTreeMap::new();
     let words = BUFFER_BYTES / 4;
     let pattern: Vec<u32> =
@@ -234,7 +234,7 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
         d.gpu.max_active_clusters(f, CLUSTER_SIZE, probe.threads, probe.smem_bytes())?
     };
     m.insert("probe.cluster_handoff_max_active_clusters".into(), json!(fit));
-    for s in selected(fit) {
+    for s in selected(fit, only) {
         let cpw = chunks_per_warp(&s);
         let resident;
         let chunk_int4 = (s.chunk_bytes / 16) as i32;
@@ -298,8 +298,8 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
                 "max_active_clusters": resident,
             }),
         );
-        eprintln!(
-            "eptwin hw: cluster handoff {}: {:.1} GB/s ({} bytes in {:.1} us, {} wrong words, \
+        tracing::info!(
+            "cluster handoff {}: {:.1} GB/s ({} bytes in {:.1} us, {} wrong words, \
              {} clusters resident at once)",
             s.key(),
             moved as f64 / (us * 1e3),
@@ -327,11 +327,11 @@ const REDUCE_TOKENS: u32 = 64;
 pub const REDUCE_SOURCES: [u32; 4] = [1, 2, 4, 8];
 
 /// The shared memory of a combine block at hidden `hidden`, top-k `topk`, `slots` per source:
-/// rows and weights, the mbarriers and heads the probe leaves unused (hw/src/intranode.rs
-/// `cluster_combine_smem` lays out the same).
+/// rows and weights, the mbarriers and heads the probe leaves unused (the combine kernel's
+/// layout, engine `cluster_ring`).
 fn reduce_smem_bytes(hidden: u32, topk: u32, slots: u32) -> u32 {
-    let n = REDUCE_RANKS;
-    n * slots * (2 * hidden + 4 * topk) + n * slots * 8 + 4 * n
+    let slot = ClusterSlot::combine(hidden, topk).expect("the probe's shape moves in bulk");
+    slot.smem_bytes(REDUCE_RANKS, slots) as u32
 }
 
 /// The combine's reduction alone (`probe_cluster_reduce`): per token, `k` partial rows already
@@ -341,7 +341,8 @@ fn reduce_smem_bytes(hidden: u32, topk: u32, slots: u32) -> u32 {
 /// the exact sum `k (k + 1) / 2`.
 pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
     // The EP8 DeepSeek shape of the committed scenarios: BF16 rows of hidden 7,168, top-8, two
-    // slots per source (what fits a block's shared memory: hw/src/intranode.rs cluster_shape).
+    // slots per source (what fits a block's shared memory: hw/src/intranode/rings.rs
+    // cluster_shape).
     let (hidden, topk, slots) = (7168u32, 8u32, 2u32);
     let hidden_int4 = (hidden * 2 / 16) as i32;
     let smem = reduce_smem_bytes(hidden, topk, slots);
@@ -407,8 +408,8 @@ pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
                     "wrong_values": wrong,
                 }),
             );
-            eprintln!(
-                "eptwin hw: cluster reduce {key}: {ns_per_token:.1} ns per token (median of {blocks} \
+            tracing::info!(
+                "cluster reduce {key}: {ns_per_token:.1} ns per token (median of {blocks} \
                  blocks; launch {us:.1} us; {wrong} wrong values)"
             );
         }

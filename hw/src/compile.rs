@@ -28,18 +28,6 @@ pub fn nvrtc_version() -> Result<(i32, i32), String> {
     Ok((major, minor))
 }
 
-/// Where compiled kernels are cached: `EPTWIN_KERNEL_CACHE`, else `$XDG_CACHE_HOME/eptwin/kernels`,
-/// else `~/.cache/eptwin/kernels`; `None` (no caching) when none can be found.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("EPTWIN_KERNEL_CACHE") {
-        return Some(PathBuf::from(dir));
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(dir).join("eptwin").join("kernels"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("eptwin").join("kernels"))
-}
-
 pub struct Compiler {
     pub version: (i32, i32),
     pub cache_dir: Option<PathBuf>,
@@ -107,24 +95,18 @@ impl Compiler {
         if let Some(path) = &cached {
             // A cache that cannot be written only costs a recompilation next time.
             if let Err(e) = write_atomic(path, &cubin) {
-                eprintln!("eptwin: kernel cache not written: {e}");
+                tracing::warn!("kernel cache not written: {e}");
             }
         }
         Ok(cubin)
     }
 }
 
+/// Write a cache file the way results are written (`eptwin_engine::result::write_file_atomic`),
+/// so concurrent runs never read half a file.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HwError> {
-    let err = |m: String| HwError::Cache { path: path.display().to_string(), message: m };
-    let dir = path.parent().ok_or_else(|| err("no parent directory".into()))?;
-    std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, bytes).map_err(|e| err(e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+    eptwin_engine::result::write_file_atomic(path, bytes)
+        .map_err(|e| HwError::Cache { path: path.display().to_string(), message: e.to_string() })
 }
 
 /// Compile one expanded source to a cubin with NVRTC.

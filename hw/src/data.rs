@@ -8,16 +8,18 @@
 //! So the host predicts every received byte, and a single wrong row cannot hide in rounding.
 //! No zero codes: zeros hide unwritten outputs.
 
-/// bf16 -> f32 (exact).
+use eptwin_engine::rng::splitmix64;
+use half::bf16;
+
+/// bf16 code -> f32 (exact).
 pub fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
+    bf16::from_bits(h).to_f32()
 }
 
-/// f32 -> bf16, round to nearest even (finite inputs), as `f32_to_bf16` in common.cuh.
+/// f32 -> bf16 code, round to nearest even: for finite inputs bit for bit what `f32_to_bf16` in
+/// common.cuh computes (tested against that formula).
 pub fn f32_to_bf16(f: f32) -> u16 {
-    let u = f.to_bits();
-    let u = u.wrapping_add(0x7fff + ((u >> 16) & 1));
-    (u >> 16) as u16
+    bf16::from_f32(f).to_bits()
 }
 
 /// e4m3 -> f32 (exact), as `e4m3_to_f32` in common.cuh.
@@ -35,23 +37,6 @@ pub fn e4m3_to_f32(v: u8) -> f32 {
 
 /// The largest finite e4m3 value's code (448), without sign.
 pub const E4M3_MAX_CODE: u8 = 0x7e;
-
-/// SplitMix64: small, fast and good enough for test data (not the engine's routing PRNG).
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
 
 /// One rank's input tokens in the three forms the kernels use.
 #[derive(Debug, Clone)]
@@ -86,16 +71,17 @@ impl RankTokens {
 /// Generate one rank's tokens; `hidden` must be a multiple of 128.
 pub fn generate(seed: u64, rank: u32, num_tokens: usize, hidden: usize) -> RankTokens {
     assert!(hidden.is_multiple_of(128), "hidden must be a multiple of 128");
-    let mut rng = SplitMix64::new(
-        seed ^ (0xe9_7a1c_0000_0000 | rank as u64).wrapping_mul(0x2545_f491_4f6c_dd1d),
-    );
+    // One SplitMix64 stream per (seed, rank): the engine's frozen generator, not its routing
+    // streams, so test data never correlates with routing.
+    let mut state = seed ^ (0xe9_7a1c_0000_0000 | rank as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+    let mut next_u64 = || splitmix64(&mut state);
     let blocks = hidden / 128;
     let mut fp8 = vec![0u8; num_tokens * hidden];
     let mut scales = vec![0f32; num_tokens * blocks];
     let mut bf16 = vec![0u16; num_tokens * hidden];
     for t in 0..num_tokens {
         for b in 0..blocks {
-            let r = rng.next_u64();
+            let r = next_u64();
             let shift = (r % 7) as i32 - 3;
             let scale = 2f32.powi(shift);
             scales[t * blocks + b] = scale;
@@ -103,7 +89,7 @@ pub fn generate(seed: u64, rank: u32, num_tokens: usize, hidden: usize) -> RankT
             let mut bits = 0u64;
             for i in 0..128 {
                 if i % 8 == 0 {
-                    bits = rng.next_u64();
+                    bits = next_u64();
                 }
                 let raw = (bits >> ((i % 8) * 8)) as u8;
                 let sign = raw & 0x80;
@@ -127,6 +113,12 @@ pub fn expert_factor(id: u32) -> f32 {
 /// Expert output element: bf16(x · factor), as `expert_value` in testdata.cu.
 pub fn expert_output(x: f32, factor: f32) -> u16 {
     f32_to_bf16(x * factor)
+}
+
+/// The bytes of bf16 codes in memory order (what the kernels read and write).
+pub fn bytes_of_u16(v: &[u16]) -> &[u8] {
+    // SAFETY: u16 has no padding; the byte view covers the same memory.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 /// DeepEP's `calc_diff`: 1 - 2·Σxy / Σ(x² + y²), in f64.
@@ -173,6 +165,24 @@ mod tests {
         assert_eq!(e4m3_to_f32(0x08), 0.015625);
     }
 
+    /// `f32_to_bf16` in common.cuh: add 0x7fff plus the lowest kept bit, truncate.
+    fn f32_to_bf16_as_the_kernels_do(f: f32) -> u16 {
+        let u = f.to_bits();
+        (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16
+    }
+
+    proptest::proptest! {
+        /// The crate's conversion and the kernels' agree on every finite value, ties included.
+        #[test]
+        fn bf16_conversion_matches_the_kernels(bits in proptest::prelude::any::<u32>()) {
+            let f = f32::from_bits(bits);
+            proptest::prop_assume!(f.is_finite());
+            proptest::prop_assert_eq!(f32_to_bf16(f), f32_to_bf16_as_the_kernels_do(f));
+            let h = f32_to_bf16(f);
+            proptest::prop_assert_eq!(bf16_to_f32(h).to_bits(), (h as u32) << 16);
+        }
+    }
+
     #[test]
     fn bf16_rounding() {
         assert_eq!(f32_to_bf16(1.0), 0x3f80);
@@ -202,6 +212,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The tokens are a function of (seed, rank) only, frozen: the kernels' outputs are checked
+    /// against them and committed results were measured with them.
+    #[test]
+    fn generated_tokens_are_frozen() {
+        use sha2::{Digest, Sha256};
+        let d = generate(1, 3, 5, 256);
+        let mut h = Sha256::new();
+        h.update(&d.fp8);
+        for s in &d.scales {
+            h.update(s.to_bits().to_le_bytes());
+        }
+        h.update(bytes_of_u16(&d.bf16));
+        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(&d.fp8[..4], [254, 165, 72, 154]);
+        assert_eq!(hex, "5d10d82214893a1f2676333afea4e5c7c3e46c9d776e97c442181821c262d8e1");
     }
 
     #[test]

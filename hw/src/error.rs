@@ -31,6 +31,10 @@ pub enum HwError {
     Setup { context: String, message: String },
     #[error("writing the kernel cache {path}: {message}")]
     Cache { path: String, message: String },
+    /// Another process of a multi-process run failed (the line names it, or is the same in
+    /// every process that failed).
+    #[error("{0}")]
+    Processes(String),
 }
 
 impl From<HwError> for TransportError {
@@ -58,6 +62,7 @@ pub enum WaitKind {
     LlRecvCount,
     LlCombineFlag,
     ProbeFlag,
+    ProcessBarrier,
     Unknown(i32),
 }
 
@@ -74,6 +79,7 @@ impl WaitKind {
             8 => WaitKind::LlRecvCount,
             9 => WaitKind::LlCombineFlag,
             10 => WaitKind::ProbeFlag,
+            11 => WaitKind::ProcessBarrier,
             other => WaitKind::Unknown(other),
         }
     }
@@ -132,6 +138,11 @@ impl ErrorRecord {
                 self.expert, self.peer
             ),
             WaitKind::ProbeFlag => format!("waited for the flag of probe side {}", self.peer),
+            WaitKind::ProcessBarrier => format!(
+                "waited at the barrier before the timed launch for the other processes ({} of \
+                 {} arrivals in)",
+                self.observed, self.expected
+            ),
             WaitKind::Unknown(k) => format!("waited (unknown wait kind {k})"),
         };
         format!(
@@ -144,6 +155,21 @@ impl ErrorRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ErrorRecord` in kernels/cuda/common.cuh: eight `int`s (the host reads it back after
+    /// every op).
+    #[test]
+    fn error_record_matches_the_cuda_declaration() {
+        assert_eq!(std::mem::size_of::<ErrorRecord>(), 32);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, flag), 0);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, kind), 4);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, rank), 8);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, channel), 12);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, peer), 16);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, expert), 20);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, expected), 24);
+        assert_eq!(std::mem::offset_of!(ErrorRecord, observed), 28);
+    }
 
     #[test]
     fn timeout_record_names_the_coordinates() {

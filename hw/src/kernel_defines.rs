@@ -2,6 +2,8 @@
 
 use eptwin_kernels::ModuleId;
 
+use crate::options::HwOptions;
+
 /// Threads per block of the normal kernels to try, best first: DeepEP's 768 when the grid fits
 /// with one block per SM; with several ranks on one GPU, fewer threads so that `min_blocks`
 /// blocks fit per SM within the register file (65,536 registers per SM: 64 per thread at 1,024
@@ -45,13 +47,10 @@ impl FlagScope {
 }
 
 /// Warps that reduce one token together in the normal combine (intranode.cu
-/// `COMBINE_GROUP_WARPS`); `EPTWIN_COMBINE_GROUP_WARPS` overrides it for experiments.
-pub fn combine_group_warps(threads: u32) -> u32 {
+/// `COMBINE_GROUP_WARPS`): 5, or `wanted` (`HwOptions::combine_group_warps`) for experiments.
+pub fn combine_group_warps(threads: u32, wanted: Option<u32>) -> u32 {
     let warps = threads / 32;
-    let wanted = std::env::var("EPTWIN_COMBINE_GROUP_WARPS")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(5);
+    let wanted = wanted.unwrap_or(5);
     // At least one group beside the head-updater warp, at most 13 groups (named barriers).
     wanted.clamp(1, warps.saturating_sub(1).max(1)).max((warps.saturating_sub(1)).div_ceil(13))
 }
@@ -61,21 +60,20 @@ pub fn intranode(
     threads: u32,
     min_blocks: u32,
     scope: FlagScope,
+    options: &HwOptions,
 ) -> Vec<(&'static str, String)> {
     vec![
         ("NUM_RANKS", num_ranks.to_string()),
         ("NUM_THREADS", threads.to_string()),
         ("MIN_BLOCKS", min_blocks.to_string()),
         scope.define(),
-        ("COMBINE_GROUP_WARPS", combine_group_warps(threads).to_string()),
-        ("USE_L2_HINTS", if l2_hints() { "1" } else { "0" }.to_string()),
+        (
+            "COMBINE_GROUP_WARPS",
+            combine_group_warps(threads, options.combine_group_warps).to_string(),
+        ),
+        // L2 eviction-priority hints on ring and streaming accesses (common.cuh `USE_L2_HINTS`).
+        ("USE_L2_HINTS", if options.l2_hints { "1" } else { "0" }.to_string()),
     ]
-}
-
-/// L2 eviction-priority hints on ring and streaming accesses (common.cuh `USE_L2_HINTS`);
-/// `EPTWIN_L2_HINTS=0` turns them off for experiments.
-pub fn l2_hints() -> bool {
-    std::env::var("EPTWIN_L2_HINTS").map(|v| v != "0").unwrap_or(true)
 }
 
 pub fn low_latency(hidden: u32, threads: u32, scope: FlagScope) -> Vec<(&'static str, String)> {
@@ -92,12 +90,15 @@ pub fn cluster(threads: u32) -> Vec<(&'static str, String)> {
 /// Define sets that cover what the backend compiles (for the compile test).
 pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
     match id {
-        ModuleId::Intranode => vec![
-            intranode(8, normal_threads(8, 2), 2, FlagScope::Gpu),
-            intranode(8, normal_threads(8, 1), 1, FlagScope::Sys),
-            intranode(4, normal_threads(4, 1), 1, FlagScope::Sys),
-            intranode(2, normal_threads(2, 1), 1, FlagScope::Gpu),
-        ],
+        ModuleId::Intranode => {
+            let o = HwOptions::default();
+            vec![
+                intranode(8, normal_threads(8, 2), 2, FlagScope::Gpu, &o),
+                intranode(8, normal_threads(8, 1), 1, FlagScope::Sys, &o),
+                intranode(4, normal_threads(4, 1), 1, FlagScope::Sys, &o),
+                intranode(2, normal_threads(2, 1), 1, FlagScope::Gpu, &o),
+            ]
+        }
         ModuleId::LowLatency => {
             vec![low_latency(7168, 1024, FlagScope::Gpu), low_latency(4096, 1024, FlagScope::Sys)]
         }
@@ -123,7 +124,7 @@ mod tests {
         assert_eq!(normal_threads(8, 1), 768);
         assert_eq!(normal_threads(8, 2), 512);
         for t in [256, 512, 768] {
-            let g = combine_group_warps(t);
+            let g = combine_group_warps(t, None);
             let groups = (t / 32 - 1) / g;
             assert!((1..=13).contains(&groups), "{t} threads: {g} warps per group");
         }

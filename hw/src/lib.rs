@@ -4,7 +4,9 @@
 //! (`placement`), compiles the embedded kernels for the device (`compile`), measures the copy
 //! ceilings and the NCCL all-to-all baseline in the same run (`probes`, `nccl`), then times
 //! each dispatch/combine with CUDA events after an L2 flush and checks the received tokens and
-//! the combined sums the way DeepEP's tests do (`intranode`, `low_latency`).
+//! the combined sums the way DeepEP's tests do (`intranode`, `low_latency`). One job's ranks
+//! may also run as several processes, each with its own block of ranks, sharing buffers through
+//! CUDA IPC (`processes`, docs/cluster.md).
 //!
 //! Architecture Invariant: every GPU library is loaded at run time; a missing GPU, driver,
 //! NVRTC or NCCL makes `capabilities()` report the plan as waived with one line, never a panic.
@@ -18,14 +20,19 @@ pub mod cuda;
 pub mod data;
 pub mod error;
 pub mod exec;
+pub mod group;
+pub mod internode;
 pub mod intranode;
 pub mod kernel_defines;
 pub mod low_latency;
 pub mod nccl;
 pub mod nvml;
+pub mod options;
 pub mod placement;
 pub mod probes;
+pub mod processes;
 pub mod rdma;
+pub mod wire;
 
 use std::collections::BTreeMap;
 
@@ -33,7 +40,7 @@ use eptwin_engine::Plan;
 use eptwin_engine::deepep::config::EpMode;
 use eptwin_engine::ids::JobId;
 use eptwin_engine::plan::{DeepEpJob, JobKind};
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
 };
@@ -43,44 +50,14 @@ use serde_json::{Value, json};
 use crate::cuda::Gpu;
 use crate::error::HwError;
 use crate::exec::{Device, Devices};
+use crate::group::Launcher;
 use crate::intranode::{NormalJob, NormalLaunch};
 use crate::low_latency::{LlJob, LlLaunch};
 use crate::placement::{GpuInventory, Placement};
 use crate::probes::round3;
+use crate::processes::{PREPARE_TIMEOUT, ProcessBarrier, ProcessOp, Processes};
 
-/// Knobs of the hardware backend. `Default` reads the environment:
-/// `EPTWIN_KERNEL_TIMEOUT_MS` (bound of every in-kernel wait, default 10000),
-/// `EPTWIN_L2_DISCARD=0` (keep consumed ring lines in L2 instead of dropping them),
-/// `EPTWIN_PROBES=0` (skip the copy probes), `EPTWIN_NCCL_BASELINE=0` (skip NCCL).
-/// Measurement knobs read where they act: `EPTWIN_NORMAL_DISPATCH=global|cluster` and
-/// `EPTWIN_NORMAL_COMBINE=global|cluster` (where the normal kernels' rings live; default:
-/// cluster shared memory wherever it can run, `intranode::ClusterRings`), `EPTWIN_CLUSTER_SLOTS`
-/// (at most that many cluster slots per source), `EPTWIN_CLUSTER_TIMES=1` (print when the
-/// cluster kernels' warps finished),
-/// `EPTWIN_NORMAL_SMS=N` (normal kernels on N SMs per rank instead of the scenario's Config),
-/// `EPTWIN_CLUSTER_PROBE=1` (the cluster handoff probe), `EPTWIN_FLAG_SCOPE=sys`.
-#[derive(Debug, Clone)]
-pub struct HwOptions {
-    pub kernel_timeout_ms: u64,
-    pub l2_discard: bool,
-    pub probes: bool,
-    pub nccl_baseline: bool,
-}
-
-impl Default for HwOptions {
-    fn default() -> Self {
-        let flag = |name: &str| std::env::var(name).map(|v| v != "0").unwrap_or(true);
-        HwOptions {
-            kernel_timeout_ms: std::env::var("EPTWIN_KERNEL_TIMEOUT_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(10_000),
-            l2_discard: flag("EPTWIN_L2_DISCARD"),
-            probes: flag("EPTWIN_PROBES"),
-            nccl_baseline: flag("EPTWIN_NCCL_BASELINE"),
-        }
-    }
-}
+pub use crate::options::{HwOptions, RingsWanted};
 
 /// What was found on this machine.
 struct Environment {
@@ -108,6 +85,10 @@ struct State {
     transported_bytes: BTreeMap<OpKind, u64>,
     nccl_us: BTreeMap<OpKind, f64>,
     memcpy_gbps: Option<f64>,
+    /// (hidden, dispatch dtype): the NCCL baseline's row sizes.
+    row_shape: (u32, Dtype),
+    /// This process's first job rank (named in the process barrier's timeout record).
+    first_rank: u32,
 }
 
 pub struct HwTransport {
@@ -115,11 +96,116 @@ pub struct HwTransport {
     env: Result<Environment, String>,
     state: Option<State>,
     measurements: BTreeMap<String, Value>,
+    /// The other processes of a multi-process run; `None`: this process runs every rank.
+    procs: Option<Processes>,
+    launcher: Launcher,
+    hosts: Vec<String>,
 }
 
+/// How long processes wait for each other to find their GPUs.
+const DETECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 impl HwTransport {
+    /// Every rank in this process, started without a launcher.
     pub fn new(options: HwOptions) -> Self {
-        HwTransport { options, env: detect(), state: None, measurements: BTreeMap::new() }
+        HwTransport::single(options, Launcher::Single)
+    }
+
+    /// Every rank in this process, started by `launcher` (a launch of one process).
+    pub fn single(options: HwOptions, launcher: Launcher) -> Self {
+        HwTransport {
+            options,
+            env: detect(),
+            state: None,
+            measurements: BTreeMap::new(),
+            procs: None,
+            launcher,
+            hosts: vec![group::system_hostname()],
+        }
+    }
+
+    /// This process's block of ranks in a multi-process run. Collective: every process finds
+    /// its GPUs and all agree (a process without a usable GPU waives the run for all, with its
+    /// reason). Fails when another process fails or leaves.
+    pub fn in_processes(options: HwOptions, mut procs: Processes) -> Result<Self, HwError> {
+        let env = detect();
+        let local = env.as_ref().map(|_| ()).map_err(|r| HwError::Unavailable(r.clone()));
+        let env = match procs.agree_on("GPU detection", local, DETECT_TIMEOUT) {
+            Ok(()) => env,
+            Err(HwError::Unsupported(reason)) => Err(reason),
+            Err(other) => return Err(other),
+        };
+        Ok(HwTransport {
+            options,
+            env,
+            state: None,
+            measurements: BTreeMap::new(),
+            launcher: procs.launcher(),
+            hosts: procs.hosts(),
+            procs: Some(procs),
+        })
+    }
+
+    /// Ends the run's process group after a last barrier (nothing for a single process);
+    /// every process calls it once its run loop is done.
+    pub fn finish(mut self, timeout: std::time::Duration) -> Result<(), group::GroupError> {
+        let Some(procs) = self.procs.take() else { return Ok(()) };
+        let outcome = procs.finish(timeout);
+        if outcome.is_err() {
+            // The run failed in another process: a kernel here may still spin on a peer that
+            // is gone, and freeing the buffers would wait for it. The process is about to end
+            // and the driver reclaims everything.
+            std::mem::forget(self.state.take());
+        }
+        outcome
+    }
+
+    /// The process-group keys of `backend` (docs/results.md): processes, launcher, hosts and
+    /// how internode bytes moved (no internode traffic on this backend yet).
+    fn process_identity(&self) -> [(String, Value); 4] {
+        [
+            ("processes".into(), json!(self.hosts.len())),
+            ("launcher".into(), json!(self.launcher.as_str())),
+            ("hosts".into(), json!(self.hosts)),
+            ("wire".into(), json!("none")),
+        ]
+    }
+
+    /// The job's one op on this process's ranks, and on the host-checked iteration their
+    /// output digests.
+    fn run_op(
+        state: &mut State,
+        job: JobId,
+        op: OpKind,
+        iteration: u32,
+        warmup: bool,
+    ) -> Result<ProcessOp, HwError> {
+        let gpu_of_rank = state.placement.gpu_of_rank.clone();
+        let devs = &mut state.devs;
+        let sample = match (&mut state.runtime, op) {
+            (Runtime::Normal(j), OpKind::Dispatch) => {
+                j.dispatch(devs, &gpu_of_rank, iteration, warmup, job)
+            }
+            (Runtime::Normal(j), OpKind::Combine) => {
+                j.combine(devs, &gpu_of_rank, iteration, warmup, job)
+            }
+            (Runtime::LowLatency(j), OpKind::Dispatch) => {
+                j.dispatch(devs, &gpu_of_rank, iteration, warmup, job)
+            }
+            (Runtime::LowLatency(j), OpKind::Combine) => {
+                j.combine(devs, &gpu_of_rank, iteration, warmup, job)
+            }
+            (_, other) => {
+                return Err(HwError::Unsupported(format!(
+                    "op {other} is not a DeepEP dispatch or combine"
+                )));
+            }
+        }?;
+        let rank_digests = match &mut state.runtime {
+            Runtime::Normal(j) => j.take_rank_digests(),
+            Runtime::LowLatency(j) => j.take_rank_digests(),
+        };
+        Ok(ProcessOp { sample, rank_digests: rank_digests.unwrap_or_default() })
     }
 }
 
@@ -199,7 +285,8 @@ fn internode_reason() -> String {
     match rdma::internode_waiver() {
         Some(reason) => reason,
         None => "an RDMA port is up, but the hardware backend does not run DeepEP's internode \
-                 kernels over it yet (the verbs layer and CPU proxy exist in hw::rdma)"
+                 kernels over it yet (the wires, the CPU proxy and the protocol's host \
+                 reference exist in hw::wire and hw::internode)"
             .into(),
     }
 }
@@ -209,7 +296,7 @@ impl Transport for HwTransport {
         match &self.env {
             Err(reason) => Capabilities {
                 backend: BackendKind::Hw,
-                identity: BTreeMap::new(),
+                identity: self.process_identity().into_iter().collect(),
                 unavailable: Some(reason.clone()),
                 modes: Vec::new(),
                 traffic: false,
@@ -220,7 +307,7 @@ impl Transport for HwTransport {
             },
             Ok(env) => Capabilities {
                 backend: BackendKind::Hw,
-                identity: identity(env),
+                identity: identity(env).into_iter().chain(self.process_identity()).collect(),
                 unavailable: None,
                 modes: vec![EpMode::Intranode, EpMode::LowLatency],
                 traffic: false,
@@ -237,7 +324,25 @@ impl Transport for HwTransport {
             Ok(env) => env,
             Err(reason) => return Err(TransportError::Unsupported(reason.clone())),
         };
-        let state = prepare(&self.options, env, plan, &mut self.measurements)?;
+        let view =
+            self.procs.as_ref().map(|p| ProcessView { block: p.my_block(), processes: p.count() });
+        let local = prepare_local(&self.options, env, plan, &mut self.measurements, view.as_ref());
+        // Every process has done its own part; a waiver or failure anywhere is everyone's.
+        let mut state = match self.procs.as_mut() {
+            Some(p) => {
+                p.agree_on("prepare (placement, kernels, buffers)", local, PREPARE_TIMEOUT)?
+            }
+            None => local?,
+        };
+        if let Err(e) =
+            connect(&self.options, &mut state, self.procs.as_mut(), &mut self.measurements)
+        {
+            return Err(match &self.procs {
+                Some(p) => p.abort(e),
+                None => e,
+            }
+            .into());
+        }
         self.state = Some(state);
         Ok(())
     }
@@ -260,28 +365,31 @@ impl Transport for HwTransport {
                 message: format!("op for job {job:?}, prepared {:?}", state.job),
             });
         }
-        let gpu_of_rank = state.placement.gpu_of_rank.clone();
-        let devs = &mut state.devs;
-        let sample = match (&mut state.runtime, op) {
-            (Runtime::Normal(j), OpKind::Dispatch) => {
-                j.dispatch(devs, &gpu_of_rank, *iteration, *warmup, *job)
+        let local = HwTransport::run_op(state, *job, *op, *iteration, *warmup);
+        let merged = match self.procs.as_mut() {
+            None => local?,
+            Some(p) => {
+                let local = match local {
+                    // Peers may be blocked in a GPU wait on this process: tell them at once.
+                    Err(e) if !matches!(e, HwError::Unsupported(_)) => {
+                        return Err(p.abort(e).into());
+                    }
+                    other => other,
+                };
+                let timeout = std::time::Duration::from_millis(state.devs.host_timeout_ms)
+                    + std::time::Duration::from_secs(120);
+                let label =
+                    format!("{}{op} iteration {iteration}", if *warmup { "warmup " } else { "" });
+                p.merge_op(&label, local, timeout)?
             }
-            (Runtime::Normal(j), OpKind::Combine) => {
-                j.combine(devs, &gpu_of_rank, *iteration, *warmup, *job)
-            }
-            (Runtime::LowLatency(j), OpKind::Dispatch) => {
-                j.dispatch(devs, &gpu_of_rank, *iteration, *warmup, *job)
-            }
-            (Runtime::LowLatency(j), OpKind::Combine) => {
-                j.combine(devs, &gpu_of_rank, *iteration, *warmup, *job)
-            }
-            (_, other) => {
-                return Err(TransportError::Unsupported(format!(
-                    "op {other} is not a DeepEP dispatch or combine"
-                )));
-            }
+        };
+        let sample = merged.sample;
+        for (rank, digest) in merged.rank_digests {
+            self.measurements.insert(
+                format!("hw.output_digest.{op}.rank{rank}"),
+                json!(format!("{digest:#018x}")),
+            );
         }
-        .map_err(TransportError::from)?;
         if !*warmup {
             state.latencies_ns.entry(*op).or_default().push(sample.latency_ns);
             state.transported_bytes.insert(*op, sample.nvlink_bytes);
@@ -334,11 +442,21 @@ fn load(
     Ok(())
 }
 
-fn prepare(
+/// Where this process stands in a multi-process run, as prepare needs it.
+struct ProcessView {
+    /// The scenario ranks this process runs.
+    block: std::ops::Range<usize>,
+    processes: usize,
+}
+
+/// Everything a process prepares on its own (placement, its GPUs, kernels, its ranks'
+/// buffers); [`connect`] then does what needs the other processes.
+fn prepare_local(
     options: &HwOptions,
     env: &mut Environment,
     plan: &Plan,
     m: &mut BTreeMap<String, Value>,
+    view: Option<&ProcessView>,
 ) -> Result<State, HwError> {
     let job =
         plan.jobs.first().ok_or_else(|| HwError::Unsupported("the scenario has no job".into()))?;
@@ -351,8 +469,7 @@ fn prepare(
     // `EPTWIN_NORMAL_SMS=N` runs the normal kernels with N SMs per rank (N / 2 channels) instead
     // of the scenario's Config, for both dispatch and combine (they share the channel layout):
     // a measurement knob, recorded in the result.
-    let sms_override: Option<u32> =
-        std::env::var("EPTWIN_NORMAL_SMS").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 2);
+    let sms_override = options.normal_sms;
     // Copied (routing table included) only when overridden.
     let mut d = std::borrow::Cow::Borrowed(d.as_ref());
     if let Some(sms) = sms_override {
@@ -367,14 +484,33 @@ fn prepare(
         return Err(HwError::Unsupported(format!("job {:?}: {}", job.name, internode_reason())));
     }
     let n = job.num_ranks();
+    // The job's ranks this process runs (all of them in a single-process run).
+    let mine: Vec<u32> = match view {
+        None => (0..n).collect(),
+        Some(v) => {
+            (0..n).filter(|&r| v.block.contains(&(job.ranks[r as usize].0 as usize))).collect()
+        }
+    };
+    if mine.is_empty() {
+        return Err(HwError::Setup {
+            context: format!("job {:?}", job.name),
+            message: "this process runs none of the job's ranks".into(),
+        });
+    }
+    // Every process places the whole job the same way and opens the GPUs of its own ranks.
     let placement = placement::place(n, plan.topology.ranks_per_gpu, &Inventory(&env.gpus))
         .map_err(|e| HwError::Unsupported(e.to_string()))?;
     // Take the GPUs in use out of the environment; the rest stay closed to this job.
     let mut taken: Vec<Option<Gpu>> = std::mem::take(&mut env.gpus).into_iter().map(Some).collect();
     let mut list = Vec::new();
     for &g in &placement.gpus {
+        let ranks: Vec<u32> =
+            placement.ranks_on(g).into_iter().filter(|r| mine.contains(r)).collect();
+        if ranks.is_empty() {
+            continue;
+        }
         let gpu = taken[g as usize].take().expect("placement GPUs are distinct");
-        list.push(Device::new(gpu, placement.ranks_on(g))?);
+        list.push(Device::new(gpu, ranks)?);
     }
     env.gpus = taken.into_iter().flatten().collect();
     for a in &list {
@@ -384,15 +520,29 @@ fn prepare(
             }
         }
     }
+    // Ranks of every process on each GPU: launches share a GPU's resident blocks.
+    let ranks_on_gpu = |g: usize| placement.ranks_on(g as u32).len() as u32;
+    if let Some(v) = view {
+        for dev in &list {
+            let all = ranks_on_gpu(dev.gpu.ordinal);
+            if all > dev.ranks.len() as u32 && !dev.gpu.mps_enabled()? {
+                return Err(HwError::Unsupported(format!(
+                    "{all} ranks of {} processes share GPU {} but this process's context does not \
+                     go through MPS (without it their kernels time-slice, ~5 ms per handoff): \
+                     start the MPS control daemon (`nvidia-cuda-mps-control -d`) and run again",
+                    v.processes, dev.gpu.ordinal
+                )));
+            }
+        }
+    }
     let mut devs = Devices::new(list, options.kernel_timeout_ms);
-    let compiler = compile::Compiler::new(env.nvrtc, compile::default_cache_dir());
+    let compiler = compile::Compiler::new(env.nvrtc, options.kernel_cache_dir.clone());
     let sm_count = devs.list[0].gpu.sm_count;
-    let max_local = devs.list.iter().map(|d| d.ranks.len() as u32).max().unwrap_or(1);
+    let max_local = placement.gpus.iter().map(|&g| ranks_on_gpu(g as usize)).max().unwrap_or(1);
     let w = &d.workload;
 
     // Flags between ranks need .sys scope only when peers sit on other GPUs.
-    let scope = if devs.list.len() > 1 || std::env::var("EPTWIN_FLAG_SCOPE").as_deref() == Ok("sys")
-    {
+    let scope = if placement.gpus.len() > 1 || options.flag_scope_sys {
         kernel_defines::FlagScope::Sys
     } else {
         kernel_defines::FlagScope::Gpu
@@ -407,6 +557,9 @@ fn prepare(
     ] {
         load(&compiler, &mut devs, id, name, &[])?;
     }
+    if view.is_some() {
+        load(&compiler, &mut devs, ModuleId::Sync, "sync", &[])?;
+    }
     let mut normal_shape = None;
     let mut cluster_rings = intranode::ClusterRings::default();
     match d.mode {
@@ -417,15 +570,15 @@ fn prepare(
             };
             let ring_inputs = intranode::RingInputs {
                 ranks: n,
-                one_gpu: devs.list.len() == 1 && dev0.ranks.len() as u32 == n,
+                one_launch: view.is_none() && placement.gpus.len() == 1,
                 compute_major: dev0.gpu.compute_capability.0,
                 hidden: w.hidden,
-                fp8: w.dispatch_dtype == eptwin_engine::scenario::schema::Dtype::Fp8,
+                fp8: w.dispatch_dtype == Dtype::Fp8,
                 topk: w.topk,
                 dispatch_recv_tokens: cfg_recv(&d.dispatch_config),
                 combine_recv_tokens: cfg_recv(&d.combine_config),
             };
-            let rings = intranode::ClusterRings::choose(&ring_inputs)
+            let rings = intranode::ClusterRings::choose(&ring_inputs, options)
                 .map_err(|e| HwError::Unsupported(format!("job {:?}: {e}", job.name)))?;
             let num_sms = d.dispatch_config.as_ref().map(|c| c.num_sms).unwrap_or(20);
             let per_gpu = max_local * num_sms;
@@ -437,7 +590,7 @@ fn prepare(
             let min_blocks = if need_resident { per_gpu.div_ceil(sm_count).max(1) } else { 1 };
             let mut refused = Vec::new();
             for threads in kernel_defines::normal_thread_candidates(n, min_blocks) {
-                let defines = kernel_defines::intranode(n, threads, min_blocks, scope);
+                let defines = kernel_defines::intranode(n, threads, min_blocks, scope, options);
                 load(&compiler, &mut devs, ModuleId::Intranode, "intranode", &defines)?;
                 let dev0 = &devs.list[0];
                 let intr = dev0.module("intranode")?;
@@ -519,33 +672,22 @@ fn prepare(
     m.insert(
         "hw.l2_discard_consumed_lines".into(),
         json!({
-            "dispatch": options.l2_discard && intranode::discard_in_dispatch(),
+            "dispatch": options.discard_in_dispatch(),
             "combine": options.l2_discard,
         }),
     );
     m.insert("hw.kernel_timeout_ms".into(), json!(options.kernel_timeout_ms));
 
-    let mut memcpy_gbps = None;
-    if options.probes {
-        let p = probes::run(&mut devs)?;
-        memcpy_gbps = p.get("probe.memcpy_dtod_bw_gbps").and_then(|v| v.as_f64());
-        if let Some(bw) = memcpy_gbps {
-            eprintln!(
-                "eptwin hw: memcpy ceiling (1 GiB device-to-device cuMemcpy): {bw:.1} GB/s copied, \
-                 {:.1} GB/s read+write",
-                2.0 * bw
-            );
-        }
-        m.extend(p);
-    }
-    if std::env::var("EPTWIN_CLUSTER_PROBE").as_deref() == Ok("1") {
+    if options.cluster_probe && view.is_some() {
+        tracing::warn!("EPTWIN_CLUSTER_PROBE ignored: the probes run in single-process runs only");
+    } else if options.cluster_probe {
         // Thread-block clusters need sm_90; the probe is opt-in and never gates a run's kernels.
         if devs.list[0].gpu.compute_capability.0 >= 9 {
             for (name, threads) in cluster_probe::MODULES {
                 let defines = kernel_defines::cluster(threads);
                 load(&compiler, &mut devs, ModuleId::Cluster, name, &defines)?;
             }
-            m.extend(cluster_probe::run(&mut devs)?);
+            m.extend(cluster_probe::run(&mut devs, &options.cluster_probe_only)?);
             let defines = vec![("NUM_RANKS", cluster_probe::REDUCE_RANKS.to_string())];
             load(
                 &compiler,
@@ -556,7 +698,7 @@ fn prepare(
             )?;
             m.extend(cluster_probe::run_reduce(&mut devs)?);
         } else {
-            eprintln!("eptwin hw: EPTWIN_CLUSTER_PROBE ignored: thread-block clusters need sm_90");
+            tracing::warn!("EPTWIN_CLUSTER_PROBE ignored: thread-block clusters need sm_90");
         }
     }
 
@@ -592,11 +734,12 @@ fn prepare(
                     "global_ring_kernels_run": cluster_rings.dispatch_slots.is_none()
                         || cluster_rings.combine_slots.is_none(),
                     "threads_per_block": launch.threads,
-                    "combine_reducer_warps_per_token": kernel_defines::combine_group_warps(launch.threads),
-                    "l2_eviction_hints": kernel_defines::l2_hints(),
+                    "combine_reducer_warps_per_token": kernel_defines::combine_group_warps(launch.threads, options.combine_group_warps),
+                    "l2_eviction_hints": options.l2_hints,
                     "blocks_per_rank": launch.blocks_per_rank,
                     "channels_per_rank": launch.blocks_per_rank / 2,
                     "blocks_per_gpu": launch.blocks_per_gpu,
+                    "blocks_per_launch": devs.list.iter().map(|d| d.ranks.len() as u32 * cfg.num_sms).max().unwrap_or(0),
                     "resident_blocks_per_sm": launch.resident_blocks_per_sm,
                     "effective_sms_per_rank": round3(sm_count as f64 / max_local as f64),
                     "registers_per_thread": launch.registers,
@@ -611,14 +754,7 @@ fn prepare(
                     ),
                 }),
             );
-            Runtime::Normal(NormalJob::prepare(
-                &mut devs,
-                job,
-                d,
-                &gpu_of_rank,
-                options.l2_discard,
-                launch,
-            )?)
+            Runtime::Normal(NormalJob::prepare(&mut devs, job, d, &gpu_of_rank, options, launch)?)
         }
         _ => {
             let mut dispatch_blocks = Vec::new();
@@ -634,8 +770,14 @@ fn prepare(
                         "the low-latency kernels do not fit one block per SM".into(),
                     ));
                 }
-                dispatch_blocks.push(dev.gpu.sm_count * od);
-                combine_blocks.push(dev.gpu.sm_count * oc);
+                // Processes sharing a GPU share its resident blocks by their ranks: every
+                // process's blocks must be resident at once (they wait on each other).
+                let share = |resident: u32| {
+                    let all = ranks_on_gpu(dev.gpu.ordinal);
+                    (resident * dev.ranks.len() as u32 / all).max(1)
+                };
+                dispatch_blocks.push(share(dev.gpu.sm_count * od));
+                combine_blocks.push(share(dev.gpu.sm_count * oc));
                 let (rd, ld) = dev.gpu.function_resources(fd)?;
                 let (rc, lc) = dev.gpu.function_resources(fc)?;
                 regs = (rd, rc);
@@ -652,6 +794,7 @@ fn prepare(
                 "hw.low_latency_kernels".into(),
                 json!({
                     "threads_per_block": launch.threads,
+                    // This process's launches (its share of the GPU when processes share one).
                     "dispatch_blocks_per_gpu": dispatch_blocks,
                     "combine_blocks_per_gpu": combine_blocks,
                     "effective_sms_per_rank": round3(sm_count as f64 / max_local as f64),
@@ -660,33 +803,15 @@ fn prepare(
                     "warps_per_receive_group": low_latency::WARPS_PER_GROUP,
                 }),
             );
-            Runtime::LowLatency(LlJob::prepare(
-                &mut devs,
-                job,
-                d,
-                &gpu_of_rank,
-                options.l2_discard,
-                launch,
-            )?)
+            Runtime::LowLatency(LlJob::prepare(&mut devs, job, d, &gpu_of_rank, options, launch)?)
         }
     };
 
     let logical_sum = |v: &[u64]| v.iter().sum::<u64>() as f64;
     let logical_bytes = BTreeMap::from([
-        (OpKind::Dispatch, logical_sum(&d.logical.dispatch_per_rank)),
-        (OpKind::Combine, logical_sum(&d.logical.combine_per_rank)),
+        (OpKind::Dispatch, logical_sum(&d.logical().dispatch_per_rank)),
+        (OpKind::Combine, logical_sum(&d.logical().combine_per_rank)),
     ]);
-    let mut nccl_us = BTreeMap::new();
-    if options.nccl_baseline {
-        // The baseline is context, not the measurement: a failure is recorded, not fatal.
-        match nccl_baseline(&mut devs, &runtime, &gpu_of_rank, w, m) {
-            Ok(us) => nccl_us = us,
-            Err(e) => {
-                eprintln!("eptwin hw: NCCL all-to-all baseline failed: {e}");
-                m.insert("hw.nccl_baseline_error".into(), json!(e.to_string()));
-            }
-        }
-    }
     devs.sync("prepare")?;
     Ok(State {
         devs,
@@ -696,9 +821,87 @@ fn prepare(
         latencies_ns: BTreeMap::new(),
         logical_bytes,
         transported_bytes: BTreeMap::new(),
-        nccl_us,
-        memcpy_gbps,
+        nccl_us: BTreeMap::new(),
+        memcpy_gbps: None,
+        row_shape: (w.hidden, w.dispatch_dtype),
+        first_rank: mine[0],
     })
+}
+
+/// How long processes wait at the barrier while process 0 measures the copy ceilings.
+const PROBES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The part of prepare that needs every process: the buffers peers write into, the barrier
+/// before each timed launch, then the ceilings measured in the same run (process 0 only while
+/// the others wait) and, in a single-process run, the NCCL baseline.
+fn connect(
+    options: &HwOptions,
+    state: &mut State,
+    mut procs: Option<&mut Processes>,
+    m: &mut BTreeMap<String, Value>,
+) -> Result<(), HwError> {
+    if let Some(p) = procs.as_deref_mut() {
+        state.devs.watch = Some(p.watch());
+    }
+    match &mut state.runtime {
+        Runtime::Normal(j) => j.connect(&state.devs, procs.as_deref_mut())?,
+        Runtime::LowLatency(j) => j.connect(&state.devs, procs.as_deref_mut())?,
+    }
+    if let Some(p) = procs.as_deref_mut() {
+        state.devs.barrier = Some(ProcessBarrier::new(p, &state.devs, state.first_rank)?);
+    }
+    let process_zero = procs.as_ref().is_none_or(|p| p.rank() == 0);
+    if options.probes && process_zero {
+        let p = probes::run(&mut state.devs)?;
+        state.memcpy_gbps = p.get("probe.memcpy_dtod_bw_gbps").and_then(|v| v.as_f64());
+        if let Some(bw) = state.memcpy_gbps {
+            tracing::info!(
+                "memcpy ceiling (1 GiB device-to-device cuMemcpy): {bw:.1} GB/s copied, \
+                 {:.1} GB/s read+write",
+                2.0 * bw
+            );
+        }
+        m.extend(p);
+    }
+    if let Some(p) = procs {
+        if options.probes {
+            p.barrier("copy probes in process 0", PROBES_TIMEOUT)?;
+        }
+        m.insert(
+            "hw.processes".into(),
+            json!({
+                "processes": p.count(),
+                "ranks": p.blocks().iter().map(|b| match b.len() {
+                    1 => b.start.to_string(),
+                    _ => format!("{}..{}", b.start, b.end - 1),
+                }).collect::<Vec<_>>(),
+                "hosts": p.hosts(),
+                "normal_kernels": "global-memory rings (intranode.cu): the cluster kernels need every rank in one launch",
+                "peer_buffers": "CUDA IPC handles (cuIpcGetMemHandle / cuIpcOpenMemHandle)",
+                "before_each_timed_launch": "a GPU-side barrier across processes (untimed)",
+                "probes": if options.probes { "measured by process 0 while the others waited" } else { "off" },
+                "latency": "the slowest process's CUDA-event time",
+            }),
+        );
+        if options.nccl_baseline {
+            m.insert(
+                "hw.nccl_baseline".into(),
+                json!("skipped: the baseline runs every rank's communicator in one process"),
+            );
+        }
+    } else if options.nccl_baseline {
+        // The baseline is context, not the measurement: a failure is recorded, not fatal.
+        let gpu_of_rank = state.placement.gpu_of_rank.clone();
+        let (hidden, dtype) = state.row_shape;
+        match nccl_baseline(&mut state.devs, &state.runtime, &gpu_of_rank, hidden, dtype, m) {
+            Ok(us) => state.nccl_us = us,
+            Err(e) => {
+                tracing::warn!("NCCL all-to-all baseline failed: {e}");
+                m.insert("hw.nccl_baseline_error".into(), json!(e.to_string()));
+            }
+        }
+    }
+    state.devs.sync("prepare")
 }
 
 /// NCCL all-to-all of the same bytes per (source, destination) pair as dispatch and combine.
@@ -706,7 +909,8 @@ fn nccl_baseline(
     devs: &mut Devices,
     runtime: &Runtime,
     gpu_of_rank: &[u32],
-    w: &eptwin_engine::scenario::schema::WorkloadSpec,
+    hidden: u32,
+    dispatch_dtype: Dtype,
     m: &mut BTreeMap<String, Value>,
 ) -> Result<BTreeMap<OpKind, f64>, HwError> {
     let mut nccl_us = BTreeMap::new();
@@ -715,18 +919,18 @@ fn nccl_baseline(
         let (rows, dispatch_row, combine_row) = match &runtime {
             Runtime::Normal(j) => (
                 j.pair_rows(),
-                eptwin_engine::deepep::bytes::logical_row_bytes(w.hidden, w.dispatch_dtype),
-                2 * w.hidden as u64,
+                eptwin_engine::deepep::bytes::logical_row_bytes(hidden, dispatch_dtype),
+                2 * hidden as u64,
             ),
             Runtime::LowLatency(j) => (
                 j.pair_rows(),
-                match w.dispatch_dtype {
+                match dispatch_dtype {
                     Dtype::Fp8 => {
-                        eptwin_engine::deepep::bytes::ll_dispatch_msg_bytes(w.hidden, Dtype::Fp8)
+                        eptwin_engine::deepep::bytes::ll_dispatch_msg_bytes(hidden, Dtype::Fp8)
                     }
-                    _ => 2 * w.hidden as u64,
+                    _ => 2 * hidden as u64,
                 },
-                eptwin_engine::deepep::bytes::ll_combine_msg_bytes(w.hidden, Dtype::Bf16),
+                eptwin_engine::deepep::bytes::ll_combine_msg_bytes(hidden, Dtype::Bf16),
             ),
         };
         let transposed: Vec<Vec<u64>> =
@@ -780,7 +984,7 @@ mod tests {
     /// is waived; `EPTWIN_REQUIRE_HW=1` makes a missing GPU a failure on the GPU machine.
     #[test]
     fn capabilities_without_a_gpu_are_a_one_line_waiver() {
-        let t = HwTransport::new(HwOptions::default());
+        let t = HwTransport::new(HwOptions::from_env());
         let caps = t.capabilities();
         match &caps.unavailable {
             Some(reason) => {

@@ -51,7 +51,7 @@ fn time_reps(
         dev.gpu.record(&a)?;
         op(dev)?;
         dev.gpu.record(&b)?;
-        dev.gpu.wait("probe", devs.host_timeout_ms)?;
+        dev.gpu.wait("probe", devs.host_timeout_ms, &|| None)?;
         if rep > 0 {
             samples.push(a.elapsed_ms(&b)? as f64 * 1e3);
         }
@@ -382,7 +382,7 @@ fn memory_model_probes(
 
 /// Hidden size, BF16 row and FP8 message of the low-latency scenarios on one H200
 /// (`scenarios/h200-ep8-ll-*.toml`: hidden 7168, FP8 dispatch with one scale per 128 channels;
-/// hw/src/low_latency.rs `msg_stride`).
+/// hw/src/low_latency/mod.rs `msg_stride`).
 const LL_HIDDEN: usize = 7168;
 const LL_ROW_INT4: i32 = (LL_HIDDEN * 2 / 16) as i32;
 const LL_MSG_INT4: i32 = ((16 + LL_HIDDEN + LL_HIDDEN / 128 * 4) / 16) as i32;
@@ -849,7 +849,7 @@ pub fn nccl_alltoall(
             d.gpu.record(e)?;
         }
         for d in &devs.list {
-            d.gpu.wait("NCCL all-to-all baseline", devs.host_timeout_ms)?;
+            d.gpu.wait("NCCL all-to-all baseline", devs.host_timeout_ms, &|| None)?;
         }
         if rep > 0 {
             let mut worst = 0f64;
@@ -887,7 +887,7 @@ mod tests {
             experts.dedup();
             assert_eq!(experts.len(), LL_TOPK, "item {it}: distinct experts");
         }
-        // The message stride the kernels use (hw/src/low_latency.rs), and the probe's sizes.
+        // The message stride the kernels use (hw/src/low_latency/mod.rs), and the probe's sizes.
         assert_eq!(LL_MSG_STRIDE as u64, crate::low_latency::msg_stride(LL_HIDDEN as u32, true));
         assert_eq!(LL_MSG_INT4 * 16, 16 + 7168 + 224);
         assert_eq!(LL_ROW_INT4, 896);

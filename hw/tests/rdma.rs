@@ -34,6 +34,7 @@ mod with_rdma {
     use std::time::Duration;
 
     use eptwin_engine::rng::Rng;
+    use eptwin_hw::HwOptions;
     use eptwin_hw::rdma::*;
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
@@ -43,7 +44,7 @@ mod with_rdma {
     const WAIT: Duration = Duration::from_secs(120);
 
     fn nic(test: &str) -> Option<Nic> {
-        match Nic::open_default() {
+        match Nic::open_default(HwOptions::from_env().rdma_device.as_deref()) {
             Ok(nic) => Some(nic),
             Err(e) => waive(&format!("with_rdma::{test}"), &e),
         }
@@ -101,7 +102,7 @@ mod with_rdma {
                 }
             }
         }
-        let (dev, port) = default_device().unwrap();
+        let (dev, port) = default_device(HwOptions::from_env().rdma_device.as_deref()).unwrap();
         let p = dev.ports.iter().find(|p| p.port == port).unwrap();
         assert_eq!(p.state, PortState::Active);
         assert_ne!(p.link_layer, LinkLayer::Unspecified, "{p}");
@@ -311,6 +312,33 @@ mod with_rdma {
         }
     }
 
+    /// Memory allocated elsewhere (the GPU backend's `cuMemHostAlloc` staging) is registered
+    /// where it is: the NIC writes into the caller's buffer, not into a copy.
+    #[test]
+    fn an_external_region_is_registered_in_place() {
+        let Some(nic) = nic("an_external_region_is_registered_in_place") else { return };
+        let s = QpSettings { qps_per_peer: 1, depth: 16, ..settings(&nic) };
+        let (mut a, _b) = loopback(&nic, &s);
+        let mut backing = vec![0u64; 1024];
+        let ptr = backing.as_mut_ptr().cast::<u8>();
+        // SAFETY: `backing` outlives the region and its registration (both dropped below,
+        // before `backing` is read) and is not touched while they exist.
+        let region = unsafe { eptwin_hw::wire::Region::from_raw(ptr, 8192) }.unwrap();
+        let dst = nic.register_region(Arc::new(region)).unwrap();
+        assert_eq!(dst.remote().addr, ptr as u64, "registered at the caller's address");
+        let src = nic.register_host(4096).unwrap();
+        src.write(0, &[0x5Au8; 4096]);
+        a[0].post_write(1, &src, 0, 4096, &dst.remote(), 1024, false).unwrap();
+        let old_value = nic.register_host(8).unwrap();
+        a[0].post_fetch_add(2, &old_value, 0, &dst.remote(), 8, 41, true).unwrap();
+        a[0].wait_idle(WAIT).unwrap();
+        drop(a);
+        drop(dst);
+        assert_eq!(backing[1], 41, "the flag landed in the caller's memory");
+        assert!(backing[128..640].iter().all(|&w| w == 0x5A5A_5A5A_5A5A_5A5A), "data in place");
+        assert!(backing[640..].iter().all(|&w| w == 0), "nothing beyond the write");
+    }
+
     #[test]
     fn fetch_and_add_returns_old_values_and_accumulates() {
         let Some(nic) = nic("fetch_and_add_returns_old_values_and_accumulates") else { return };
@@ -358,17 +386,9 @@ mod with_rdma {
 
         let (p0, c0) = doorbell_queue(64);
         let (p1, c1) = doorbell_queue(64);
-        let proxy = Proxy::spawn(
-            0,
-            ProxySpec {
-                qps: a,
-                remote: vec![dst.remote(); QPS],
-                src: src.clone(),
-                queues: vec![c0, c1],
-                stall_timeout: WAIT,
-            },
-        )
-        .unwrap();
+        let wire = VerbsWire::new(a, vec![dst.remote(); QPS], vec![1; QPS], src.clone()).unwrap();
+        let proxy =
+            Proxy::spawn(0, ProxySpec { wire, queues: vec![c0, c1], stall_timeout: WAIT }).unwrap();
 
         // Receiver: for every QP, watch its flag; each newly counted round must be complete.
         let watcher = {
@@ -446,7 +466,7 @@ mod with_rdma {
         for p in producers {
             p.join().unwrap();
         }
-        let (stats, _qps) = proxy.finish().unwrap();
+        let (stats, _wire) = proxy.finish().unwrap();
         let checked = watcher.join().unwrap();
         super::with_rdma::log(&format!("proxy stats {stats:?}; rounds verified {checked}"));
         assert_eq!(checked, QPS as u64 * ROUNDS);
@@ -685,17 +705,9 @@ mod with_rdma {
         let src = nic.register_host(4096).unwrap();
         let dst = nic.register_host(4096).unwrap();
         let (p, c) = doorbell_queue(8);
-        let proxy = Proxy::spawn(
-            3,
-            ProxySpec {
-                qps: a,
-                remote: vec![dst.remote()],
-                src: src.clone(),
-                queues: vec![c],
-                stall_timeout: WAIT,
-            },
-        )
-        .unwrap();
+        let wire = VerbsWire::new(a, vec![dst.remote()], vec![1], src.clone()).unwrap();
+        let proxy =
+            Proxy::spawn(3, ProxySpec { wire, queues: vec![c], stall_timeout: WAIT }).unwrap();
         p.push(Doorbell::write(0, 0, 0, 128, 1)).unwrap();
         p.push(Doorbell::write(5, 0, 0, 128, 2)).unwrap();
         let e = proxy.finish().err().expect("QP index 5 does not exist");

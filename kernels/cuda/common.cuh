@@ -30,6 +30,7 @@ typedef long long i64;
 #define WAIT_LL_RECV_COUNT 8
 #define WAIT_LL_COMBINE_FLAG 9
 #define WAIT_PROBE_FLAG 10
+#define WAIT_PROCESS_BARRIER 11
 
 struct ErrorRecord {
     int flag;       // 0 = no error; set once by the first waiter that timed out

@@ -29,6 +29,8 @@ pub enum ModuleId {
     /// The ring handoff through thread-block-cluster shared memory (sm_90+ only; optional
     /// `CLUSTER_SIZE`, `CL_THREADS`, `CL_UNROLL`).
     Cluster,
+    /// The barrier between the processes of one run before each timed launch.
+    Sync,
 }
 
 /// One `.cu` file: its id, name, embedded source and the entry points it defines.
@@ -118,6 +120,13 @@ pub static MODULES: &[KernelModule] = &[
         file: "cluster.cu",
         source: include_str!("../cuda/cluster.cu"),
         entry_points: &["probe_cluster_handoff", "probe_cluster_tma_handoff"],
+        required_defines: &[],
+    },
+    KernelModule {
+        id: ModuleId::Sync,
+        file: "sync.cu",
+        source: include_str!("../cuda/sync.cu"),
+        entry_points: &["process_barrier"],
         required_defines: &[],
     },
 ];
@@ -303,6 +312,7 @@ mod tests {
             ModuleId::TestData,
             ModuleId::IntranodeCluster,
             ModuleId::Cluster,
+            ModuleId::Sync,
         ] {
             assert_eq!(module(id).id, id);
         }

@@ -17,6 +17,7 @@ pub mod html;
 pub mod inputs;
 pub mod report;
 pub mod sweep;
+pub mod table;
 pub mod trace;
 
 pub use compare::{Comparison, pair_all, render_table};

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::result::RunResult;
+use eptwin_engine::result::{RunResult, Verdict};
+pub use eptwin_engine::sweep::Shard;
+use eptwin_engine::sweep::{PointOutcome, PointPlan, SweepPlan, json_of};
 use serde::{Deserialize, Serialize};
 
 /// The `kind` field that tells a sweep index from the other JSON documents.
@@ -36,21 +38,6 @@ pub struct SweepScenario {
     pub file: String,
     /// sha256 of the base scenario's text (each point's own text has its own hash in its result).
     pub sha256: String,
-}
-
-/// Shard `index` of `count` (0-based): the points whose grid index ≡ `index` (mod `count`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Shard {
-    pub index: u32,
-    pub count: u32,
-}
-
-impl Shard {
-    pub const ALL: Shard = Shard { index: 0, count: 1 };
-
-    pub fn contains(self, point_index: usize) -> bool {
-        point_index % self.count as usize == self.index as usize
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,7 +99,115 @@ impl PointOp {
     }
 }
 
+impl SweepPoint {
+    /// The index entry of a point that ran (or could not), with the value of each of `keys`.
+    pub fn new(point: &PointPlan, keys: &[String], outcome: &PointOutcome) -> SweepPoint {
+        let values = keys.iter().cloned().zip(point.values.iter().map(json_of)).collect();
+        let mut entry = SweepPoint {
+            index: point.index,
+            values,
+            file: None,
+            scenario_file: Some(format!("{}.toml", point.name)),
+            verdict: "invalid".into(),
+            reason: None,
+            ops: Vec::new(),
+        };
+        match outcome {
+            PointOutcome::Ran(result) => {
+                entry.file = Some(format!("{}.json", point.name));
+                entry.verdict = result.verdict.as_str().to_string();
+                entry.reason =
+                    result.waived_reason.clone().or_else(|| result.failures.first().cloned());
+                entry.ops = PointOp::from_result(result);
+            }
+            PointOutcome::Invalid(reason) => entry.reason = Some(reason.clone()),
+            PointOutcome::Failed(reason) => {
+                entry.verdict = Verdict::Failed.as_str().into();
+                entry.reason = Some(reason.clone());
+            }
+        }
+        entry
+    }
+}
+
 impl SweepIndex {
+    /// The index of a sweep's shard on `backend` ("sim" | "hw"), with its points' entries.
+    pub fn new(plan: &SweepPlan, backend: &str, points: Vec<SweepPoint>) -> SweepIndex {
+        SweepIndex {
+            schema: SWEEP_INDEX_SCHEMA,
+            kind: SWEEP_INDEX_KIND.into(),
+            scenario: SweepScenario {
+                name: plan.base_name.clone(),
+                file: plan.file.clone(),
+                sha256: plan.sha256.clone(),
+            },
+            backend: backend.into(),
+            keys: plan.keys.clone(),
+            values: plan
+                .keys
+                .iter()
+                .cloned()
+                .zip(plan.values.iter().map(|v| v.iter().map(json_of).collect()))
+                .collect(),
+            shard: plan.shard,
+            total_points: plan.total_points,
+            points,
+        }
+    }
+
+    /// The table `eptwin sweep` prints: one line per (point, job, op), a column per key
+    /// (headed by `labels`).
+    pub fn render_table(&self, labels: &[String]) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# eptwin sweep: {} ({}) on {}, shard {}/{}: {} of {} points",
+            self.scenario.name,
+            self.scenario.file,
+            self.backend,
+            self.shard.index,
+            self.shard.count,
+            self.points.len(),
+            self.total_points
+        );
+        let mut head = format!("# {:>4}", "pt");
+        for l in labels {
+            let _ = write!(head, " {l:>16}");
+        }
+        let _ = writeln!(
+            out,
+            "{head} {:>8} {:<18} {:>10} {:>10} {:>10}",
+            "verdict", "job/op", "mean(us)", "p99(us)", "bw(GB/s)"
+        );
+        for p in &self.points {
+            let mut line = format!("  {:>4}", p.index);
+            for k in &self.keys {
+                let v = p.values.get(k).map(|v| match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    o => o.to_string(),
+                });
+                let _ = write!(line, " {:>16}", v.unwrap_or_default());
+            }
+            if p.ops.is_empty() {
+                let _ =
+                    writeln!(out, "{line} {:>8} {}", p.verdict, p.reason.as_deref().unwrap_or(""));
+            }
+            for o in &p.ops {
+                let _ = writeln!(
+                    out,
+                    "{line} {:>8} {:<18} {:>10.2} {:>10.2} {:>10.2}",
+                    p.verdict,
+                    format!("{}/{}", o.job, o.op),
+                    o.latency_us_mean,
+                    o.latency_us_p99,
+                    o.logical_bw_gbps
+                );
+            }
+        }
+        out
+    }
+
     /// The file name of a shard's index: `index.json`, or `index.shard-K-of-N.json` when the
     /// sweep is split, so that shards written into one directory do not overwrite each other.
     pub fn file_name(shard: Shard) -> String {
@@ -198,16 +293,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn shards_partition_the_grid() {
-        for count in 1..6u32 {
-            for i in 0..20 {
-                let owners = (0..count).filter(|&k| Shard { index: k, count }.contains(i)).count();
-                assert_eq!(owners, 1, "point {i} with {count} shards");
-            }
-        }
-    }
-
     proptest::proptest! {
         /// Whatever the shard count, merging every shard of a grid gives back the grid once.
         #[test]
@@ -241,6 +326,31 @@ mod tests {
         let mut other = index(Shard::ALL, &[0]);
         other.scenario.sha256 = "cd".into();
         assert_eq!(SweepIndex::merge(vec![merged[0].clone(), other]).len(), 2);
+    }
+
+    #[test]
+    fn points_record_how_they_ended_and_the_table_shows_them() {
+        let point = PointPlan {
+            index: 2,
+            name: "s.k-2".into(),
+            values: vec![toml::Value::Integer(2)],
+            text: String::new(),
+        };
+        let keys = ["k".to_string()];
+        let invalid = SweepPoint::new(&point, &keys, &PointOutcome::Invalid("nodes: 0".into()));
+        assert_eq!((invalid.verdict.as_str(), invalid.file.as_deref()), ("invalid", None));
+        assert_eq!(invalid.scenario_file.as_deref(), Some("s.k-2.toml"));
+        assert_eq!(invalid.values["k"], serde_json::json!(2));
+        let failed = SweepPoint::new(&point, &keys, &PointOutcome::Failed("panicked".into()));
+        assert_eq!(
+            (failed.verdict.as_str(), failed.reason.as_deref()),
+            ("failed", Some("panicked"))
+        );
+        let mut ix = index(Shard::ALL, &[]);
+        ix.points = vec![invalid];
+        let table = ix.render_table(&["k".into()]);
+        assert!(table.starts_with("# eptwin sweep: s (s.toml) on sim, shard 0/1: 1 of 4 points\n"));
+        assert!(table.contains("     2                2  invalid nodes: 0"), "{table}");
     }
 
     #[test]

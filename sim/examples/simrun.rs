@@ -32,7 +32,7 @@ fn main() {
         };
         let mut sim = Simulator::new(SimOptions::default());
         let result = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run");
-        print!("{}", eptwin_engine::table::render(&result));
+        print!("{}", eptwin_reports::table::render(&result));
         for f in &result.failures {
             println!("  failure: {f}");
         }

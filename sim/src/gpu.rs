@@ -10,9 +10,9 @@
 //! arrival order (an event when the near side starts later than now), so a copy queued behind a
 //! busy egress never holds the far side idle for others.
 
+use crate::core::slab::Slab;
+use crate::core::time::{Rate, Time, fmt_us};
 use crate::core::{Action, Core, Ev, ProgId};
-use crate::slab::Slab;
-use crate::time::{Rate, Time, fmt_us};
 
 /// A FIFO server with a rate: a link direction, a copy engine.
 #[derive(Debug, Clone, Copy)]
@@ -225,7 +225,8 @@ impl Core {
         let tr = self.trace.as_mut().expect("tracing");
         tr.name_process(pid, &format!("GPU {src}"));
         tr.name_thread(pid, tid, tname);
-        tr.span(pid, tid, &format!("copy to GPU {dst}"), at, end, &format!("\"bytes\":{bytes}"));
+        let args = crate::trace::SpanArgs::Bytes { bytes };
+        tr.span(pid, tid, &format!("copy to GPU {dst}"), at, end, args);
     }
 
     fn latency_of(&self, kind: PathKind) -> Time {

@@ -26,10 +26,10 @@ pub fn compare(
         None
     } else {
         let inputs = Inputs::load(measured).context("reading --measured")?;
-        let hw: Vec<_> =
-            inputs.results.into_iter().filter(|r| r.doc.backend_kind() == "hw").collect();
-        tracing::info!("{} measured result(s) read", hw.len());
-        Some(hw)
+        // Measured: by eptwin's hardware backend, or imported from DeepEP's own tests.
+        let measured: Vec<_> = inputs.results.into_iter().filter(|r| r.doc.is_measured()).collect();
+        tracing::info!("{} measured result(s) read", measured.len());
+        Some(measured)
     };
     writable_dir(out, "--out")?;
     let (loaded, mut code) = load_distinct(scenarios);
@@ -40,7 +40,7 @@ pub fn compare(
             code = code.worst(ExitCode::BadInput);
             continue;
         };
-        let name = plan.scenario.name.clone();
+        let name = plan.name.clone();
         let (sim, _) = execute(&plan, BackendArg::Sim, false)
             .with_context(|| format!("simulating {}", path.display()))?;
         let sim_path = result_path(out, &name, Some("sim"));

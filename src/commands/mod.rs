@@ -1,7 +1,9 @@
 //! One function per subcommand; each returns the exit code.
 
 mod compare;
+mod deepep;
 mod env;
+mod processes;
 mod report;
 mod run;
 mod sweep;
@@ -17,8 +19,9 @@ use crate::cli::{BackendArg, Command};
 
 pub fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { scenarios, backend, out, json, trace } => {
-            run::run(&scenarios, backend, &out, json, trace.as_deref())
+        Command::Run { scenarios, backend, out, json, trace, spawn, ranks_per_process } => {
+            let options = run::RunOptions { backend, out, json, trace, spawn, ranks_per_process };
+            run::run(&scenarios, &options)
         }
         Command::Validate { scenarios } => validate::validate(&scenarios),
         Command::Env { scenario, job, explain } => env::env(&scenario, job.as_deref(), explain),
@@ -32,6 +35,7 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Sweep { scenario, sets, shard, out, backend, threads, json } => {
             sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
+        Command::Deepep { command } => deepep::dispatch(command),
     }
 }
 
@@ -39,7 +43,7 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
 pub fn transport(backend: BackendArg, trace: bool) -> Box<dyn Transport> {
     match backend {
         BackendArg::Sim => Box::new(eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace })),
-        BackendArg::Hw => Box::new(eptwin_hw::HwTransport::new(eptwin_hw::HwOptions::default())),
+        BackendArg::Hw => Box::new(eptwin_hw::HwTransport::new(eptwin_hw::HwOptions::from_env())),
     }
 }
 
@@ -59,33 +63,25 @@ pub fn provenance(backend: BackendArg) -> Provenance {
     p
 }
 
-#[allow(clippy::disallowed_methods)] // provenance of hardware results only
+/// The current time, RFC 3339 in UTC to the second (`2026-12-02T10:11:12Z`): provenance of
+/// hardware results only.
 fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    rfc3339(jiff::Timestamp::now())
 }
 
-/// Days since 1970-01-01 to (year, month, day) — Howard Hinnant's algorithm.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+fn rfc3339(at: jiff::Timestamp) -> String {
+    at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// Load and plan a scenario, printing diagnostics to stderr. `None` ⇒ bad input (exit 2).
 pub fn load_plan(path: &std::path::Path) -> Option<eptwin_engine::Plan> {
+    load_with_plan(path).map(|(_, plan)| plan)
+}
+
+/// The parsed scenario and its plan, or `None` after printing why (as [`load_plan`]).
+pub fn load_with_plan(
+    path: &std::path::Path,
+) -> Option<(eptwin_engine::LoadedScenario, eptwin_engine::Plan)> {
     let loaded = match eptwin_engine::load(path) {
         Ok(l) => l,
         Err(e) => {
@@ -93,7 +89,8 @@ pub fn load_plan(path: &std::path::Path) -> Option<eptwin_engine::Plan> {
             return None;
         }
     };
-    plan_loaded(&loaded)
+    let plan = plan_loaded(&loaded)?;
+    Some((loaded, plan))
 }
 
 /// Plan a loaded scenario, printing diagnostics to stderr. `None` ⇒ bad input (exit 2).
@@ -116,8 +113,14 @@ pub fn plan_loaded(loaded: &eptwin_engine::LoadedScenario) -> Option<eptwin_engi
 #[cfg(test)]
 mod tests {
     #[test]
-    fn civil_dates() {
-        assert_eq!(super::civil_from_days(0), (1970, 1, 1));
-        assert_eq!(super::civil_from_days(20_789), (2026, 12, 2));
+    fn rfc3339_dates_in_utc_to_the_second() {
+        let at = |secs: i64, nanos: i32| jiff::Timestamp::new(secs, nanos).unwrap();
+        assert_eq!(super::rfc3339(at(0, 0)), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            super::rfc3339(at(20_789 * 86_400 + 3_723, 999_999_999)),
+            "2026-12-02T01:02:03Z"
+        );
+        let now = super::now_rfc3339();
+        assert_eq!(now.len(), "1970-01-01T00:00:00Z".len(), "{now}");
     }
 }

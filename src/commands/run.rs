@@ -13,24 +13,53 @@ use anyhow::{Context, Result, bail};
 use eptwin_engine::LoadedScenario;
 use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
 use eptwin_engine::run::Progress;
+use eptwin_hw::group::{LaunchInfo, Launcher, rank_blocks};
 
-use super::{plan_loaded, provenance};
+use super::{plan_loaded, processes, provenance};
 use crate::cli::BackendArg;
 use crate::{ExitCode, out, outln};
 
-pub fn run(
-    scenarios: &[PathBuf],
-    backend: BackendArg,
-    out_dir: &Path,
-    json: bool,
-    trace: Option<&Path>,
-) -> Result<ExitCode> {
+/// `eptwin run`'s options besides the scenarios.
+pub struct RunOptions {
+    pub backend: BackendArg,
+    pub out: PathBuf,
+    pub json: bool,
+    pub trace: Option<PathBuf>,
+    pub spawn: Option<usize>,
+    pub ranks_per_process: Option<usize>,
+}
+
+pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
+    let (backend, trace) = (o.backend, o.trace.as_deref());
     if trace.is_some() && (scenarios.len() != 1 || backend != BackendArg::Sim) {
         bail!("--trace takes one scenario on the simulator backend");
     }
-    writable_dir(out_dir, "--out")?;
+    if backend != BackendArg::Hw && (o.spawn.is_some() || o.ranks_per_process.is_some()) {
+        bail!(
+            "--spawn and --ranks-per-process run the hardware backend's processes: add --backend hw"
+        );
+    }
+    // Every process of a launch checks --out too: each runs this same command.
+    writable_dir(&o.out, "--out")?;
     if let Some(trace_path) = trace {
         writable_file(trace_path, "--trace")?;
+    }
+    if let Some(n) = o.spawn {
+        return processes::spawn_local(n);
+    }
+    let mut launcher = Launcher::Single;
+    if backend == BackendArg::Hw {
+        let launch = match LaunchInfo::from_process_env() {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("eptwin: error: {e}");
+                return Ok(ExitCode::BadInput);
+            }
+        };
+        if launch.process_count > 1 {
+            return processes::run_in_group(&launch, scenarios, o);
+        }
+        launcher = launch.launcher;
     }
     let (loaded, mut code) = load_distinct(scenarios);
     let Some(loaded) = loaded else { return Ok(ExitCode::BadInput) };
@@ -39,12 +68,21 @@ pub fn run(
             code = code.worst(ExitCode::BadInput);
             continue;
         };
-        let mut bar = ProgressBar::new(&plan.scenario.name);
+        if o.ranks_per_process.is_some() {
+            // One process: it must hold every rank.
+            let ranks = plan.topology.num_ranks() as usize;
+            if let Err(e) = rank_blocks(ranks, 1, o.ranks_per_process) {
+                eprintln!("eptwin: error: {}: {e}", path.display());
+                code = code.worst(ExitCode::BadInput);
+                continue;
+            }
+        }
+        let mut bar = ProgressBar::new(&plan.name);
         let (result, trace_json) =
-            execute_observed(&plan, backend, trace.is_some(), &mut |p| bar.show(p))
+            execute_as(&plan, backend, trace.is_some(), launcher, &mut |p| bar.show(p))
                 .with_context(|| format!("running {}", path.display()))?;
         drop(bar);
-        let file = write_result(out_dir, &plan.scenario.name, &result)?;
+        write_result(&result, &o.out, o.json)?;
         if let (Some(trace_path), Some(trace_json)) = (trace, trace_json) {
             write_atomic(trace_path, &trace_json).map_err(|e| match e {
                 eptwin_engine::EngineError::ResultWrite { message, .. } => {
@@ -56,15 +94,6 @@ pub fn run(
                 "eptwin: trace written to {} (open in https://ui.perfetto.dev)",
                 trace_path.display()
             );
-        }
-        if json {
-            outln!("{}", serde_json::to_string(&result)?);
-        } else {
-            out!("{}", eptwin_engine::table::render(&result));
-            match &file {
-                Some(file) => outln!("# result: {}", file.display()),
-                None => outln!("# result: not written (see above)"),
-            }
         }
         code = code.worst(ExitCode::from_verdict(result.verdict));
     }
@@ -145,10 +174,26 @@ fn probe_write(dir: &Path) -> std::io::Result<()> {
     std::fs::remove_file(&probe)
 }
 
+/// Writes the result (see [`place_result`]) and prints the table, or the document with
+/// `--json`; a closed stdout stops the printing, not the writing.
+pub fn write_result(result: &RunResult, out: &Path, json: bool) -> Result<Option<PathBuf>> {
+    let file = place_result(out, &result.scenario.name, result)?;
+    if json {
+        outln!("{}", serde_json::to_string(result)?);
+    } else {
+        out!("{}", eptwin_reports::table::render(result));
+        match &file {
+            Some(file) => outln!("# result: {}", file.display()),
+            None => outln!("# result: not written (see above)"),
+        }
+    }
+    Ok(file)
+}
+
 /// Where a result goes: `<name>.json`, unless that holds a result this one must not replace
 /// (another backend's; a measured one when this is waived), then `<name>.<backend>.json`
 /// under the same rule; `None` (nothing written) when neither may be replaced.
-pub fn write_result(dir: &Path, name: &str, result: &RunResult) -> Result<Option<PathBuf>> {
+pub fn place_result(dir: &Path, name: &str, result: &RunResult) -> Result<Option<PathBuf>> {
     let kind = result.backend_kind().to_string();
     let candidates = [result_path(dir, name, None), result_path(dir, name, Some(&kind))];
     let mut kept = Vec::new();
@@ -201,14 +246,16 @@ pub fn execute(
     backend: BackendArg,
     trace: bool,
 ) -> Result<(RunResult, Option<String>)> {
-    execute_observed(plan, backend, trace, &mut |_| {})
+    execute_as(plan, backend, trace, Launcher::Single, &mut |_| {})
 }
 
-/// [`execute`], reporting progress after every op.
-pub fn execute_observed(
+/// [`execute`] in a process that `launcher` started (recorded in a hardware result),
+/// reporting progress after every op.
+fn execute_as(
     plan: &eptwin_engine::Plan,
     backend: BackendArg,
     trace: bool,
+    launcher: Launcher,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(RunResult, Option<String>)> {
     match backend {
@@ -219,9 +266,9 @@ pub fn execute_observed(
             Ok((result, sim.trace_json()))
         }
         BackendArg::Hw => {
-            let mut hw = super::transport(backend, false);
+            let mut hw = eptwin_hw::HwTransport::single(eptwin_hw::HwOptions::from_env(), launcher);
             let result =
-                eptwin_engine::run::run_observed(plan, hw.as_mut(), provenance(backend), progress)?;
+                eptwin_engine::run::run_observed(plan, &mut hw, provenance(backend), progress)?;
             Ok((result, None))
         }
     }

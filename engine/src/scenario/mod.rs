@@ -1,5 +1,6 @@
 //! Scenario files: schema, loading with positions, and serialisation back to TOML.
 
+pub mod edit;
 pub mod limits;
 pub(crate) mod plain;
 pub mod schema;

@@ -1,5 +1,7 @@
-//! `RdmaError`: the one error type of the RDMA path, carrying the coordinates a user needs to
-//! find the failing resource (device, port, QP number, work-request id, opcode, status).
+//! `RdmaError`: the one error type of the internode path (the verbs layer, the wires, the
+//! proxy and the internode protocol's host reference), carrying the coordinates a user needs
+//! to find the failing resource (device, port, QP number, work-request id, opcode, status;
+//! proxy, peer process, doorbell tag, offset; rank and role).
 
 use std::fmt;
 
@@ -56,6 +58,52 @@ impl fmt::Display for Site {
             write!(f, " QP {qp:#x}")?;
         }
         Ok(())
+    }
+}
+
+/// A broken link to a peer process (the TCP wire): the peer vanished (EOF without the closing
+/// frame, a reset, a write that failed), never arrived, or sent a frame that is refused. Plain
+/// data, so every thread that waits on the link can report the same fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkFault {
+    /// This process.
+    pub local: u32,
+    /// The peer process.
+    pub peer: u32,
+    /// The peer's address as this side knows it.
+    pub peer_addr: String,
+    /// The frame's coordinates when one frame is at fault.
+    pub qp: Option<u32>,
+    pub tag: Option<u64>,
+    pub offset: Option<u64>,
+    pub reason: String,
+}
+
+impl fmt::Display for LinkFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "process {}: link to peer process {} ({}): {}",
+            self.local, self.peer, self.peer_addr, self.reason
+        )?;
+        if let Some(qp) = self.qp {
+            write!(f, " [QP {qp}")?;
+            if let Some(tag) = self.tag {
+                write!(f, ", tag {tag}")?;
+            }
+            if let Some(offset) = self.offset {
+                write!(f, ", offset {offset}")?;
+            }
+            f.write_str("]")?;
+        }
+        Ok(())
+    }
+}
+
+fn peer_text(peer: &Option<u32>) -> String {
+    match peer {
+        Some(p) => format!("peer process {p}"),
+        None => "no peer".into(),
     }
 }
 
@@ -130,9 +178,42 @@ pub enum RdmaError {
     /// Out-of-band connection data that cannot be decoded.
     #[error("QP endpoint data: {0}")]
     Endpoint(String),
-    /// The CPU proxy stopped (its error, if any, is returned by `ProxyEngine::finish`).
+    /// The CPU proxy stopped (its error, if any, is returned by `Proxy::finish`).
     #[error("proxy {proxy}: {reason}")]
     Proxy { proxy: usize, reason: String },
+    /// A doorbell record the proxy refuses: unknown kind, no such QP, a range outside the send
+    /// region or the peer's receive region, a misaligned flag.
+    #[error(
+        "proxy {proxy}: doorbell tag {tag} (kind {kind}) on QP {qp} ({}), offset {offset}: {reason}",
+        peer_text(.peer)
+    )]
+    Doorbell {
+        proxy: usize,
+        qp: u32,
+        peer: Option<u32>,
+        tag: u64,
+        kind: u32,
+        offset: u64,
+        reason: String,
+    },
+    /// The link to a peer process broke or carried a frame that is refused.
+    #[error("{0}")]
+    Link(LinkFault),
+    /// Memory for a region could not be had, or an external pointer is unusable.
+    #[error("{what}: {reason}")]
+    Memory { what: &'static str, reason: String },
+    /// The wire asked for cannot run here (never a silent fallback to another wire).
+    #[error("the {requested} wire was requested but is unavailable: {reason}")]
+    WireUnavailable { requested: &'static str, reason: String },
+    /// Protocol geometry that cannot be laid out (a zero count, a ring without room).
+    #[error("internode geometry: {0}")]
+    Geometry(String),
+    /// A protocol role waited past its bound.
+    #[error("rank {rank} {role}: waited {waited_ms} ms for {what}")]
+    Stalled { rank: u32, role: String, what: String, waited_ms: u64 },
+    /// A received token, row or counter differs from what the routing predicts.
+    #[error("rank {rank} {role}: {what}")]
+    Mismatch { rank: u32, role: String, what: String },
 }
 
 impl RdmaError {

@@ -2,8 +2,8 @@
 //! protection domain and memory registration, RC queue pairs created with a scenario's
 //! settings (`NVSHMEM_IB_SL`, `NVSHMEM_QP_DEPTH`, path MTU, `num_qps_per_rank`), connection
 //! setup by exchanging QP endpoints out of band, RDMA WRITE, WRITE_WITH_IMM, fetch-and-add,
-//! completion polling with errors that name the QP and work request, and a CPU-proxy transfer
-//! engine on top.
+//! completion polling with errors that name the QP and work request, and the verbs wire the
+//! CPU proxy (`crate::wire`) drives.
 //!
 //! Architecture Invariant: the module compiles with and without the feature. Without it no
 //! libibverbs is linked and [`rdma_devices`] returns [`RdmaError::NotBuilt`]; with it, a
@@ -11,29 +11,31 @@
 //! backend reports internode scenarios as waived with [`internode_waiver`]'s reason, never a
 //! panic.
 //!
-//! Layers: `sys` (the only `unsafe` FFI, over `ibverbs-sys`) ← `verbs` (safe API) ← `proxy`.
-//! `types`, `settings`, `endpoint` and `doorbell` are plain Rust and always built.
+//! Layers: `sys` (the only `unsafe` FFI, over `ibverbs-sys`) ← `verbs` (safe API) ←
+//! `verbs_wire` (the `crate::wire::Wire` over RC QPs). `types`, `settings`, `endpoint` and
+//! `error` are plain Rust and always built; the doorbell queue and the proxy loop live in
+//! `crate::wire` (shared with the TCP wire) and are re-exported here.
 //!
 //! Tests against a real verbs stack run in a QEMU VM with Soft-RoCE: `scripts/rdma-vm-test`.
 
-mod doorbell;
 mod endpoint;
 mod error;
 mod settings;
 mod types;
 
 #[cfg(feature = "rdma")]
-mod proxy;
-#[cfg(feature = "rdma")]
 mod sys;
 #[cfg(feature = "rdma")]
 mod verbs;
+#[cfg(feature = "rdma")]
+mod verbs_wire;
 
-pub use doorbell::{
-    Doorbell, DoorbellConsumer, DoorbellKind, DoorbellProducer, QueueClosed, doorbell_queue,
+pub use crate::wire::{
+    Doorbell, DoorbellConsumer, DoorbellKind, DoorbellProducer, Proxy, ProxySpec, ProxyStats,
+    QueueClosed, doorbell_queue,
 };
 pub use endpoint::{PeerInfo, QpEndpoint, RemoteRegion};
-pub use error::{Opcode, RdmaError, Site};
+pub use error::{LinkFault, Opcode, RdmaError, Site};
 pub use settings::QpSettings;
 pub use types::{
     DeviceSummary, GidKind, GidSummary, LinkLayer, PortState, PortSummary, QpState, guid_text,
@@ -41,12 +43,12 @@ pub use types::{
 };
 
 #[cfg(feature = "rdma")]
-pub use proxy::{Proxy, ProxySpec, ProxyStats};
-#[cfg(feature = "rdma")]
 pub use verbs::{
     ForeignRegion, GpuMemoryPath, HostRegion, LocalMemory, MARKER_WR_ID, Nic, PreparedQp, Qp,
     QpAttributes, RecvCompletion, connect_pairs, default_device, is_flush,
 };
+#[cfg(feature = "rdma")]
+pub use verbs_wire::VerbsWire;
 
 /// Whether this build has the RDMA path compiled in.
 pub const BUILT: bool = cfg!(feature = "rdma");

@@ -9,13 +9,11 @@
 //! `RawQp::post_send`), which stay `unsafe` with their contract written down; `verbs.rs` keeps
 //! the contract.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use ibverbs_sys as ffi;
 
@@ -177,73 +175,6 @@ pub(crate) struct GidEntry {
     /// `enum ibv_gid_type`.
     pub gid_type: u32,
     pub ndev_ifindex: u32,
-}
-
-/// Page-aligned, zeroed host memory the NIC reads and writes concurrently with the CPU. It is
-/// only accessed through raw copies and atomics, never through Rust references, so DMA into it
-/// never aliases a `&[u8]`.
-pub(crate) struct HostMemory {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: no references into the buffer exist; copies and atomics are thread-safe.
-unsafe impl Send for HostMemory {}
-unsafe impl Sync for HostMemory {}
-
-impl HostMemory {
-    /// `len` zeroed bytes (at least one), 4 KiB aligned; `None` if the allocation fails.
-    pub(crate) fn alloc(len: usize) -> Option<HostMemory> {
-        let layout = Layout::from_size_align(len.max(1), 4096).ok()?;
-        // SAFETY: non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-        Some(HostMemory { ptr, layout })
-    }
-
-    pub(crate) fn addr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.layout.size()
-    }
-
-    fn at(&self, offset: usize, len: usize) -> *mut u8 {
-        let end = offset.checked_add(len).expect("range overflows usize");
-        assert!(end <= self.len(), "host range {offset}+{len} outside {} bytes", self.len());
-        // SAFETY: in bounds (checked above).
-        unsafe { self.ptr.as_ptr().add(offset) }
-    }
-
-    /// Copy `data` in at `offset`; panics when out of bounds.
-    pub(crate) fn copy_in(&self, offset: usize, data: &[u8]) {
-        let dst = self.at(offset, data.len());
-        // SAFETY: in bounds; `data` cannot overlap the buffer (no reference into it exists).
-        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-    }
-
-    /// Copy `out.len()` bytes out from `offset`; panics when out of bounds.
-    pub(crate) fn copy_out(&self, offset: usize, out: &mut [u8]) {
-        let src = self.at(offset, out.len());
-        // SAFETY: as in `copy_in`.
-        unsafe { ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
-    }
-
-    /// The 8-byte word at `offset` as an atomic; panics unless in bounds and 8-aligned.
-    pub(crate) fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset.is_multiple_of(8), "atomic at unaligned offset {offset}");
-        let p = self.at(offset, 8);
-        // SAFETY: 8-aligned (the buffer is page-aligned), in bounds, lives as long as `self`,
-        // and the CPU only ever accesses it atomically (the NIC's atomics are coherent with it).
-        unsafe { AtomicU64::from_ptr(p.cast()) }
-    }
-}
-
-impl Drop for HostMemory {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `alloc` with this layout; freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
-    }
 }
 
 /// A protection domain.

@@ -11,20 +11,19 @@ use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::endpoint::{QpEndpoint, RemoteRegion};
 use super::error::{Opcode, RdmaError, Site};
 use super::settings::QpSettings;
 use super::sys::{
-    self, HostMemory, OpenError, QpAttr, QpMask, RawContext, RawCq, RawMr, RawPd, RawQp,
-    SendRequest,
+    self, OpenError, QpAttr, QpMask, RawContext, RawCq, RawMr, RawPd, RawQp, SendRequest,
 };
 use super::types::{
     DeviceSummary, GidKind, GidSummary, LinkLayer, PortState, PortSummary, QpState, guid_text,
     lane_gbps, mtu_bytes, mtu_code, width_lanes,
 };
+use crate::wire::{DataPath, Region};
 
 /// Every RDMA device libibverbs sees, with its ports; an error when there is none.
 pub fn discover() -> Result<Vec<DeviceSummary>, RdmaError> {
@@ -136,14 +135,14 @@ fn summarize(ctx: &RawContext) -> Result<DeviceSummary, RdmaError> {
     })
 }
 
-/// The device a test or the hardware backend uses: `EPTWIN_RDMA_DEVICE` (`name` or
-/// `name:port`), else the first device with an ACTIVE port.
-pub fn default_device() -> Result<(DeviceSummary, u8), RdmaError> {
+/// The device a test or the hardware backend uses: `wanted` (`HwOptions::rdma_device`,
+/// `EPTWIN_RDMA_DEVICE`: `name` or `name:port`), else the first device with an ACTIVE port.
+pub fn default_device(wanted: Option<&str>) -> Result<(DeviceSummary, u8), RdmaError> {
     let devices = discover()?;
-    if let Ok(wanted) = std::env::var("EPTWIN_RDMA_DEVICE") {
+    if let Some(wanted) = wanted {
         let (name, port) = match wanted.split_once(':') {
             Some((n, p)) => (n.to_string(), p.parse::<u8>().ok()),
-            None => (wanted.clone(), None),
+            None => (wanted.to_string(), None),
         };
         let present = devices.iter().map(|d| d.name.clone()).collect::<Vec<_>>().join(", ");
         let dev = devices
@@ -207,9 +206,9 @@ impl Nic {
         Ok(Nic { inner: Arc::new(NicInner { ctx, pd, device: summary, port: port_summary }) })
     }
 
-    /// `default_device()`, opened.
-    pub fn open_default() -> Result<Nic, RdmaError> {
-        let (dev, port) = default_device()?;
+    /// `default_device(wanted)`, opened.
+    pub fn open_default(wanted: Option<&str>) -> Result<Nic, RdmaError> {
+        let (dev, port) = default_device(wanted)?;
         Nic::open(&dev.name, port)
     }
 
@@ -227,21 +226,31 @@ impl Nic {
 
     /// Register `len_bytes` of zeroed, page-aligned host memory.
     pub fn register_host(&self, len_bytes: usize) -> Result<Arc<HostRegion>, RdmaError> {
+        self.register_region(Arc::new(Region::alloc(len_bytes)?))
+    }
+
+    /// Register `region` where it is: an owned one, or external memory such as the
+    /// `cuMemHostAlloc` staging the GPU writes through a mapping (`ibv_reg_mr` at the region's
+    /// own address, so the GPU, the CPU and the NIC share the bytes).
+    pub fn register_region(&self, region: Arc<Region>) -> Result<Arc<HostRegion>, RdmaError> {
         let site = self.site();
-        let buf = HostMemory::alloc(len_bytes).ok_or_else(|| RdmaError::Invalid {
+        // SAFETY: the `HostRegion` holds an `Arc` of `region` and drops the MR first, so the
+        // memory stays valid (a `Region`'s own invariant) for the registration's lifetime.
+        let mr = unsafe {
+            RawMr::register(
+                &self.inner.pd,
+                region.addr(),
+                region.len().max(1) as usize,
+                sys::full_access(),
+            )
+        }
+        .map_err(|source| RdmaError::Verbs {
             site: site.clone(),
-            what: "host region",
-            reason: format!("cannot allocate {len_bytes} bytes"),
+            call: "ibv_reg_mr",
+            source,
         })?;
-        // SAFETY: `buf` lives in the same `HostRegion` as the MR and is dropped after it.
-        let mr =
-            unsafe { RawMr::register(&self.inner.pd, buf.addr(), buf.len(), sys::full_access()) }
-                .map_err(|source| RdmaError::Verbs {
-                site: site.clone(),
-                call: "ibv_reg_mr",
-                source,
-            })?;
-        Ok(Arc::new(HostRegion { mr, buf, len_bytes: len_bytes as u64, site }))
+        let len_bytes = region.len();
+        Ok(Arc::new(HostRegion { mr, mem: region, len_bytes, site }))
     }
 
     /// How GPU memory could be registered here, or why it cannot. dma-buf support is probed by
@@ -438,14 +447,16 @@ pub trait LocalMemory: Send + Sync {
     /// The address the NIC uses for offset 0.
     fn base_addr(&self) -> u64;
     fn len_bytes(&self) -> u64;
+    /// Whether the NIC reads host staging or GPU memory through this registration.
+    fn data_path(&self) -> DataPath;
 }
 
 /// Registered host memory. The NIC reads and writes it concurrently with the CPU, so it is
-/// accessed by copies and atomics, never through references.
+/// accessed by copies and atomics ([`Region`]'s), never through references.
 pub struct HostRegion {
-    // Field order is drop order: deregister before freeing.
+    // Field order is drop order: deregister before the memory can go.
     mr: RawMr,
-    buf: HostMemory,
+    mem: Arc<Region>,
     len_bytes: u64,
     site: Site,
 }
@@ -456,6 +467,11 @@ impl HostRegion {
         RemoteRegion { addr: self.base_addr(), len_bytes: self.len_bytes, rkey: self.mr.rkey() }
     }
 
+    /// The memory itself (what the CPU side of the protocol reads and writes).
+    pub fn region(&self) -> &Arc<Region> {
+        &self.mem
+    }
+
     pub fn len(&self) -> u64 {
         self.len_bytes
     }
@@ -464,25 +480,24 @@ impl HostRegion {
         self.len_bytes == 0
     }
 
-    fn check(&self, offset: u64, len: usize) -> usize {
-        let end = offset.checked_add(len as u64);
+    fn check(&self, offset: u64, len: usize) -> u64 {
         assert!(
-            end.is_some_and(|end| end <= self.len_bytes),
+            self.mem.contains(offset, len as u64),
             "{}: host range {offset}+{len} outside the {}-byte region",
             self.site,
             self.len_bytes
         );
-        offset as usize
+        offset
     }
 
     /// Copy `data` in at `offset`. Panics when out of bounds (a caller bug).
     pub fn write(&self, offset: u64, data: &[u8]) {
-        self.buf.copy_in(self.check(offset, data.len()), data);
+        self.mem.write(self.check(offset, data.len()), data);
     }
 
     /// Copy `out.len()` bytes out from `offset`.
     pub fn read(&self, offset: u64, out: &mut [u8]) {
-        self.buf.copy_out(self.check(offset, out.len()), out);
+        self.mem.read(self.check(offset, out.len()), out);
     }
 
     pub fn to_vec(&self, offset: u64, len: usize) -> Vec<u8> {
@@ -494,11 +509,11 @@ impl HostRegion {
     /// Read a counter the NIC updates (flag atomics), with Acquire ordering: data written
     /// before the counter on the same QP is visible once the new value is.
     pub fn load_u64(&self, offset: u64) -> u64 {
-        self.buf.atomic_u64(self.check(offset, 8)).load(Ordering::Acquire)
+        self.mem.load_u64(self.check(offset, 8))
     }
 
     pub fn store_u64(&self, offset: u64, value: u64) {
-        self.buf.atomic_u64(self.check(offset, 8)).store(value, Ordering::Release)
+        self.mem.store_u64(self.check(offset, 8), value)
     }
 }
 
@@ -507,10 +522,13 @@ impl LocalMemory for HostRegion {
         self.mr.lkey()
     }
     fn base_addr(&self) -> u64 {
-        self.buf.addr() as u64
+        self.mem.addr() as u64
     }
     fn len_bytes(&self) -> u64 {
         self.len_bytes
+    }
+    fn data_path(&self) -> DataPath {
+        DataPath::Staged
     }
 }
 
@@ -538,6 +556,9 @@ impl LocalMemory for ForeignRegion {
     }
     fn len_bytes(&self) -> u64 {
         self.len_bytes
+    }
+    fn data_path(&self) -> DataPath {
+        DataPath::Gpudirect
     }
 }
 
@@ -1103,7 +1124,7 @@ impl Qp {
                         waited_ms: start.elapsed().as_millis() as u64,
                     });
                 }
-                super::doorbell::backoff(&mut round);
+                crate::wire::doorbell::backoff(&mut round);
             }
         }
         Ok(())

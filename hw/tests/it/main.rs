@@ -19,7 +19,7 @@ fn scenario(name: &str, ranks_note: &str, buffer: &str, workload: &str) -> Strin
 fn run(text: &str) -> Option<eptwin_engine::result::RunResult> {
     let loaded = eptwin_engine::parse("conformance.toml", text).expect("scenario parses");
     let plan = eptwin_engine::Plan::build(&loaded).expect("scenario is valid");
-    let mut hw = HwTransport::new(HwOptions { kernel_timeout_ms: 5_000, ..HwOptions::default() });
+    let mut hw = HwTransport::new(HwOptions { kernel_timeout_ms: 5_000, ..HwOptions::from_env() });
     if let Some(reason) = hw.capabilities().unavailable {
         assert!(
             std::env::var("EPTWIN_REQUIRE_HW").as_deref() != Ok("1"),

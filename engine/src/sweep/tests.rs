@@ -1,0 +1,243 @@
+use super::*;
+use crate::transport::{Capabilities, OpOutcome, OpSpec, TransportError};
+
+const BASE: &str = r#"
+schema = 1
+name = "t"
+description = "base"
+[cluster]
+profile = "h800-cx7"
+nodes = 2
+[[job]]
+name = "decode"
+[job.buffer]
+low_latency_mode = true
+num_rdma_bytes = "2GiB"
+num_qps_per_rank = 18
+[job.env]
+NVSHMEM_IB_SL = "1"
+[job.workload]
+tokens_per_rank = 128
+hidden = 7168
+topk = 8
+experts = 288
+[[job]]
+name = "bulk"
+[job.traffic]
+pattern = "all-to-all"
+bytes_per_rank = "16MiB"
+"#;
+
+fn base() -> toml::Table {
+    toml::from_str(BASE).unwrap()
+}
+
+fn keys(args: &[&str]) -> Vec<SweepKey> {
+    args.iter().map(|a| SweepKey::parse(a).unwrap()).collect()
+}
+
+fn plan(args: &[&str], shard: Shard) -> Result<SweepPlan, EngineError> {
+    let loaded = crate::parse("t.toml", BASE).unwrap();
+    SweepPlan::new("t.toml", BASE, &loaded, &keys(args), shard)
+}
+
+#[test]
+fn set_arguments() {
+    let s = SweepKey::parse("job[0].env.NVSHMEM_QP_DEPTH=128, 256,512").unwrap();
+    assert_eq!(s.values, ["128", "256", "512"]);
+    assert_eq!(s.key(), "job[0].env.NVSHMEM_QP_DEPTH");
+    assert!(SweepKey::parse("cluster.nodes").is_err());
+    assert!(SweepKey::parse("cluster.nodes=2,,4").is_err());
+    let twice = SweepKey::parse("cluster.nodes=2,2").unwrap_err().to_string();
+    assert_eq!(twice, r#"--set "cluster.nodes=2,2": value "2" is listed twice"#);
+}
+
+#[test]
+fn values_keep_the_type_they_replace_and_pass_the_schema() {
+    let b = base();
+    let sets = keys(&[
+        "job[decode].env.NVSHMEM_QP_DEPTH=256,1024",
+        "cluster.nodes=2,4",
+        "job[0].buffer.num_rdma_bytes=1GiB",
+        "job[bulk].traffic.qps_per_peer=2",
+    ]);
+    let typed = typed_values(&b, "t.toml", &sets).unwrap();
+    // Absent env key: an integer literal fails the schema (env values are strings), so it is
+    // retried and kept as a string.
+    assert_eq!(typed[0][0], toml::Value::String("256".into()));
+    assert_eq!(typed[1][1], toml::Value::Integer(4));
+    assert_eq!(typed[2][0], toml::Value::String("1GiB".into()));
+    assert_eq!(typed[3][0], toml::Value::Integer(2));
+    let mut t = b.clone();
+    sets[1].path.set(&mut t, typed[1][1].clone()).unwrap();
+    sets[0].path.set(&mut t, typed[0][1].clone()).unwrap();
+    let again = crate::parse("p.toml", &toml::to_string(&t).unwrap()).unwrap();
+    assert_eq!(again.scenario.cluster.nodes, Some(4));
+    assert_eq!(again.scenario.jobs[0].env["NVSHMEM_QP_DEPTH"], "1024");
+    assert_eq!(again.scenario.jobs[1].env.get("NVSHMEM_QP_DEPTH"), None, "other job untouched");
+}
+
+#[test]
+fn bad_keys_and_values_are_usage_errors_naming_them() {
+    let b = base();
+    let err = |arg: &str| typed_values(&b, "t.toml", &keys(&[arg])).unwrap_err().to_string();
+    assert!(err("job.env.X=1").contains("2 [[job]] entries"), "{}", err("job.env.X=1"));
+    assert!(err("job[7].env.X=1").contains("does not exist"));
+    assert!(err("job[nope].env.X=1").contains("no job is named \"nope\""));
+    let e = err("job[0].buffer.num_qp_per_rank=4");
+    assert!(
+        e.contains("--set job[0].buffer.num_qp_per_rank=4") && e.contains("num_qp_per_rank"),
+        "{e}"
+    );
+    let e = err("cluster.nodes=two");
+    assert!(e.contains("\"two\" is not an integer"), "{e}");
+    let twice = plan(&["cluster.nodes=2", "cluster.nodes=4"], Shard::ALL).unwrap_err();
+    assert_eq!(twice.to_string(), "--set cluster.nodes: the key is given twice");
+}
+
+#[test]
+fn points_are_named_described_and_headed_by_their_values() {
+    let p =
+        plan(&["cluster.nodes=2,4", "job[decode].env.NVSHMEM_QP_DEPTH=256"], Shard::ALL).unwrap();
+    assert_eq!(p.total_points, 2);
+    assert_eq!(p.labels, ["nodes", "NVSHMEM_QP_DEPTH"]);
+    assert_eq!(p.absent_keys, ["job[decode].env.NVSHMEM_QP_DEPTH"]);
+    let point = &p.points[1];
+    assert_eq!(point.name, "t.nodes-4.NVSHMEM_QP_DEPTH-256");
+    assert!(point.text.starts_with(
+        "# eptwin sweep point 1 of 2: t.toml with cluster.nodes = 4, \
+         job[decode].env.NVSHMEM_QP_DEPTH = \"256\"\n"
+    ));
+    let loaded = crate::parse("p.toml", &point.text).unwrap();
+    assert_eq!(loaded.scenario.name, point.name);
+    assert_eq!(
+        loaded.scenario.description,
+        "base [sweep point 1: cluster.nodes=4, job[decode].env.NVSHMEM_QP_DEPTH=256]"
+    );
+    let odd = plan(&["cluster.nodes=2,4"], Shard { index: 1, count: 2 }).unwrap();
+    assert_eq!(odd.points.iter().map(|p| p.index).collect::<Vec<_>>(), [1]);
+    assert_eq!(odd.total_points, 2);
+}
+
+proptest::proptest! {
+    /// The grid holds every combination exactly once, in row-major order.
+    #[test]
+    fn grid_is_the_full_product(sizes in proptest::collection::vec(1usize..5, 0..4)) {
+        let points = grid(&sizes);
+        proptest::prop_assert_eq!(points.len(), sizes.iter().product::<usize>());
+        proptest::prop_assert!(points.windows(2).all(|w| w[0] < w[1]), "ascending, so unique");
+        proptest::prop_assert!(points.iter().all(|p| p.iter().zip(&sizes).all(|(i, n)| i < n)));
+    }
+}
+
+#[test]
+fn grid_is_row_major() {
+    assert_eq!(grid(&[2, 3]), [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]);
+    assert_eq!(grid(&[]).len(), 1);
+}
+
+#[test]
+fn shards_partition_the_grid() {
+    for count in 1..6u32 {
+        for i in 0..20 {
+            let owners = (0..count).filter(|&k| Shard { index: k, count }.contains(i)).count();
+            assert_eq!(owners, 1, "point {i} with {count} shards");
+        }
+    }
+}
+
+#[test]
+fn shards_from_flag_and_slurm() {
+    assert_eq!(Shard::parse("1/4").unwrap(), Shard { index: 1, count: 4 });
+    assert!(Shard::parse("4/4").is_err() && Shard::parse("0/0").is_err());
+    assert!(Shard::parse("1").is_err());
+    let env = |vars: &'static [(&'static str, &'static str)]| {
+        move |k: &str| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string())
+    };
+    assert_eq!(Shard::from_slurm(env(&[])).unwrap(), None);
+    let s =
+        Shard::from_slurm(env(&[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_COUNT", "4")]));
+    assert_eq!(s.unwrap(), Some(Shard { index: 3, count: 4 }));
+    let s = Shard::from_slurm(env(&[
+        ("SLURM_ARRAY_TASK_ID", "1"),
+        ("SLURM_ARRAY_TASK_COUNT", "4"),
+        ("SLURM_ARRAY_TASK_MIN", "1"),
+    ]));
+    assert_eq!(s.unwrap(), Some(Shard { index: 0, count: 4 }));
+    assert!(Shard::from_slurm(env(&[("SLURM_ARRAY_TASK_ID", "1")])).is_err());
+    let sparse =
+        Shard::from_slurm(env(&[("SLURM_ARRAY_TASK_ID", "9"), ("SLURM_ARRAY_TASK_COUNT", "4")]));
+    assert!(sparse.unwrap_err().to_string().contains("--shard"));
+}
+
+#[test]
+fn colliding_short_labels_use_the_full_key() {
+    let sets = keys(&[
+        "job[0].env.NVSHMEM_QP_DEPTH=1",
+        "job[1].env.NVSHMEM_QP_DEPTH=1",
+        "cluster.nodes=1",
+    ]);
+    assert_eq!(
+        labels(&sets),
+        ["job_0_.env.NVSHMEM_QP_DEPTH", "job_1_.env.NVSHMEM_QP_DEPTH", "nodes"]
+    );
+}
+
+/// A backend whose `prepare` panics.
+struct Panics;
+
+impl Transport for Panics {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: crate::transport::BackendKind::Sim,
+            identity: Default::default(),
+            unavailable: None,
+            modes: vec![
+                crate::deepep::config::EpMode::LowLatency,
+                crate::deepep::config::EpMode::Intranode,
+                crate::deepep::config::EpMode::Internode,
+            ],
+            traffic: true,
+            concurrent_jobs: true,
+            max_ranks: None,
+            rdma: true,
+            rdma_reason: None,
+        }
+    }
+    fn prepare(&mut self, _: &Plan) -> Result<(), TransportError> {
+        panic!("model exploded")
+    }
+    fn execute(&mut self, _: &OpSpec) -> Result<OpOutcome, TransportError> {
+        unreachable!("prepare panicked")
+    }
+}
+
+#[test]
+fn a_panicking_backend_fails_its_point_only_and_invalid_points_do_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(&["cluster.nodes=2,0"], Shard::ALL).unwrap();
+    let backend = || -> Box<dyn Transport> { Box::new(Panics) };
+    let outcomes = run_grid(&p.points, 2, |point| {
+        run_point(point, dir.path(), &backend, &Provenance::default)
+    })
+    .unwrap();
+    assert_eq!(outcomes[0], PointOutcome::Failed("the backend panicked: model exploded".into()));
+    assert!(
+        matches!(&outcomes[1], PointOutcome::Invalid(why) if why.contains("nodes")),
+        "{outcomes:?}"
+    );
+    // Both points' scenarios are written for `eptwin run`, and no result.
+    for point in &p.points {
+        assert!(dir.path().join(format!("{}.toml", point.name)).is_file());
+        assert!(!dir.path().join(format!("{}.json", point.name)).exists());
+    }
+}
+
+#[test]
+fn the_grid_keeps_point_order_at_any_thread_count() {
+    let p = plan(&["cluster.nodes=2,4,8", "job[0].workload.topk=4,8"], Shard::ALL).unwrap();
+    for threads in [1, 2, 5] {
+        let order = run_grid(&p.points, threads, |point| point.index).unwrap();
+        assert_eq!(order, (0..6).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,107 @@
+//! `EPTWIN_CLUSTER_TIMES=1`: when the cluster kernels' warps finished, printed after the
+//! host-checked iteration (a measurement aid; nothing in the result depends on it).
+
+use super::NormalJob;
+use crate::error::HwError;
+use crate::exec::Devices;
+
+/// Per-token stamps of the cluster combine's reducers (`kTokenStamps` in intranode_cluster.cu).
+pub(super) const CLUSTER_TOKEN_STAMPS: u32 = 32;
+
+impl NormalJob {
+    /// `EPTWIN_CLUSTER_TIMES=1`: when the cluster kernel's warps finished (µs after the first
+    /// block started): senders (the first n warps of a block) and receivers, as percentiles, and
+    /// the clusters' finish times, to tell a uniform rate from a tail.
+    pub(super) fn report_warp_times(
+        &self,
+        devs: &Devices,
+        op: &str,
+        warps: u32,
+    ) -> Result<(), HwError> {
+        let Some(buf) = &self.warp_times else { return Ok(()) };
+        let combine = op == "combine";
+        let stamps = if combine { 2 * CLUSTER_TOKEN_STAMPS as usize } else { 0 };
+        let per_block = (1 + warps) as usize + stamps;
+        let blocks = (self.channels * self.n) as usize;
+        let mut t = vec![0u64; blocks * per_block];
+        devs.list[0].gpu.download(buf.ptr, &mut t)?;
+        let start = (0..blocks).map(|b| t[b * per_block]).min().unwrap_or(0);
+        let us = |v: u64| v.saturating_sub(start) as f64 / 1e3;
+        let (mut senders, mut receivers, mut starts, mut clusters) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for b in 0..blocks {
+            starts.push(us(t[b * per_block]));
+            for w in 0..warps as usize {
+                let end = us(t[b * per_block + 1 + w]);
+                if w < self.n as usize { senders.push(end) } else { receivers.push(end) }
+            }
+        }
+        for c in 0..self.channels as usize {
+            let n = self.n as usize;
+            let ends = (c * n..(c + 1) * n).flat_map(|b| (0..warps as usize).map(move |w| (b, w)));
+            clusters.push(ends.map(|(b, w)| us(t[b * per_block + 1 + w])).fold(0.0, f64::max));
+        }
+        let pct = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+            format!(
+                "min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1}",
+                at(0.0),
+                at(0.1),
+                at(0.5),
+                at(0.9),
+                at(1.0)
+            )
+        };
+        tracing::info!(
+            "cluster {op} warp finish times (us after the first block's start): \
+             block starts {}; senders {}; receivers {}; clusters {}",
+            pct(&mut starts),
+            pct(&mut senders),
+            pct(&mut receivers),
+            pct(&mut clusters)
+        );
+        if combine {
+            // Per token k of a block's channel: when every partial was in shared memory
+            // (ready) and when the reduction was done, after the block's own start; the wait
+            // is ready(k) - done(k - 1).
+            let tokens = self.routing.tokens_per_rank;
+            let max_k =
+                (CLUSTER_TOKEN_STAMPS as usize).min(tokens.div_ceil(self.channels) as usize);
+            let mut line = String::new();
+            for k in 0..max_k {
+                let (mut ready, mut work, mut wait) = (Vec::new(), Vec::new(), Vec::new());
+                for b in 0..blocks {
+                    let base = b * per_block + 1 + warps as usize;
+                    let (r, d) = (t[base + 2 * k], t[base + 2 * k + 1]);
+                    if r == 0 || d == 0 {
+                        continue; // this block's channel has fewer tokens
+                    }
+                    let prev = if k == 0 { t[b * per_block] } else { t[base + 2 * k - 1] };
+                    ready.push(r.saturating_sub(t[b * per_block]) as f64 / 1e3);
+                    work.push(d.saturating_sub(r) as f64 / 1e3);
+                    wait.push(r.saturating_sub(prev) as f64 / 1e3);
+                }
+                if ready.is_empty() {
+                    break;
+                }
+                let med = |v: &mut Vec<f64>| {
+                    v.sort_by(|a, b| a.total_cmp(b));
+                    v[v.len() / 2]
+                };
+                line.push_str(&format!(
+                    " t{k} ready {:.2} wait {:.2} reduce {:.2} ({} blocks);",
+                    med(&mut ready),
+                    med(&mut wait),
+                    med(&mut work),
+                    ready.len()
+                ));
+            }
+            tracing::info!(
+                "cluster combine reducers per token (p50 over blocks, us after the \
+                 block's start):{line}"
+            );
+        }
+        Ok(())
+    }
+}
