@@ -14,8 +14,8 @@ use eptwin_engine::sweep::{Shard, SweepKey, SweepPlan, run_grid, run_point};
 use eptwin_reports::{SweepIndex, SweepPoint};
 
 use super::{provenance, transport};
-use crate::{ExitCode, out, outln};
 use crate::cli::BackendArg;
+use crate::{ExitCode, out, outln};
 
 fn thread_count(requested: Option<usize>, backend: BackendArg) -> usize {
     if backend == BackendArg::Hw {
