@@ -343,6 +343,7 @@ fn import_checks_out_and_logs_before_reading_them_whole() {
     let o = run(eptwin()
         .args(["deepep", "import"])
         .arg(fixture("ll-ep16.node0.log"))
+        .arg(fixture("ll-ep16.node1.log"))
         .args(["--scenario", LL16, "--out"])
         .arg(&file));
     assert_eq!(o.status.code(), Some(2));

@@ -63,7 +63,6 @@ fn launch_lines(
 }
 
 fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Result<ExitCode> {
-    writable_dir(out, "--out")?;
     let Some((loaded, plan)) = load_with_plan(scenario) else { return Ok(ExitCode::BadInput) };
     let texts: Vec<(String, String)> = logs
         .iter()
@@ -79,6 +78,8 @@ fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Res
         ..Provenance::default()
     };
     let result = import(&plan, &loaded.scenario, &log_texts, provenance)?;
+    // After the import: logs of another configuration leave no directory behind.
+    writable_dir(out, "--out")?;
     let file = result_path(out, &plan.name, Some("deepep"));
     write_atomic(&file, &result.to_json())?;
     tracing::info!("wrote {}", file.display());
