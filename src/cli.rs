@@ -1,4 +1,5 @@
-//! Command-line definitions (DESIGN.md "Command line"; subcommands and exit codes are fixed).
+//! Command-line definitions (docs/design.md, "The design contract"; subcommands and exit codes are
+//! fixed).
 
 use std::path::PathBuf;
 

@@ -7,8 +7,8 @@ mod output;
 
 use clap::Parser;
 
-/// Exit codes (DESIGN.md): 0 ok · 1 a correctness check or expectation failed · 2 bad input
-/// or usage · 77 waived (the hardware the scenario needs is not here).
+/// Exit codes (docs/design.md, "The design contract"): 0 ok · 1 a correctness check or expectation
+/// failed · 2 bad input or usage · 77 waived (the hardware the scenario needs is not here).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ExitCode {
     Ok = 0,

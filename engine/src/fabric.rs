@@ -1,5 +1,5 @@
-//! Fabric QoS settings in OpenSM terms (fabric.md §1, §4), parsed and checked: SL→VL table,
-//! VL arbitration tables, high limit; and the RoCE equivalents (fabric.md §5).
+//! Fabric QoS settings in OpenSM terms (docs/design.md, fabric §1, §4), parsed and checked: SL→VL
+//! table, VL arbitration tables, high limit; and the RoCE equivalents (docs/design.md, fabric §5).
 
 use serde::{Deserialize, Serialize};
 
@@ -7,7 +7,7 @@ use crate::ids::{Sl, Vl};
 use crate::profile::FabricParams;
 use crate::scenario::schema::FabricKind;
 
-/// VL15 is management-only; an SL mapped to it is dropped (fabric.md §1).
+/// VL15 is management-only; an SL mapped to it is dropped (docs/design.md, fabric §1).
 pub const VL15: u8 = 15;
 pub const VALID_DATA_VLS: [u8; 5] = [1, 2, 4, 8, 15];
 pub const VALID_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];

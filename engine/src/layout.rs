@@ -1,5 +1,5 @@
-//! DeepEP's dispatch layout (`get_dispatch_layout`, deepep.md §17): what each source rank
-//! computes from its `topk_idx` before dispatching. Both backends check their own layout
+//! DeepEP's dispatch layout (`get_dispatch_layout`, docs/design.md, DeepEP §17): what each source
+//! rank computes from its `topk_idx` before dispatching. Both backends check their own layout
 //! against this one.
 
 use serde::{Deserialize, Serialize};

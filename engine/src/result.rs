@@ -1,5 +1,5 @@
-//! The result document (DESIGN.md "Results", docs/results.md): one JSON per run, versioned,
-//! written atomically. `eptwin-reports` reads only these.
+//! The result document (docs/design.md, "The design contract"; docs/results.md): one JSON per run,
+//! versioned, written atomically. `eptwin-reports` reads only these.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -28,7 +28,7 @@ impl Verdict {
         }
     }
 
-    /// The process exit code this verdict maps to (DESIGN.md).
+    /// The process exit code this verdict maps to (docs/design.md, "The design contract").
     pub fn exit_code(self) -> i32 {
         match self {
             Verdict::Ok => 0,

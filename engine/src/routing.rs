@@ -1,5 +1,6 @@
 //! Token → expert routing, generated from the scenario seed so that the simulator and the
-//! hardware move byte-identical workloads. Conventions follow DeepEP's tests (deepep.md §17).
+//! hardware move byte-identical workloads. Conventions follow DeepEP's tests (docs/design.md,
+//! DeepEP §17).
 
 use serde::{Deserialize, Serialize};
 
@@ -294,8 +295,8 @@ mod tests {
 
     #[test]
     fn statistics_match_the_reference_tables() {
-        // fabric.md §9: E=256, k=8 — D_G (distinct GPUs) 5.30 at EP8; test routing at EP32:
-        // distinct nodes 3.61, distinct GPUs 7.27; EP64: nodes 3.98.
+        // docs/design.md, fabric §9: E=256, k=8 — D_G (distinct GPUs) 5.30 at EP8; test routing at
+        // EP32: distinct nodes 3.61, distinct GPUs 7.27; EP64: nodes 3.98.
         let ep8 = generate(&workload(RoutingKind::Uniform, 4096, 256), 8);
         assert!((mean_distinct(&ep8, 1) - 5.30).abs() < 0.03, "{}", mean_distinct(&ep8, 1));
         let ep32 = generate(&workload(RoutingKind::NodeLimited, 512, 256), 32);

@@ -1,4 +1,4 @@
-//! The backend boundary (DESIGN.md "The backend boundary"): one trait, implemented by the
+//! The backend boundary (docs/design.md, "The design contract"): one trait, implemented by the
 //! simulator (`eptwin-sim`) and the hardware (`eptwin-hw`), driven by one run loop.
 //!
 //! API Boundary: everything a backend needs comes in the [`Plan`]; everything it reports goes
@@ -116,7 +116,7 @@ pub enum OpSpec {
     /// a background transfer round, or a barrier.
     Op { job: JobId, op: OpKind, iteration: u32, warmup: bool },
     /// Every job at once on the shared fabric: each runs `warmup + iterations` rounds of its
-    /// ops back to back, all starting together (DESIGN.md: "Jobs start together").
+    /// ops back to back, all starting together (docs/design.md: "Jobs start together").
     Concurrent { streams: Vec<StreamSpec> },
 }
 

@@ -12,7 +12,8 @@ use crate::group::GroupWatch;
 use crate::kernel_args;
 use crate::processes::ProcessBarrier;
 
-/// DeepEP's tests flush L2 with a 256 MB memset before every timed call (deepep.md §17).
+/// DeepEP's tests flush L2 with a 256 MB memset before every timed call (docs/design.md, DeepEP
+/// §17).
 pub const L2_FLUSH_BYTES: usize = 256_000_000;
 
 /// One GPU of the placement with its per-GPU state.

@@ -5,7 +5,7 @@ use eptwin_engine::plan::{FabricKind, FabricRouting, HardwareProfile, Plan, Swit
 
 use crate::core::time::{Rate, Time, ns};
 
-/// Per-packet header bytes on the wire (fabric.md §3 for IB, §5 for RoCEv2).
+/// Per-packet header bytes on the wire (docs/design.md, fabric §3 for IB, §5 for RoCEv2).
 #[derive(Debug, Clone, Copy)]
 pub struct Headers {
     /// Every data packet: IB LRH 8 + BTH 12 + ICRC 4 + VCRC 2; RoCE Eth 14 + IPv4 20 + UDP 8 +
@@ -289,7 +289,8 @@ impl Params {
         bytes.div_ceil(self.mtu).max(1)
     }
 
-    /// Total wire bytes of an RDMA write of `bytes` (fabric.md §3: m + 26·ceil(m/P) + 16).
+    /// Total wire bytes of an RDMA write of `bytes` (docs/design.md, fabric §3: m + 26·ceil(m/P) +
+    /// 16).
     pub fn write_wire_bytes(&self, bytes: u32) -> u64 {
         bytes as u64 + self.packets(bytes) as u64 * self.hdr.data as u64 + self.hdr.reth as u64
     }

@@ -1,5 +1,5 @@
 //! Message sizes on the wire and the "logical" bytes DeepEP's tests divide by kernel time
-//! (deepep.md §9, §11, §17). Both backends report bandwidth from these same counts.
+//! (docs/design.md, DeepEP §9, §11, §17). Both backends report bandwidth from these same counts.
 
 use serde::{Deserialize, Serialize};
 
@@ -77,7 +77,7 @@ impl LogicalBytes {
     }
 }
 
-/// Count the bytes each rank's test would count (deepep.md §17).
+/// Count the bytes each rank's test would count (docs/design.md, DeepEP §17).
 pub fn logical_bytes(
     mode: EpMode,
     routing: &RoutingTable,

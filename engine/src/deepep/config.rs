@@ -1,5 +1,5 @@
 //! DeepEP V1 `Config`, its tuned tables, and the buffer size-hint formulas (`csrc/config.hpp`,
-//! `deep_ep/buffer.py:232-290`). References: deepep.md §2, §6.
+//! `deep_ep/buffer.py:232-290`). References: docs/design.md, DeepEP §2, §6.
 
 use serde::{Deserialize, Serialize};
 
@@ -222,7 +222,7 @@ mod tests {
 
     #[test]
     fn normal_hints_match_deepep_md_table() {
-        // deepep.md §6.3, hidden 7168, tuned configs, 20 SMs.
+        // docs/design.md, DeepEP §6.3, hidden 7168, tuned configs, 20 SMs.
         let rows = [
             (8, 320.2, 0.0),
             (16, 360.2, 87.6),

@@ -1,5 +1,6 @@
 //! The process environment exactly as DeepEP V1's `Buffer.__init__` leaves it
-//! (`deep_ep/buffer.py:103-132`, deepep.md §4), and the NVSHMEM values the models read from it.
+//! (`deep_ep/buffer.py:103-132`, docs/design.md, DeepEP §4), and the NVSHMEM values the models read
+//! from it.
 
 use std::collections::BTreeMap;
 
@@ -32,7 +33,7 @@ pub struct EnvVar {
     pub overwritten: Option<String>,
 }
 
-/// `NVSHMEM_QP_DEPTH` default and the range NVSHMEM accepts (fabric.md §6).
+/// `NVSHMEM_QP_DEPTH` default and the range NVSHMEM accepts (docs/design.md, fabric §6).
 pub const DEFAULT_QP_DEPTH: u32 = 1024;
 pub const MIN_QP_DEPTH: u32 = 128;
 pub const MAX_QP_DEPTH: u32 = 32768;
@@ -156,7 +157,8 @@ pub fn parse_env_bool(value: &str) -> bool {
     matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "y" | "on")
 }
 
-/// `NVSHMEM_QP_DEPTH` as NVSHMEM applies it (fabric.md §6: power of 2 in [128, 32768]).
+/// `NVSHMEM_QP_DEPTH` as NVSHMEM applies it (docs/design.md, fabric §6: power of 2 in [128,
+/// 32768]).
 pub fn effective_qp_depth(requested: u64) -> u32 {
     let clamped = requested.clamp(MIN_QP_DEPTH as u64, MAX_QP_DEPTH as u64);
     clamped.next_power_of_two() as u32

@@ -39,7 +39,7 @@ pub struct Timeouts {
 const LEAF_VERDICT_MARGIN: Duration = Duration::from_secs(1);
 
 /// The exit code of a process the keeper thread ends: 1, "a check or expectation failed",
-/// as the binary's own failures (DESIGN.md's exit codes).
+/// as the binary's own failures (the exit codes of docs/design.md).
 pub const EXIT_CODE_ABANDONED: i32 = 1;
 
 impl Default for Timeouts {

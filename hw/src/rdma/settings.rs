@@ -1,6 +1,7 @@
 //! The QP settings a scenario asks for, taken from its `Plan` exactly as NVSHMEM would take
-//! them from the job's environment (fabric.md §6): `NVSHMEM_IB_SL`, `NVSHMEM_IB_TRAFFIC_CLASS`,
-//! `NVSHMEM_QP_DEPTH`, `NVSHMEM_IB_GID_INDEX`, the fabric MTU and `num_qps_per_rank`.
+//! them from the job's environment (docs/design.md, fabric §6): `NVSHMEM_IB_SL`,
+//! `NVSHMEM_IB_TRAFFIC_CLASS`, `NVSHMEM_QP_DEPTH`, `NVSHMEM_IB_GID_INDEX`, the fabric MTU and
+//! `num_qps_per_rank`.
 
 use eptwin_engine::{JobPlan, Plan};
 
@@ -37,7 +38,7 @@ pub struct QpSettings {
 }
 
 impl Default for QpSettings {
-    /// NVSHMEM's defaults (fabric.md §6): SL 0, depth 1024, one QP per peer; MTU 4096.
+    /// NVSHMEM's defaults (docs/design.md, fabric §6): SL 0, depth 1024, one QP per peer; MTU 4096.
     fn default() -> Self {
         QpSettings {
             sl: 0,

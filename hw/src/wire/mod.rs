@@ -72,9 +72,9 @@ pub trait Wire: Send + 'static {
     fn drain(&mut self, timeout: Duration) -> Result<(), RdmaError>;
 }
 
-/// Which wire moved internode bytes (`backend.wire` in the result document, DESIGN.md
-/// "Results": `"verbs"`, `"tcp"`; `"none"` is the backend's word for a run without internode
-/// traffic, which has no wire).
+/// Which wire moved internode bytes (`backend.wire` in the result document, docs/results.md):
+/// `"verbs"`, `"tcp"`; `"none"` is the backend's word for a run without internode traffic,
+/// which has no wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WireKind {

@@ -3,7 +3,7 @@
 //! flat state here; programs (DeepEP algorithms, traffic) drive it through a small API.
 //!
 //! Events are a 16-byte enum (with the 16-byte key a queue entry is 32 bytes, the size
-//! fabric.md §10 measured as fast); all state lives in `Vec`s indexed by `u32` ids.
+//! docs/design.md, fabric §10 measured as fast); all state lives in `Vec`s indexed by `u32` ids.
 
 pub mod queue;
 pub mod ring;
@@ -225,7 +225,8 @@ impl Core {
         }
     }
 
-    /// Record a starved lane (fabric.md §1.1: under `high_limit = 255` low lanes can starve).
+    /// Record a starved lane (docs/design.md, fabric §1.1: under `high_limit = 255` low lanes can
+    /// starve).
     pub fn starvation(&mut self, what: String) {
         let msg = format!("t={}: {what}", fmt_us(self.now));
         self.starvations.push(msg);

@@ -67,7 +67,8 @@ mod tests {
         assert_eq!(r.time(4096), 81_920);
         assert!((r.gbps() - 50.0).abs() < 1e-6);
         let fast = Rate::from_gbps(2135.0);
-        // 1 GiB in 0.503 ms (fabric.md §7); exact 502,923,571 ps, fixed point within a ns.
+        // 1 GiB in 0.503 ms (docs/design.md, fabric §7); exact 502,923,571 ps, fixed point within a
+        // ns.
         assert!(fast.time(1 << 30).abs_diff(502_923_571) < 1_000);
         assert_eq!(r.shared(2).time(100), 4_000);
         assert_eq!(r.slower(fast), r);

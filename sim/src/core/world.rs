@@ -120,7 +120,7 @@ impl World {
 
     /// Run every stream (job) back to back, all starting now: (job, ops, warmup rounds,
     /// measured rounds). Each op of a stream starts on all its ranks when the previous one
-    /// ended on all of them (DESIGN.md).
+    /// ended on all of them (docs/design.md: "Jobs start together").
     pub fn run_streams(
         &mut self,
         factory: &mut Factory,

@@ -1,4 +1,5 @@
-//! Normal internode kernels with asymmetric forwarding (`internode.cu`, deepep.md §9, §10).
+//! Normal internode kernels with asymmetric forwarding (`internode.cu`, docs/design.md, DeepEP §9,
+//! §10).
 //!
 //! Dispatch, per rank (node m, local index i) and channel c: the RDMA sender copies each token
 //! once per destination node into that node's send slots (credits: `rdma_recv` slots per
@@ -255,7 +256,7 @@ impl InternodeProgram {
         node * P + local
     }
     /// QP index for head credits: `channel + C`, wrapping onto the data QP when there are
-    /// fewer QPs (deepep.md §12).
+    /// fewer QPs (docs/design.md, DeepEP §12).
     fn credit_qp(&self, c: u32) -> u32 {
         c + self.ch
     }

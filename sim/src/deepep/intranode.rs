@@ -1,8 +1,8 @@
-//! Normal intranode kernels (`intranode.cu`, deepep.md §8): `C = num_sms / 2` channels, each a
-//! sender block and a receiver block; tokens split into C contiguous ranges. Dispatch: per
-//! (channel, destination) the sender's warps push chunks of ≤ `nvl_send` tokens into the ring
-//! buffer on the destination (`nvl_recv` slots), waiting until `nvl_send` slots are free, and
-//! publish the tail after the data; the receiver copies what the tail shows into `recv_x` and
+//! Normal intranode kernels (`intranode.cu`, docs/design.md, DeepEP §8): `C = num_sms / 2`
+//! channels, each a sender block and a receiver block; tokens split into C contiguous ranges.
+//! Dispatch: per (channel, destination) the sender's warps push chunks of ≤ `nvl_send` tokens into
+//! the ring buffer on the destination (`nvl_recv` slots), waiting until `nvl_send` slots are free,
+//! and publish the tail after the data; the receiver copies what the tail shows into `recv_x` and
 //! publishes the head back. Each token goes once per destination rank. Combine mirrors it: each
 //! rank pushes the tokens it received back to their source, whose receiver waits for every
 //! rank a token visited and reduces.

@@ -1,4 +1,4 @@
-//! Low-latency kernels (`internode_ll.cu`, deepep.md §11, §12).
+//! Low-latency kernels (`internode_ll.cu`, docs/design.md, DeepEP §11, §12).
 //!
 //! Dispatch: `ceil(E / ceil(E / SMs))` blocks; tokens go round robin to blocks; per token the
 //! block casts to FP8, then one warp per top-k slot sends one message per (token, selected

@@ -1,4 +1,4 @@
-//! DeepEP V1's algorithms as programs on the simulated machine (deepep.md §8–§12): the
+//! DeepEP V1's algorithms as programs on the simulated machine (docs/design.md, DeepEP §8–§12): the
 //! normal intranode and internode (RDMA once per node, NVLink forwarding) kernels and the
 //! low-latency kernels, with DeepEP's flow control expressed as actors waiting on counters.
 
@@ -64,8 +64,8 @@ pub enum Route {
     Rdma,
 }
 
-/// The path NVSHMEM gives a low-latency kernel between two job ranks (deepep.md §11, §15):
-/// itself always by pointer; a mapped peer (P2P allowed; across nodes only with MNNVL) by
+/// The path NVSHMEM gives a low-latency kernel between two job ranks (docs/design.md, DeepEP §11,
+/// §15): itself always by pointer; a mapped peer (P2P allowed; across nodes only with MNNVL) by
 /// stores; everyone else through the NIC.
 pub fn ll_route(plan: &Plan, job: JobId, a: u32, b: u32) -> Route {
     let j = plan.job(job);
@@ -249,7 +249,7 @@ impl Ranks {
         self.phases[i].1[r as usize] = t;
     }
 
-    /// The sample: latency = per-rank kernel time averaged over ranks (deepep.md §17).
+    /// The sample: latency = per-rank kernel time averaged over ranks (docs/design.md, DeepEP §17).
     pub fn sample(&self, meta: &Meta, extra_ns: f64) -> OpSample {
         let n = self.end.len().max(1) as f64;
         let mean = self

@@ -75,7 +75,7 @@ fn slot_of(w: &Workload, dispatch: bool) -> Option<ClusterSlot> {
 /// The consumer hands a slot back as soon as its store has read it, so every slot cycles
 /// through a refill (`fill`) and a store (`store` + its bytes at `bulk`), and the consumer's
 /// stores follow one another. The calibration script solves the one-cluster probe shapes with
-/// this (results/h200/probe-run/profile-from-probes.py `pair_period`).
+/// this (scripts/h200-profile-from-probes.py `pair_period`).
 pub fn pair_period(c: &ClusterRings, slots: u32, bytes: u64) -> Time {
     let store = c.store + c.bulk.time(bytes);
     store.max((c.fill + c.bulk.time(bytes) + store) / slots.max(1) as u64)

@@ -1,11 +1,12 @@
 //! Output-port arbitration between virtual lanes (InfiniBand) or priorities (RoCE).
 //!
-//! InfiniBand follows fabric.md §1.1 step by step: a High and a Low table of (VL, weight)
-//! entries, weights in 64-byte blocks, the current entry keeps serving its VL until its weight
-//! is used up (a packet in flight may overshoot), `high_limit` bounds the high-priority bytes
-//! (units of 4 KiB; 0 = one packet; 255 = unbounded) before exactly one low packet is sent.
+//! InfiniBand follows docs/design.md, fabric §1.1 step by step: a High and a Low table of (VL,
+//! weight) entries, weights in 64-byte blocks, the current entry keeps serving its VL until its
+//! weight is used up (a packet in flight may overshoot), `high_limit` bounds the high-priority
+//! bytes (units of 4 KiB; 0 = one packet; 255 = unbounded) before exactly one low packet is sent.
 //! RoCE: strict-priority traffic classes first (highest first), then deficit round robin over
-//! the ETS shares (fabric.md §5); a class with a 0 % share only gets otherwise idle time.
+//! the ETS shares (docs/design.md, fabric §5); a class with a 0 % share only gets otherwise idle
+//! time.
 
 use eptwin_engine::plan::{FabricKind, FabricQos, HIGH_LIMIT_UNBOUNDED, VlArbEntry};
 
@@ -196,7 +197,8 @@ impl ArbState {
     fn pick_ib(&mut self, cfg: &ArbConfig, eligible: LaneMask) -> Option<Pick> {
         let low_available = eligible & cfg.low_t.lanes != 0;
         if eligible & cfg.high_t.lanes == 0 {
-            // Nothing high is eligible: the high counter restarts (fabric.md §1.1 step 4).
+            // Nothing high is eligible: the high counter restarts (docs/design.md, fabric §1.1 step
+            // 4).
             self.high_bytes = 0;
             let lane =
                 commit(&cfg.low, &cfg.low_t, eligible, &mut self.low_idx, &mut self.low_rem)?;
@@ -439,7 +441,7 @@ mod tests {
 
     #[test]
     fn low_table_shares_follow_weights() {
-        // fabric.md §4 documented example, VL0 not backlogged.
+        // docs/design.md, fabric §4 documented example, VL0 not backlogged.
         let c = cfg("0:4", "0:0,1:64,2:128,3:192,4:0,5:64,6:64,7:64", 6);
         let b = run(&c, 0b1110_1110, 10_000, 4122);
         let total: u64 = b.iter().sum();

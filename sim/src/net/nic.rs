@@ -3,9 +3,9 @@
 //! after writes on the same QP takes effect after them, even when adaptive routing reorders
 //! packets), RC ACKs and completions, and the QP-depth rule.
 //!
-//! DeepEP's IBGDA layer reserves WQE slots without checking for free ones (deepep.md §12): a
-//! DeepEP QP never blocks, and a post beyond `NVSHMEM_QP_DEPTH` outstanding work requests is
-//! reported as a correctness failure with its coordinates. Background traffic behaves like a
+//! DeepEP's IBGDA layer reserves WQE slots without checking for free ones (docs/design.md, DeepEP
+//! §12): a DeepEP QP never blocks, and a post beyond `NVSHMEM_QP_DEPTH` outstanding work requests
+//! is reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
 use crate::core::slab::{NONE, Slab};
@@ -70,8 +70,8 @@ pub struct Qp {
     pub ack_pkt: u32,
     pub prog: ProgId,
     pub lane: u8,
-    /// A DeepEP (IBGDA) QP: posts never wait for free slots or completions (deepep.md §12),
-    /// so a post beyond the depth is a failure of `prog`, and its ACKs and atomic responses
+    /// A DeepEP (IBGDA) QP: posts never wait for free slots or completions (docs/design.md, DeepEP
+    /// §12), so a post beyond the depth is a failure of `prog`, and its ACKs and atomic responses
     /// are not simulated as packets ([`Core::unloaded_ack_time`]).
     pub ibgda: bool,
 }

@@ -86,8 +86,8 @@ impl Core {
         let port = &mut self.net.ports[p as usize];
         port.nonempty |= 1 << lane;
         port.queued_bytes += e.wire as u64;
-        // A lane no arbitration table lists never leaves (fabric.md §1.1 step 6): the deadlock
-        // report names it if the run cannot finish.
+        // A lane no arbitration table lists never leaves (docs/design.md, fabric §1.1 step 6): the
+        // deadlock report names it if the run cannot finish.
         self.try_start(p);
     }
 

@@ -1,6 +1,6 @@
-//! VL arbitration through the fabric (fabric.md §1.1): incast flows on two lanes meet at the
-//! switch port toward the target; their byte shares follow the arbitration tables. Lane a has
-//! two senders and lane b one, so both lanes keep the port's queues backlogged (one NIC alone
+//! VL arbitration through the fabric (docs/design.md, fabric §1.1): incast flows on two lanes meet
+//! at the switch port toward the target; their byte shares follow the arbitration tables. Lane a
+//! has two senders and lane b one, so both lanes keep the port's queues backlogged (one NIC alone
 //! injects a little below the port's line rate). Each lane gets bytes proportional to its
 //! expected share, so with correct arbitration both finish together.
 

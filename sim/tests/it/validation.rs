@@ -1,6 +1,6 @@
-//! The validation suite: DeepEP V1's published rows (deepep.md §18) against the simulator
-//! with the bundled `h800-cx7` profile. Prints the table; fails if any row drifts beyond its
-//! tolerance.
+//! The validation suite: DeepEP V1's published rows (docs/design.md, DeepEP §18) against the
+//! simulator with the bundled `h800-cx7` profile. Prints the table; fails if any row drifts beyond
+//! its tolerance.
 
 use crate::util::{latency_us, plan_of_file, repo, run, tomls};
 

@@ -1,8 +1,8 @@
 //! Every rule DeepEP V1 (and NVSHMEM, and the fabric) enforces on a configuration, plus
 //! advisories that are not errors, in one pass that also settles the plan's typed values:
 //! each rule family parses what it checks once and hands the typed result on. Sources are
-//! cited per rule (deepep.md §5 and friends). The validator reports everything it finds,
-//! never just the first problem.
+//! cited per rule (docs/design.md, DeepEP §5 and friends). The validator reports everything it
+//! finds, never just the first problem.
 //!
 //! Rule families, in the order they run: `cluster` (name, profile, limits and ranges,
 //! cluster shape, fabric QoS); per job `env` (NVSHMEM and eptwin variables, the SL's lane),
