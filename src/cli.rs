@@ -34,19 +34,24 @@ pub enum BackendArg {
 pub enum Command {
     /// Run scenarios, print an nccl-tests-style table, write one result JSON per scenario.
     Run {
-        #[arg(required = true)]
+        /// Scenario files (TOML, docs/scenario.md); each runs in turn, and no two may share a
+        /// `name`.
+        #[arg(required = true, value_name = "SCENARIO")]
         scenarios: Vec<PathBuf>,
+        /// Where the scenarios run.
         #[arg(long, value_enum, default_value = "sim")]
         backend: BackendArg,
-        /// Directory for result files (`DIR/<scenario name>.json`).
-        #[arg(long, default_value = "out")]
+        /// Directory for result files (`DIR/<scenario name>.json`), created if missing and
+        /// checked before anything runs. A result never replaces one of another backend, and a
+        /// waived result never replaces a measured one: it goes to `<name>.<backend>.json`.
+        #[arg(long, default_value = "out", value_name = "DIR")]
         out: PathBuf,
         /// Print the result documents on stdout (JSON Lines) instead of the table.
         #[arg(long)]
         json: bool,
         /// Simulator: write a Chrome trace-event / Perfetto trace of the run to this file
         /// (one scenario only).
-        #[arg(long)]
+        #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
         /// Hardware: start N processes of this command on this machine (eptwin's own launcher,
         /// like `torchrun --nproc-per-node N`) and exit with their verdict's code.
@@ -59,13 +64,16 @@ pub enum Command {
     },
     /// Parse and check every DeepEP/NVSHMEM/fabric rule; errors name file:line:col.
     Validate {
-        #[arg(required = true)]
+        /// Scenario files (TOML, at most 16 MiB each); every error of every file is printed.
+        #[arg(required = true, value_name = "SCENARIO")]
         scenarios: Vec<PathBuf>,
     },
     /// Print the `export VAR=value` lines DeepEP's `Buffer` would leave in the environment.
     Env {
+        /// A scenario file.
         scenario: PathBuf,
-        #[arg(long)]
+        /// The job whose environment to print (needed when the scenario has several).
+        #[arg(long, value_name = "NAME")]
         job: Option<String>,
         /// Annotate each line with who set it (user, DeepEP source line, overwritten values).
         #[arg(long)]
@@ -73,6 +81,7 @@ pub enum Command {
     },
     /// NVLink connectivity check: NVML on a GPU machine, the declared topology with a scenario.
     Topo {
+        /// A scenario file: check its declared topology (without one: the GPUs here, NVML).
         scenario: Option<PathBuf>,
         /// Bypass the check (eptwin's switch; DeepEP itself has none).
         #[arg(long)]
@@ -84,10 +93,12 @@ pub enum Command {
     /// Run on the simulator and the hardware (or read measured results), write both results
     /// and the comparison, and print a table of the differences.
     Compare {
-        #[arg(required = true)]
+        /// Scenario files; no two may share a `name`.
+        #[arg(required = true, value_name = "SCENARIO")]
         scenarios: Vec<PathBuf>,
-        /// Directory for `<scenario>.sim.json`, `<scenario>.hw.json`, `<scenario>.compare.json`.
-        #[arg(long, default_value = "out")]
+        /// Directory for `<scenario>.sim.json`, `<scenario>.hw.json`, `<scenario>.compare.json`
+        /// (created if missing, checked before anything runs).
+        #[arg(long, default_value = "out", value_name = "DIR")]
         out: PathBuf,
         /// Compare against previously measured result files or directories (e.g.
         /// `results/h200/`) instead of running the hardware here.
@@ -104,9 +115,13 @@ pub enum Command {
     /// Charts (PNG + SVG) and an index.html from result files, sweep indexes and simulator
     /// traces (files or directories).
     Report {
-        #[arg(required = true)]
+        /// Result files, sweep indexes, simulator traces, or directories holding them
+        /// (searched recursively); other eptwin documents among them, such as comparisons,
+        /// are skipped.
+        #[arg(required = true, value_name = "RESULT|DIR")]
         results: Vec<PathBuf>,
-        #[arg(long)]
+        /// Directory for the charts (PNG + SVG) and index.html.
+        #[arg(long, value_name = "DIR")]
         out: PathBuf,
         /// Print what was written and skipped as JSON.
         #[arg(long)]
@@ -115,6 +130,7 @@ pub enum Command {
     /// Parameter sweep on all cores, shardable for batch schedulers: one result per point
     /// plus an index that `eptwin report` plots.
     Sweep {
+        /// The scenario file whose keys are varied.
         scenario: PathBuf,
         /// KEY=V1,V2,... (several make a grid). KEY is a scenario key path such as
         /// `job.env.NVSHMEM_QP_DEPTH`, `job[0].buffer.num_qps_per_rank`,
@@ -126,8 +142,9 @@ pub enum Command {
         #[arg(long, value_name = "K/N")]
         shard: Option<String>,
         /// Directory for the points and the index (default: out/sweep-<scenario name>).
-        #[arg(long)]
+        #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        /// Where the points run.
         #[arg(long, value_enum, default_value = "sim")]
         backend: BackendArg,
         /// Worker threads (default: SLURM_CPUS_PER_TASK, else all cores).
@@ -151,6 +168,7 @@ pub enum DeepepCommand {
     /// test script with the scenario's workload. Where the scripts cannot do what the scenario
     /// asks, print one line per reason and exit 2.
     Launch {
+        /// The scenario to replay.
         scenario: PathBuf,
         /// The DeepEP checkout whose tests/ holds the scripts (as seen from the nodes).
         #[arg(long, default_value = "DeepEP", value_name = "PATH")]
@@ -166,6 +184,7 @@ pub enum DeepepCommand {
     /// Read the scripts' logs (every node's; ranks may interleave) into a result document
     /// (`backend.kind = "deepep"`) for `eptwin compare --measured` and `eptwin report`.
     Import {
+        /// DeepEP's test logs, one per node (or one with every node's lines).
         #[arg(required = true, value_name = "LOG")]
         logs: Vec<PathBuf>,
         /// The scenario the logs replay.
@@ -184,4 +203,33 @@ pub enum DeepepCommand {
 pub enum LaunchFormatArg {
     Shell,
     Slurm,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `--help` describes every positional argument and option of every subcommand, nested
+    /// ones (`deepep launch`) included.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                let name = format!("{path}{}", sub.get_name());
+                for arg in sub.get_arguments() {
+                    let id = arg.get_id().as_str();
+                    if id != "help" && id != "version" && arg.get_help().is_none() {
+                        missing.push(format!("{name} {id}"));
+                    }
+                }
+                if sub.get_about().is_none() {
+                    missing.push(format!("{name} (about)"));
+                }
+                walk(sub, &format!("{name} "), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+    }
 }

@@ -334,3 +334,26 @@ fn import_exit_codes() {
     assert!(stderr.contains("--num-experts 256 in the log, 288 in the scenario"), "{stderr}");
     assert!(!dir.path().join("other").exists());
 }
+
+#[test]
+fn import_checks_out_and_logs_before_reading_them_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let o = run(eptwin()
+        .args(["deepep", "import"])
+        .arg(fixture("ll-ep16.node0.log"))
+        .arg(fixture("ll-ep16.node1.log"))
+        .args(["--scenario", LL16, "--out"])
+        .arg(&file));
+    assert_eq!(o.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("--out") && stderr.contains("not a directory"), "{stderr}");
+    // A device that never ends is read up to the bound, then refused.
+    let o = run(eptwin()
+        .args(["deepep", "import", "/dev/zero", "--scenario", LL16, "--out"])
+        .arg(dir.path().join("out")));
+    assert_eq!(o.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("/dev/zero: more than 67108864 bytes"), "{stderr}");
+}

@@ -2,6 +2,8 @@
 //! PCIe, NICs and the fabric. A scenario names one and overrides keys of it; every number in
 //! a profile file carries its source in a comment.
 
+pub mod ranges;
+
 use serde::{Deserialize, Serialize};
 
 use crate::scenario::schema::{ClusterSpec, FabricKind, FabricRouting, FabricTopology, NvlinkKind};
@@ -392,15 +394,10 @@ pub fn resolve(cluster: &ClusterSpec) -> Result<HardwareProfile, ProfileError> {
         }
     }
 
-    let mut profile: HardwareProfile =
-        table.try_into().map_err(|e: toml::de::Error| ProfileError {
-            key: "cluster.overrides".into(),
-            message: format!(
-                "profile {:?} with overrides is invalid: {}",
-                cluster.profile,
-                e.message()
-            ),
-        })?;
+    let mut profile: HardwareProfile = match table.try_into() {
+        Ok(profile) => profile,
+        Err(e) => return Err(override_error(cluster, &e)),
+    };
 
     if let Some(m) = &profile.gpu.memory
         && let Err(message) = m.cluster_keys()
@@ -445,6 +442,37 @@ pub fn resolve(cluster: &ClusterSpec) -> Result<HardwareProfile, ProfileError> {
         }
     }
     Ok(profile)
+}
+
+/// The override a profile failed to deserialize with: each override alone on the bundled
+/// profile, the first that fails names its key (`cluster.overrides.nic.link_gbps: expected a
+/// number, found the string "fast"`).
+fn override_error(cluster: &ClusterSpec, whole: &toml::de::Error) -> ProfileError {
+    let base = bundled_table(&cluster.profile).unwrap_or_default();
+    for (section, value) in &cluster.overrides {
+        let toml::Value::Table(entries) = value else { continue };
+        for (k, v) in entries {
+            let mut one = base.clone();
+            if let Some(toml::Value::Table(target)) = one.get_mut(section) {
+                target.insert(k.clone(), v.clone());
+            }
+            if let Err(e) = one.try_into::<HardwareProfile>() {
+                let written = v.to_string();
+                return ProfileError {
+                    key: format!("cluster.overrides.{section}.{k}"),
+                    message: crate::scenario::plain::describe(e.message().trim(), &written),
+                };
+            }
+        }
+    }
+    ProfileError {
+        key: "cluster.overrides".into(),
+        message: format!(
+            "profile {:?} with overrides is invalid: {}",
+            cluster.profile,
+            crate::scenario::plain::describe(whole.message().trim(), "")
+        ),
+    }
 }
 
 fn is_optional_profile_key(section: &str, key: &str) -> bool {
@@ -525,6 +553,13 @@ mod tests {
         assert_eq!(err.key, "cluster.overrides.nic.warp_drive");
 
         cluster.overrides = toml::from_str("[nic]\nwqe_post_ns = \"fast\"").unwrap();
-        assert!(resolve(&cluster).is_err());
+        let err = resolve(&cluster).unwrap_err();
+        assert_eq!(err.key, "cluster.overrides.nic.wqe_post_ns");
+        assert_eq!(err.message, "expected an integer, found the string \"fast\"");
+
+        cluster.overrides = toml::from_str("[nic]\nper_gpu = -1").unwrap();
+        let err = resolve(&cluster).unwrap_err();
+        assert_eq!(err.key, "cluster.overrides.nic.per_gpu");
+        assert_eq!(err.message, "expected an integer from 0 to 4294967295, found the integer -1");
     }
 }

@@ -15,12 +15,31 @@ use crate::result::{
 use crate::scenario::schema::OpKind;
 use crate::transport::{OpOutcome, OpSample, OpSpec, StreamSpec, Transport, TransportError};
 
+/// How far a run is: `done` of `total` backend calls (ops of a single-job plan, one session
+/// for several jobs sharing the fabric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub done: u64,
+    pub total: u64,
+}
+
 /// Run `plan` on `transport`. Transport failures become a `failed` result (with the error's
 /// coordinates) and unsupported plans a `waived` one; `Err` is reserved for the caller's I/O.
 pub fn run(
     plan: &Plan,
     transport: &mut dyn Transport,
     provenance: Provenance,
+) -> Result<RunResult, EngineError> {
+    run_observed(plan, transport, provenance, &mut |_| {})
+}
+
+/// [`run`], telling `progress` after every backend call (a progress bar; the engine itself
+/// prints nothing).
+pub fn run_observed(
+    plan: &Plan,
+    transport: &mut dyn Transport,
+    provenance: Provenance,
+    progress: &mut dyn FnMut(Progress),
 ) -> Result<RunResult, EngineError> {
     let caps = transport.capabilities();
     let mut backend = caps.identity.clone();
@@ -42,7 +61,7 @@ pub fn run(
         result.waived_reason = Some(reason);
         return Ok(result);
     }
-    let outcome = transport.prepare(plan).and_then(|()| execute_all(plan, transport));
+    let outcome = transport.prepare(plan).and_then(|()| execute_all(plan, transport, progress));
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(TransportError::Unsupported(reason)) => {
@@ -60,6 +79,14 @@ pub fn run(
     for job in &plan.jobs {
         result.jobs.push(job_result(job, &outcome.samples));
     }
+    // A result without a timed sample measured nothing: never `ok`.
+    for job in &result.jobs {
+        for op in job.ops.iter().filter(|o| o.samples.is_empty()) {
+            result
+                .failures
+                .push(format!("job {:?} {}: no timed sample was recorded", job.name, op.op));
+        }
+    }
     for sample in outcome.samples.iter().filter(|s| !s.warmup) {
         for f in &sample.failures {
             result.failures.push(format!(
@@ -76,7 +103,11 @@ pub fn run(
     Ok(result)
 }
 
-fn execute_all(plan: &Plan, transport: &mut dyn Transport) -> Result<OpOutcome, TransportError> {
+fn execute_all(
+    plan: &Plan,
+    transport: &mut dyn Transport,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<OpOutcome, TransportError> {
     if plan.jobs.len() > 1 {
         let streams = plan
             .jobs
@@ -88,17 +119,28 @@ fn execute_all(plan: &Plan, transport: &mut dyn Transport) -> Result<OpOutcome, 
                 iterations: j.iterations,
             })
             .collect();
-        return transport.execute(&OpSpec::Concurrent { streams });
+        progress(Progress { done: 0, total: 1 });
+        let outcome = transport.execute(&OpSpec::Concurrent { streams });
+        progress(Progress { done: 1, total: 1 });
+        return outcome;
     }
     let job = &plan.jobs[0];
     let mut all = OpOutcome::default();
-    for round in 0..job.warmup + job.iterations {
-        let warmup = round < job.warmup;
-        let iteration = if warmup { round } else { round - job.warmup };
+    // Rounds count in u64: warmup + iterations overflows u32 for the largest values.
+    let rounds = job.warmup as u64 + job.iterations as u64;
+    let total = rounds * job.ops.len() as u64;
+    let mut done = 0;
+    progress(Progress { done, total });
+    for round in 0..rounds {
+        let warmup = round < job.warmup as u64;
+        let iteration = if warmup { round } else { round - job.warmup as u64 } as u32;
         for &op in &job.ops {
             let outcome = transport.execute(&OpSpec::Op { job: job.id, op, iteration, warmup })?;
-            all.samples.extend(outcome.samples);
+            // Warmup samples are never reported: keeping them would only grow memory.
+            all.samples.extend(outcome.samples.into_iter().filter(|s| !s.warmup));
             all.measurements.extend(outcome.measurements);
+            done += 1;
+            progress(Progress { done, total });
         }
     }
     Ok(all)

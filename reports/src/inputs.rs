@@ -40,14 +40,23 @@ impl Inputs {
                 let mut files = Vec::new();
                 collect_json(path, &mut files)?;
                 for file in files {
-                    if let Err(reason) = inputs.add(&file) {
+                    if let Err(Skip::NotPlotted(reason) | Skip::Unreadable(reason)) =
+                        inputs.add(&file)
+                    {
                         inputs.ignored.push((file, reason));
                     }
                 }
             } else {
-                inputs
-                    .add(path)
-                    .map_err(|message| ReportError::Input { path: path.clone(), message })?;
+                match inputs.add(path) {
+                    Ok(()) => {}
+                    // Another eptwin document (a comparison next to its results, as
+                    // `eptwin report out/*.json` after `eptwin compare` names it): read past it,
+                    // as a directory's listing is.
+                    Err(Skip::NotPlotted(reason)) => inputs.ignored.push((path.clone(), reason)),
+                    Err(Skip::Unreadable(message)) => {
+                        return Err(ReportError::Input { path: path.clone(), message });
+                    }
+                }
             }
         }
         inputs.set_aside_sweep_points();
@@ -69,41 +78,52 @@ impl Inputs {
         self.sweep_points = aside.into_iter().map(|r| r.path).collect();
     }
 
-    fn add(&mut self, path: &Path) -> Result<(), String> {
-        let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    fn add(&mut self, path: &Path) -> Result<(), Skip> {
+        let text = std::fs::read_to_string(path).map_err(|e| Skip::Unreadable(e.to_string()))?;
         let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
+            serde_json::from_str(&text).map_err(|e| Skip::Unreadable(format!("not JSON: {e}")))?;
         match classify(&value) {
             Kind::Result => {
                 let doc: RunResult = serde_json::from_value(value)
-                    .map_err(|e| format!("not an eptwin result document: {e}"))?;
+                    .map_err(|e| Skip::Unreadable(format!("not an eptwin result document: {e}")))?;
                 if doc.schema != RESULT_SCHEMA {
-                    return Err(format!(
+                    return Err(Skip::Unreadable(format!(
                         "result schema {} is not supported (this eptwin reads {RESULT_SCHEMA})",
                         doc.schema
-                    ));
+                    )));
                 }
                 self.results.push(Loaded { path: path.to_path_buf(), doc });
             }
             Kind::Sweep => {
                 let doc: SweepIndex = serde_json::from_value(value)
-                    .map_err(|e| format!("not an eptwin sweep index: {e}"))?;
+                    .map_err(|e| Skip::Unreadable(format!("not an eptwin sweep index: {e}")))?;
                 self.sweeps.push(Loaded { path: path.to_path_buf(), doc });
             }
             Kind::Trace => {
-                let doc = Trace::from_value(&value)?;
+                let doc = Trace::from_value(&value).map_err(Skip::Unreadable)?;
                 self.traces.push(Loaded { path: path.to_path_buf(), doc });
             }
-            Kind::Other(what) => return Err(what),
+            Kind::NotPlotted(what) => return Err(Skip::NotPlotted(what)),
+            Kind::Other(what) => return Err(Skip::Unreadable(what)),
         }
         Ok(())
     }
+}
+
+/// Why a file was not read.
+enum Skip {
+    /// An eptwin document reports do not plot (a comparison, ...).
+    NotPlotted(String),
+    /// Not JSON, not readable, or not any eptwin document.
+    Unreadable(String),
 }
 
 enum Kind {
     Result,
     Sweep,
     Trace,
+    /// Another eptwin document (it has a `kind`): a comparison, ...
+    NotPlotted(String),
     Other(String),
 }
 
@@ -114,7 +134,7 @@ fn classify(value: &serde_json::Value) -> Kind {
     match value.get("kind").and_then(|k| k.as_str()) {
         Some(SWEEP_INDEX_KIND) => return Kind::Sweep,
         Some(other) if value.get("backend").is_none() => {
-            return Kind::Other(format!("a {other:?} document, not read by reports"));
+            return Kind::NotPlotted(format!("a {other:?} document, not read by reports"));
         }
         _ => {}
     }

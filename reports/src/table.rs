@@ -40,6 +40,24 @@ pub fn render(result: &RunResult) -> String {
     }
     let _ = writeln!(
         out,
+        "#  bw: DeepEP's logical bytes per rank / mean time, col: the link those bytes crossed; \
+         nvlink(MB), rdma(MB): bytes of one op summed over all ranks"
+    );
+    // min = max: every sample took the same time (the mean may differ in its last bit).
+    let all_equal = result
+        .jobs
+        .iter()
+        .flat_map(|j| &j.ops)
+        .all(|o| o.summary.latency_us.min == o.summary.latency_us.max);
+    if backend == "sim" && all_equal {
+        let _ = writeln!(
+            out,
+            "#  simulator: every iteration runs on an idle machine and takes the same time, so \
+             mean = p50 = p99 = min = max"
+        );
+    }
+    let _ = writeln!(
+        out,
         "# {:<12} {:<9} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>5} {:>11} {:>11} {:>7}",
         "job",
         "op",
@@ -70,7 +88,7 @@ pub fn render(result: &RunResult) -> String {
                 s.latency_us.min,
                 s.latency_us.max,
                 s.logical_bw_gbps,
-                s.logical_bw_label,
+                link_column(s),
                 s.nvlink_bytes as f64 / 1e6,
                 s.rdma_bytes as f64 / 1e6,
                 s.wrong
@@ -105,6 +123,16 @@ pub fn render(result: &RunResult) -> String {
     }
     let _ = writeln!(out, "# verdict: {}", result.verdict.as_str());
     out
+}
+
+/// DeepEP's bandwidth column, unless no byte took that link: low-latency results count
+/// "RDMA" bandwidth even when every peer is reached over NVLink.
+fn link_column(s: &eptwin_engine::result::Summary) -> &str {
+    match s.logical_bw_label.as_str() {
+        "RDMA" if s.rdma_bytes == 0 && s.nvlink_bytes > 0 => "NVL",
+        "RDMA" if s.rdma_bytes == 0 => "-",
+        label => label,
+    }
 }
 
 fn truncate(text: &str, width: usize) -> String {
@@ -150,5 +178,40 @@ mod tests {
     fn long_job_names_are_cut_with_a_tilde() {
         assert_eq!(truncate("decode", 12), "decode");
         assert_eq!(truncate("a-very-long-job-name", 12), "a-very-long~");
+    }
+
+    /// The fixture with one op whose bytes crossed `rdma_bytes` of RDMA, whose samples are
+    /// `spread` or all equal, from backend `kind`.
+    fn shaped(kind: &str, rdma_bytes: u64, spread: bool) -> RunResult {
+        let mut result = fixture();
+        result.backend.insert("kind".into(), serde_json::json!(kind));
+        result.jobs.truncate(1);
+        result.jobs[0].ops.truncate(1);
+        let s = &mut result.jobs[0].ops[0].summary;
+        s.logical_bw_label = "RDMA".into();
+        s.rdma_bytes = rdma_bytes;
+        s.nvlink_bytes = 5_000_000;
+        let l = &mut s.latency_us;
+        (l.mean, l.p50, l.min) = (10.0, 10.0, 10.0);
+        (l.p99, l.max) = if spread { (12.0, 12.0) } else { (10.0, 10.0) };
+        result
+    }
+
+    #[test]
+    fn the_link_column_names_a_link_bytes_crossed() {
+        let nvlink_only = render(&shaped("sim", 0, false));
+        assert!(nvlink_only.contains("  NVL "), "{nvlink_only}");
+        let rdma = render(&shaped("sim", 1, false));
+        assert!(rdma.contains(" RDMA "), "{rdma}");
+    }
+
+    #[test]
+    fn the_header_says_what_the_columns_are() {
+        let sim = render(&shaped("sim", 0, false));
+        assert!(sim.contains("summed over all ranks"), "{sim}");
+        assert!(sim.contains("mean = p50 = p99 = min = max"), "{sim}");
+        // Spread samples (hardware, or a shared fabric) get no such note.
+        assert!(!render(&shaped("sim", 0, true)).contains("mean = p50"));
+        assert!(!render(&shaped("hw", 0, false)).contains("idle machine"));
     }
 }

@@ -10,10 +10,10 @@ use anyhow::{Context, Result};
 use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
 use eptwin_reports::{Comparison, Inputs};
 
-use super::load_plan;
-use super::run::execute;
-use crate::ExitCode;
+use super::plan_loaded;
+use super::run::{execute, load_distinct, writable_dir};
 use crate::cli::BackendArg;
+use crate::{ExitCode, out, outln};
 
 pub fn compare(
     scenarios: &[PathBuf],
@@ -31,10 +31,12 @@ pub fn compare(
         tracing::info!("{} measured result(s) read", measured.len());
         Some(measured)
     };
-    let mut code = ExitCode::Ok;
+    writable_dir(out, "--out")?;
+    let (loaded, mut code) = load_distinct(scenarios);
+    let Some(loaded) = loaded else { return Ok(ExitCode::BadInput) };
     let mut comparisons = Vec::new();
-    for path in scenarios {
-        let Some(plan) = load_plan(path) else {
+    for (path, scenario) in &loaded {
+        let Some(plan) = plan_loaded(scenario) else {
             code = code.worst(ExitCode::BadInput);
             continue;
         };
@@ -92,13 +94,13 @@ pub fn compare(
             code = code.worst(ExitCode::Failed);
         }
         if json {
-            println!("{}", serde_json::json!({ "type": "comparison", "data": comparison }));
+            outln!("{}", serde_json::json!({ "type": "comparison", "data": comparison }));
         }
         comparisons.push(comparison);
     }
     if !json {
-        print!("{}", eptwin_reports::render_table(&comparisons));
-        println!("# results and comparisons in {}", out.display());
+        out!("{}", eptwin_reports::render_table(&comparisons));
+        outln!("# results and comparisons in {}", out.display());
     }
     Ok(code)
 }

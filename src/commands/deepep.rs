@@ -10,8 +10,13 @@ use eptwin_engine::replay::{Severity, Subject};
 use eptwin_engine::result::{Provenance, result_path, write_atomic};
 
 use super::load_with_plan;
-use crate::ExitCode;
+use super::run::writable_dir;
 use crate::cli::{DeepepCommand, LaunchFormatArg};
+use crate::{ExitCode, out, outln};
+
+/// The largest log `deepep import` reads (64 MiB): DeepEP's test scripts print a few KiB per
+/// configuration, and a bound keeps a device or an endless pipe from being read without end.
+const MAX_LOG_BYTES: u64 = 64 << 20;
 
 pub fn dispatch(command: DeepepCommand) -> Result<ExitCode> {
     match command {
@@ -40,7 +45,7 @@ fn launch_lines(
                 LaunchFormatArg::Shell => LaunchFormat::Shell { nodes_from_slurm },
                 LaunchFormatArg::Slurm => LaunchFormat::Slurm,
             };
-            print!("{}", l.render(format));
+            out!("{}", l.render(format));
             Ok(ExitCode::Ok)
         }
         Err(notes) => {
@@ -61,11 +66,7 @@ fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Res
     let Some((loaded, plan)) = load_with_plan(scenario) else { return Ok(ExitCode::BadInput) };
     let texts: Vec<(String, String)> = logs
         .iter()
-        .map(|p| {
-            std::fs::read_to_string(p)
-                .with_context(|| format!("reading {}", p.display()))
-                .map(|t| (p.display().to_string(), t))
-        })
+        .map(|p| read_log(p).map(|t| (p.display().to_string(), t)))
         .collect::<Result<_>>()?;
     let log_texts: Vec<LogText<'_>> =
         texts.iter().map(|(name, text)| LogText { name, text }).collect();
@@ -77,14 +78,43 @@ fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Res
         ..Provenance::default()
     };
     let result = import(&plan, &loaded.scenario, &log_texts, provenance)?;
+    // After the import: logs of another configuration leave no directory behind.
+    writable_dir(out, "--out")?;
     let file = result_path(out, &plan.name, Some("deepep"));
     write_atomic(&file, &result.to_json())?;
     tracing::info!("wrote {}", file.display());
     if json {
-        println!("{}", serde_json::to_string(&result)?);
+        outln!("{}", serde_json::to_string(&result)?);
     } else {
-        print!("{}", eptwin_reports::table::render(&result));
-        println!("# result: {}", file.display());
+        out!("{}", eptwin_reports::table::render(&result));
+        outln!("# result: {}", file.display());
     }
     Ok(ExitCode::from_verdict(result.verdict))
+}
+
+/// One log as text, at most [`MAX_LOG_BYTES`] read (pipes are fine: `<(ssh node cat log)`).
+fn read_log(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    if file.metadata().is_ok_and(|m| m.is_dir()) {
+        anyhow::bail!("{}: a directory; give DeepEP's log files", path.display());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_LOG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {}", path.display()))?;
+    if bytes.len() as u64 > MAX_LOG_BYTES {
+        anyhow::bail!(
+            "{}: more than {MAX_LOG_BYTES} bytes (64 MiB); a DeepEP test log is a few KiB per \
+             configuration",
+            path.display()
+        );
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: invalid UTF-8 at byte {}: DeepEP's logs are text",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }

@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 use eptwin_engine::deepep::env::{EnvOrigin, shell_quote};
 
 use super::load_plan;
-use crate::ExitCode;
+use crate::{ExitCode, outln};
 
 pub fn env(scenario: &Path, job: Option<&str>, explain: bool) -> Result<ExitCode> {
     let Some(plan) = load_plan(scenario) else { return Ok(ExitCode::BadInput) };
@@ -29,7 +29,7 @@ pub fn env(scenario: &Path, job: Option<&str>, explain: bool) -> Result<ExitCode
     for (name, var) in &chosen.env {
         let line = format!("export {name}={}", shell_quote(&var.value));
         if !explain {
-            println!("{line}");
+            outln!("{line}");
             continue;
         }
         let note = match (var.origin, &var.source, &var.overwritten) {
@@ -43,7 +43,7 @@ pub fn env(scenario: &Path, job: Option<&str>, explain: bool) -> Result<ExitCode
             (EnvOrigin::DeepEp, Some(src), None) => format!("written by DeepEP ({src})"),
             _ => String::new(),
         };
-        println!("{line}  # {note}");
+        outln!("{line}  # {note}");
     }
     Ok(ExitCode::Ok)
 }

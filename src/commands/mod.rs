@@ -89,8 +89,14 @@ pub fn load_with_plan(
             return None;
         }
     };
-    match eptwin_engine::Plan::build(&loaded) {
-        Ok(plan) => Some((loaded, plan)),
+    let plan = plan_loaded(&loaded)?;
+    Some((loaded, plan))
+}
+
+/// Plan a loaded scenario, printing diagnostics to stderr. `None` ⇒ bad input (exit 2).
+pub fn plan_loaded(loaded: &eptwin_engine::LoadedScenario) -> Option<eptwin_engine::Plan> {
+    match eptwin_engine::Plan::build(loaded) {
+        Ok(plan) => Some(plan),
         Err(eptwin_engine::EngineError::Invalid { diagnostics, .. }) => {
             for d in diagnostics.iter().filter(|d| d.is_error()) {
                 eprintln!("{d}");

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use eptwin_reports::Inputs;
 
-use crate::ExitCode;
+use crate::{ExitCode, outln};
 
 pub fn report(inputs: &[PathBuf], out: &Path, json: bool) -> Result<ExitCode> {
     let loaded = match Inputs::load(inputs) {
@@ -24,10 +24,10 @@ pub fn report(inputs: &[PathBuf], out: &Path, json: bool) -> Result<ExitCode> {
     }
     let output = eptwin_reports::build(&loaded, out)?;
     if json {
-        println!("{}", serde_json::json!({ "type": "report", "data": output }));
+        outln!("{}", serde_json::json!({ "type": "report", "data": output }));
         return Ok(ExitCode::Ok);
     }
-    println!(
+    outln!(
         "# eptwin report: {} result(s), {} sweep index(es) ({} point results), {} trace(s)",
         loaded.results.len(),
         loaded.sweeps.len(),
@@ -35,14 +35,14 @@ pub fn report(inputs: &[PathBuf], out: &Path, json: bool) -> Result<ExitCode> {
         loaded.traces.len()
     );
     for c in &output.charts {
-        println!("  {:<28} {} (+ .svg, {}x{})", c.id, c.png.display(), c.width, c.height);
+        outln!("  {:<28} {} (+ .svg, {}x{})", c.id, c.png.display(), c.width, c.height);
     }
     for s in &output.skipped {
-        println!("  {:<28} skipped: {}", s.chart, s.reason);
+        outln!("  {:<28} skipped: {}", s.chart, s.reason);
     }
     if !output.ignored.is_empty() {
-        println!("# ignored {} file(s) that are not results (-v lists them)", output.ignored.len());
+        outln!("# ignored {} file(s) that are not results (-v lists them)", output.ignored.len());
     }
-    println!("# index: {}", output.index_html.display());
+    outln!("# index: {}", output.index_html.display());
     Ok(ExitCode::Ok)
 }

@@ -14,8 +14,8 @@ use eptwin_engine::sweep::{Shard, SweepKey, SweepPlan, run_grid, run_point};
 use eptwin_reports::{SweepIndex, SweepPoint};
 
 use super::{provenance, transport};
-use crate::ExitCode;
 use crate::cli::BackendArg;
+use crate::{ExitCode, out, outln};
 
 fn thread_count(requested: Option<usize>, backend: BackendArg) -> usize {
     if backend == BackendArg::Hw {
@@ -121,10 +121,10 @@ pub fn sweep(
         if wall_s > 0.0 { summed_s / wall_s } else { 0.0 }
     );
     if json {
-        println!("{}", serde_json::to_string(&index)?);
+        outln!("{}", serde_json::to_string(&index)?);
     } else {
-        print!("{}", index.render_table(&plan.labels));
-        println!("# index: {}", index_path.display());
+        out!("{}", index.render_table(&plan.labels));
+        outln!("# index: {}", index_path.display());
     }
     Ok(code)
 }

@@ -10,7 +10,7 @@ use eptwin_engine::topology::{
 };
 
 use super::load_plan;
-use crate::ExitCode;
+use crate::{ExitCode, outln};
 
 pub fn topo(scenario: Option<&Path>, disable_nvlink: bool, hw: bool) -> Result<ExitCode> {
     let plan = match scenario {
@@ -33,7 +33,7 @@ pub fn topo(scenario: Option<&Path>, disable_nvlink: bool, hw: bool) -> Result<E
         _ => match eptwin_hw::nvml_probe() {
             Ok(probe) => probe,
             Err(reason) => {
-                println!("# eptwin topo: Waived: {reason}");
+                outln!("# eptwin topo: Waived: {reason}");
                 return Ok(ExitCode::Waived);
             }
         },
@@ -83,12 +83,12 @@ pub fn topo(scenario: Option<&Path>, disable_nvlink: bool, hw: bool) -> Result<E
         } else {
             "FAILED"
         };
-        println!("# check ({label}): {verdict}");
+        outln!("# check ({label}): {verdict}");
         for note in &report.notes {
-            println!("#   {note}");
+            outln!("#   {note}");
         }
         for failure in &report.failures {
-            println!("#   FAILED: {failure}");
+            outln!("#   FAILED: {failure}");
         }
         if !report.passed() {
             code = ExitCode::Failed;
@@ -98,13 +98,13 @@ pub fn topo(scenario: Option<&Path>, disable_nvlink: bool, hw: bool) -> Result<E
 }
 
 fn print_matrix(report: &NvlinkReport) {
-    println!("# eptwin topo: {} ({} GPUs)", report.source, report.gpus.len());
+    outln!("# eptwin topo: {} ({} GPUs)", report.source, report.gpus.len());
     for (g, name) in report.gpus.iter().zip(&report.names) {
-        println!("#   GPU{g}: {name}");
+        outln!("#   GPU{g}: {name}");
     }
     if report.gpus.len() > 32 {
         let connected = report.pairs.iter().filter(|p| p.nvlink).count();
-        println!(
+        outln!(
             "#   {connected} of {} GPU pairs NVLink-connected (matrix omitted above 32 GPUs)",
             report.pairs.len()
         );
@@ -114,7 +114,7 @@ fn print_matrix(report: &NvlinkReport) {
     for g in &report.gpus {
         header.push_str(&format!("{:>6}", format!("GPU{g}")));
     }
-    println!("{header}");
+    outln!("{header}");
     for &a in &report.gpus {
         let mut row = format!("{:>8}", format!("GPU{a}"));
         for &b in &report.gpus {
@@ -129,6 +129,6 @@ fn print_matrix(report: &NvlinkReport) {
             };
             row.push_str(&format!("{cell:>6}"));
         }
-        println!("{row}");
+        outln!("{row}");
     }
 }

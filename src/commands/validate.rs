@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use eptwin_engine::deepep::validate::validate as check;
 
-use crate::ExitCode;
+use crate::{ExitCode, outln};
 
 pub fn validate(scenarios: &[PathBuf]) -> Result<ExitCode> {
     let mut code = ExitCode::Ok;
@@ -13,7 +13,7 @@ pub fn validate(scenarios: &[PathBuf]) -> Result<ExitCode> {
         let loaded = match eptwin_engine::load(path) {
             Ok(l) => l,
             Err(e) => {
-                println!("{e}");
+                outln!("{e}");
                 code = ExitCode::BadInput;
                 continue;
             }
@@ -21,14 +21,14 @@ pub fn validate(scenarios: &[PathBuf]) -> Result<ExitCode> {
         let (diagnostics, _) = check(&loaded.scenario, &loaded.source);
         let errors = diagnostics.iter().filter(|d| d.is_error()).count();
         for d in &diagnostics {
-            println!("{d}");
+            outln!("{d}");
         }
         let advisories = diagnostics.len() - errors;
         if errors > 0 {
-            println!("{}: {errors} error(s), {advisories} advisory(ies)", path.display());
+            outln!("{}: {errors} error(s), {advisories} advisory(ies)", path.display());
             code = ExitCode::BadInput;
         } else {
-            println!("{}: ok ({advisories} advisory(ies))", path.display());
+            outln!("{}: ok ({advisories} advisory(ies))", path.display());
         }
     }
     Ok(code)

@@ -154,3 +154,90 @@ fn unavailable_backends_waive_and_errors_fail() {
     assert_eq!(result.verdict.exit_code(), 1);
     assert!(result.failures[0].contains("expert 17"));
 }
+
+/// A plan whose rounds overflow u32 (built directly: validation refuses such values). The fake
+/// refuses to run more than a few ops, so the test is quick: the loop must not wrap to zero
+/// rounds (the old `warmup + iterations` in u32 did, and reported `ok` with no samples).
+#[test]
+fn round_counts_do_not_wrap() {
+    let mut plan = plan();
+    plan.jobs[0].warmup = 1;
+    plan.jobs[0].iterations = u32::MAX;
+    let mut fake = Fake::new();
+    let mut calls = 0u64;
+    let mut totals = Vec::new();
+    let mut progress = |p: Progress| {
+        totals.push(p.total);
+        calls += 1;
+    };
+    // The first execution after 8 ops fails the run: enough to see the loop started.
+    struct Stop<'a>(&'a mut Fake, u32);
+    impl Transport for Stop<'_> {
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
+            self.0.prepare(plan)
+        }
+        fn execute(&mut self, op: &OpSpec) -> Result<OpOutcome, TransportError> {
+            self.1 += 1;
+            if self.1 > 8 {
+                return Err(TransportError::Timeout("stopped by the test".into()));
+            }
+            self.0.execute(op)
+        }
+    }
+    let result =
+        run_observed(&plan, &mut Stop(&mut fake, 0), Provenance::default(), &mut progress).unwrap();
+    assert_eq!(fake.executed.len(), 8);
+    assert_eq!(result.verdict, crate::result::Verdict::Failed);
+    assert_eq!(totals[0], (1 + u32::MAX as u64) * 2);
+    assert_eq!(calls, 9, "once before the first op, once after each");
+}
+
+/// A backend that reports no samples never yields `ok`.
+#[test]
+fn zero_samples_are_never_ok() {
+    struct Silent(Fake);
+    impl Transport for Silent {
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
+            self.0.prepare(plan)
+        }
+        fn execute(&mut self, _op: &OpSpec) -> Result<OpOutcome, TransportError> {
+            Ok(OpOutcome::default())
+        }
+    }
+    let plan = plan();
+    let result = run(&plan, &mut Silent(Fake::new()), Provenance::default()).unwrap();
+    assert_eq!(result.verdict, crate::result::Verdict::Failed);
+    assert_eq!(
+        result.failures,
+        [
+            "job \"decode\" dispatch: no timed sample was recorded",
+            "job \"decode\" combine: no timed sample was recorded"
+        ]
+    );
+    // So does a plan with no timed rounds at all.
+    let mut plan = plan;
+    plan.jobs[0].iterations = 0;
+    let result = run(&plan, &mut Fake::new(), Provenance::default()).unwrap();
+    assert_eq!(result.verdict, crate::result::Verdict::Failed);
+}
+
+#[test]
+fn progress_counts_every_op_and_warmup_samples_are_dropped() {
+    let plan = plan();
+    let mut fake = Fake::new();
+    let mut seen = Vec::new();
+    let result = run_observed(&plan, &mut fake, Provenance::default(), &mut |p| {
+        seen.push((p.done, p.total))
+    })
+    .unwrap();
+    assert_eq!(seen.first(), Some(&(0, 12)));
+    assert_eq!(seen.last(), Some(&(12, 12)));
+    assert_eq!(seen.len(), 13);
+    assert!(result.jobs[0].ops.iter().all(|o| o.samples.iter().all(|s| s.iteration < 4)));
+}

@@ -1,6 +1,8 @@
 //! Scenario files: schema, loading with positions, and serialisation back to TOML.
 
 pub mod edit;
+pub mod limits;
+pub(crate) mod plain;
 pub mod schema;
 pub mod source;
 
@@ -32,21 +34,99 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Read and parse a scenario file. Schema errors (unknown keys, wrong types) carry file:line:col.
+/// The largest scenario file `load` reads (16 MiB): the library's largest is under 4 KiB, and
+/// a bound keeps `eptwin validate /dev/zero`-style mistakes from reading without end.
+pub const MAX_SCENARIO_BYTES: u64 = 16 << 20;
+
+/// Read and parse a scenario file. Schema errors (unknown keys, wrong types) carry
+/// file:line:col and the key path. Only regular files up to [`MAX_SCENARIO_BYTES`] are read,
+/// and never more than that many bytes.
 pub fn load(path: &Path) -> Result<LoadedScenario, EngineError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
-    parse(&path.display().to_string(), &text)
+    let refuse = |message: String| EngineError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, message),
+    };
+    let io = |source| EngineError::Io { path: path.to_path_buf(), source };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(refuse(format!(
+            "not a regular file ({}); a scenario is a TOML file",
+            file_kind(&meta)
+        )));
+    }
+    let too_large = |len: u64| {
+        refuse(format!(
+            "{len} bytes is more than a scenario may have ({MAX_SCENARIO_BYTES} bytes, 16 MiB)"
+        ))
+    };
+    if meta.len() > MAX_SCENARIO_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::fs::File::open(path)
+        .and_then(|f| {
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(f, MAX_SCENARIO_BYTES + 1),
+                &mut bytes,
+            )
+        })
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_SCENARIO_BYTES {
+        // The file grew after it was measured.
+        return Err(too_large(bytes.len() as u64));
+    }
+    let file = path.display().to_string();
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let valid = e.utf8_error().valid_up_to();
+        let bad = e.as_bytes()[valid];
+        let prefix = std::str::from_utf8(&e.as_bytes()[..valid]).unwrap_or_default();
+        EngineError::Parse {
+            location: SourceMap::new(file.clone(), prefix).location_of(valid),
+            message: format!(
+                "invalid UTF-8 at byte {valid} (0x{bad:02x}): a scenario file is UTF-8 text"
+            ),
+        }
+    })?;
+    parse(&file, &text)
+}
+
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() {
+            return "a character device";
+        }
+        if kind.is_block_device() {
+            return "a block device";
+        }
+        if kind.is_fifo() {
+            return "a pipe";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    "not a plain file"
 }
 
 /// Parse scenario text; `file` labels positions.
 pub fn parse(file: &str, text: &str) -> Result<LoadedScenario, EngineError> {
     let source = SourceMap::new(file, text);
     let scenario: Scenario = toml::from_str(text).map_err(|e| {
-        let offset = e.span().map_or(0, |s| s.start);
+        let span = e.span().unwrap_or(0..0);
+        let value = text.get(span.clone()).unwrap_or_default();
+        let message = plain::describe(e.message().trim(), value);
         EngineError::Parse {
-            location: source.location_of(offset),
-            message: e.message().trim().to_string(),
+            location: source.location_of(span.start),
+            message: match source.path_at(span.start) {
+                Some(path) => format!("{path}: {message}"),
+                None => message,
+            },
         }
     })?;
     if scenario.schema != SCHEMA_VERSION {
@@ -115,5 +195,107 @@ experts = 256
         let s = parse("m.toml", MINIMAL).unwrap().scenario;
         let again = parse("again.toml", &to_toml(&s)).unwrap().scenario;
         assert_eq!(s, again);
+    }
+
+    /// `MINIMAL` with `old` replaced by `new`, parsed: the error line.
+    fn parse_error(old: &str, new: &str) -> String {
+        assert!(MINIMAL.contains(old), "{old}");
+        parse("m.toml", &MINIMAL.replacen(old, new, 1)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn schema_errors_name_the_key_in_plain_words() {
+        let cases = [
+            (
+                "tokens_per_rank = 128",
+                "tokens_per_rank = \"many\"",
+                "m.toml:11:19: error[parse]: job[0].workload.tokens_per_rank: expected an integer, found the string \"many\"",
+            ),
+            (
+                "tokens_per_rank = 128",
+                "tokens_per_rank = -1",
+                "m.toml:11:19: error[parse]: job[0].workload.tokens_per_rank: expected an integer from 0 to 4294967295, found the integer -1",
+            ),
+            (
+                "num_nvl_bytes = \"1GiB\"",
+                "num_nvl_bytes = \"2 GiBB\"",
+                "m.toml:9:17: error[parse]: job[0].buffer.num_nvl_bytes: invalid size \"2 GiBB\": expected an integer number of bytes or a number with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. \"2GiB\", \"64 MiB\" or \"2e9\"",
+            ),
+            (
+                "num_nvl_bytes = \"1GiB\"",
+                "num_nvl_bytes = \"18446744073709551616\"",
+                "m.toml:9:17: error[parse]: job[0].buffer.num_nvl_bytes: size \"18446744073709551616\" is too large: sizes go up to 18446744073709551615 bytes (2^64 - 1)",
+            ),
+            (
+                "num_nvl_bytes = \"1GiB\"",
+                "num_nvl_bytes = \"1e30\"",
+                "m.toml:9:17: error[parse]: job[0].buffer.num_nvl_bytes: size \"1e30\" is too large: sizes go up to 18446744073709551615 bytes (2^64 - 1)",
+            ),
+            (
+                "name = \"a\"",
+                "name = \"a\"\nranks = 3.5",
+                "m.toml:8:9: error[parse]: job[0].ranks: expected \"all\", ranges such as \"0-7,16-23\", or a list of ranks such as [0, 1, 2], found the number 3.5",
+            ),
+            (
+                "name = \"a\"",
+                "name = \"a\"\nranks = [0, \"b\"]",
+                "m.toml:8:13: error[parse]: job[0].ranks[1]: expected an integer, found the string \"b\"",
+            ),
+            (
+                "hidden = 7168",
+                "hidden = 7168\nrouting = \"zipff\"",
+                "m.toml:13:11: error[parse]: job[0].workload.routing: expected one of \"uniform\", \"node-limited\", \"zipf\", found \"zipff\"",
+            ),
+        ];
+        for (old, new, expected) in cases {
+            assert_eq!(parse_error(old, new), expected);
+        }
+        let missing = parse_error("hidden = 7168\n", "");
+        assert!(missing.contains("job[0].workload: missing required key \"hidden\""), "{missing}");
+        let unknown = parse_error("hidden = 7168", "hidden = 7168\ntokens = 1");
+        assert!(unknown.starts_with("m.toml:13:1: error[parse]: job[0].workload.tokens: unknown key \"tokens\"; this table takes tokens_per_rank,"), "{unknown}");
+    }
+
+    #[test]
+    fn load_refuses_what_is_not_a_scenario_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.ends_with("not a regular file (a directory); a scenario is a TOML file"),
+            "{err}"
+        );
+        #[cfg(unix)]
+        {
+            let err = load(Path::new("/dev/zero")).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                "/dev/zero: not a regular file (a character device); a scenario is a TOML file"
+            );
+        }
+        let big = dir.path().join("big.toml");
+        let file = std::fs::File::create(&big).unwrap();
+        file.set_len(MAX_SCENARIO_BYTES + 1).unwrap();
+        let err = load(&big).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "16777217 bytes is more than a scenario may have (16777216 bytes, 16 MiB)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_names_its_byte_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        let mut bytes = MINIMAL.as_bytes().to_vec();
+        let at = MINIMAL.find("\"a\"").unwrap() + 2;
+        bytes.insert(at, 0xff);
+        std::fs::write(&path, bytes).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(
+            err.ends_with(&format!(":7:10: error[parse]: invalid UTF-8 at byte {at} (0xff): a scenario file is UTF-8 text")),
+            "{err}"
+        );
     }
 }

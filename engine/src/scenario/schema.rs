@@ -155,11 +155,41 @@ pub struct JobSpec {
 }
 
 /// `ranks = "all"`, a range string `"0-15"`, or a list of global ranks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum RankSet {
     Text(String),
     List(Vec<u32>),
+}
+
+/// What a rank set may be, for messages.
+const RANK_SET_FORMS: &str =
+    "\"all\", ranges such as \"0-7,16-23\", or a list of ranks such as [0, 1, 2]";
+
+impl<'de> Deserialize<'de> for RankSet {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RankSet;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(RANK_SET_FORMS)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RankSet, E> {
+                Ok(RankSet::Text(v.to_string()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RankSet, A::Error> {
+                let mut ranks = Vec::new();
+                while let Some(rank) = seq.next_element::<u32>()? {
+                    ranks.push(rank);
+                }
+                Ok(RankSet::List(ranks))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 impl Default for RankSet {
@@ -169,29 +199,55 @@ impl Default for RankSet {
 }
 
 impl RankSet {
-    /// The ranks selected out of `0..num_ranks`, or why the text is not a rank set.
+    /// The ranks selected out of `0..num_ranks`, ascending, or why the set is not one. Every
+    /// bound is checked against `num_ranks` before a range is expanded, and no more than
+    /// `num_ranks` ranks are ever collected: `"0-4000000000"` costs nothing.
     pub fn resolve(&self, num_ranks: u32) -> Result<Vec<u32>, String> {
-        let ranks: Vec<u32> = match self {
-            RankSet::List(list) => list.clone(),
+        let missing = |rank: u64| {
+            format!(
+                "rank {rank} does not exist: the cluster has {num_ranks} ranks ({})",
+                match num_ranks {
+                    0 => "none".to_string(),
+                    1 => "rank 0".to_string(),
+                    n => format!("0-{}", n - 1),
+                }
+            )
+        };
+        let limit = num_ranks as usize;
+        let mut ranks: Vec<u32> = match self {
+            RankSet::List(list) => {
+                if let Some(&bad) = list.iter().find(|&&r| r >= num_ranks) {
+                    return Err(missing(bad as u64));
+                }
+                list.clone()
+            }
             RankSet::Text(text) if text.trim() == "all" => (0..num_ranks).collect(),
             RankSet::Text(text) => {
                 let mut out = Vec::new();
                 for part in text.split(',').map(str::trim) {
                     let parse = |s: &str| {
-                        s.trim().parse::<u32>().map_err(|_| {
-                            format!("expected \"all\", a list of ranks, or ranges like \"0-7,16-23\"; found {text:?}")
-                        })
+                        s.trim()
+                            .parse::<u64>()
+                            .map_err(|_| format!("expected {RANK_SET_FORMS}; found {text:?}"))
                     };
-                    match part.split_once('-') {
-                        Some((lo, hi)) => {
-                            let (lo, hi) = (parse(lo)?, parse(hi)?);
-                            if lo > hi {
-                                return Err(format!("empty rank range {part:?}"));
-                            }
-                            out.extend(lo..=hi);
+                    let (lo, hi) = match part.split_once('-') {
+                        Some((lo, hi)) => (parse(lo)?, parse(hi)?),
+                        None => {
+                            let r = parse(part)?;
+                            (r, r)
                         }
-                        None => out.push(parse(part)?),
+                    };
+                    if lo > hi {
+                        return Err(format!("empty rank range {part:?}"));
                     }
+                    if hi >= num_ranks as u64 {
+                        return Err(missing(hi));
+                    }
+                    if out.len() + (hi - lo) as usize + 1 > limit {
+                        // More ranks than the cluster has: some rank is named twice.
+                        return Err("a rank is listed twice".into());
+                    }
+                    out.extend(lo as u32..=hi as u32);
                 }
                 out
             }
@@ -199,15 +255,11 @@ impl RankSet {
         if ranks.is_empty() {
             return Err("the job has no ranks".into());
         }
-        let mut sorted = ranks.clone();
-        sorted.sort_unstable();
-        if sorted.windows(2).any(|w| w[0] == w[1]) {
+        ranks.sort_unstable();
+        if ranks.windows(2).any(|w| w[0] == w[1]) {
             return Err("a rank is listed twice".into());
         }
-        if let Some(bad) = sorted.iter().find(|&&r| r >= num_ranks) {
-            return Err(format!("rank {bad} does not exist: the cluster has {num_ranks} ranks"));
-        }
-        Ok(sorted)
+        Ok(ranks)
     }
 }
 
@@ -464,5 +516,53 @@ mod defaults {
     }
     pub fn tolerance_pct() -> f64 {
         10.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RankSet;
+
+    fn text(t: &str) -> RankSet {
+        RankSet::Text(t.into())
+    }
+
+    #[test]
+    fn rank_sets_resolve() {
+        assert_eq!(text("all").resolve(4), Ok(vec![0, 1, 2, 3]));
+        assert_eq!(text("0-1, 3").resolve(4), Ok(vec![0, 1, 3]));
+        assert_eq!(RankSet::List(vec![3, 0]).resolve(4), Ok(vec![0, 3]));
+        assert_eq!(text("2-1").resolve(4).unwrap_err(), "empty rank range \"2-1\"");
+        assert_eq!(text("0-1,1").resolve(4).unwrap_err(), "a rank is listed twice");
+        assert_eq!(RankSet::List(vec![]).resolve(4).unwrap_err(), "the job has no ranks");
+        assert!(text("x").resolve(4).unwrap_err().contains("ranges such as"));
+    }
+
+    #[test]
+    fn huge_ranges_are_refused_before_expansion() {
+        // Before the bound was checked first, these built vectors of 4e9 and 1e8 ranks.
+        let err = text("0-4000000000").resolve(8).unwrap_err();
+        assert_eq!(err, "rank 4000000000 does not exist: the cluster has 8 ranks (0-7)");
+        let err = text("0-99999999999999").resolve(8).unwrap_err();
+        assert!(err.starts_with("rank 99999999999999 does not exist"), "{err}");
+        assert!(RankSet::List(vec![u32::MAX]).resolve(8).unwrap_err().contains("rank 4294967295"));
+        // Repeating a valid range stops as soon as it names more ranks than exist.
+        let repeated = vec!["0-7"; 100_000].join(",");
+        assert_eq!(text(&repeated).resolve(8).unwrap_err(), "a rank is listed twice");
+    }
+
+    #[test]
+    fn rank_set_type_errors_say_what_is_accepted() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Holder {
+            ranks: RankSet,
+        }
+        let err = toml::from_str::<Holder>("ranks = 3.5").unwrap_err();
+        assert!(err.message().contains("ranges such as \"0-7,16-23\""), "{}", err.message());
+        let err = toml::from_str::<Holder>("ranks = [1, \"a\"]").unwrap_err();
+        assert!(err.message().contains("expected u32"), "{}", err.message());
+        let ok = toml::from_str::<Holder>("ranks = [1, 2]").unwrap();
+        assert_eq!(ok.ranks, RankSet::List(vec![1, 2]));
     }
 }

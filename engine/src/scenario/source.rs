@@ -23,12 +23,17 @@ impl fmt::Display for Location {
     }
 }
 
-/// Key paths of one scenario text and the byte ranges of their keys.
+/// Key paths of one scenario text and the byte ranges of their keys and values.
 #[derive(Debug, Clone, Default)]
 pub struct SourceMap {
     file: String,
     text: String,
     key_spans: BTreeMap<String, Range<usize>>,
+    /// Every key's and value's span with its key path, for naming the key at an offset.
+    spans: Vec<(Range<usize>, String)>,
+    /// Byte offset where each line starts: a location is a binary search, not a scan of the
+    /// text (validation of many jobs resolves many locations).
+    line_starts: Vec<usize>,
 }
 
 impl SourceMap {
@@ -36,11 +41,30 @@ impl SourceMap {
     /// the parse error itself).
     pub fn new(file: impl Into<String>, text: impl Into<String>) -> Self {
         let text = text.into();
-        let mut key_spans = BTreeMap::new();
+        let mut index = Index::default();
         if let Ok(root) = DeTable::parse(&text) {
-            index_table(root.get_ref(), "", &mut key_spans);
+            index_table(root.get_ref(), "", &mut index);
         }
-        SourceMap { file: file.into(), text, key_spans }
+        let line_starts =
+            std::iter::once(0).chain(text.match_indices('\n').map(|(i, _)| i + 1)).collect();
+        SourceMap {
+            file: file.into(),
+            text,
+            key_spans: index.keys,
+            spans: index.spans,
+            line_starts,
+        }
+    }
+
+    /// The key path written at byte `offset`: the innermost key or value whose span holds it
+    /// (`job[0].workload.tokens_per_rank` for an offset inside `128`). `None` when the text
+    /// did not parse as TOML or the offset is outside every key and value.
+    pub fn path_at(&self, offset: usize) -> Option<&str> {
+        self.spans
+            .iter()
+            .filter(|(span, _)| span.start <= offset && offset < span.end.max(span.start + 1))
+            .min_by_key(|(span, _)| span.end - span.start)
+            .map(|(_, path)| path.as_str())
     }
 
     pub fn file(&self) -> &str {
@@ -68,10 +92,12 @@ impl SourceMap {
 
     /// Line and column of a byte offset.
     pub fn location_of(&self, offset: usize) -> Location {
-        let offset = offset.min(self.text.len());
-        let before = &self.text[..offset];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let mut offset = offset.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let line = self.line_starts.partition_point(|&start| start <= offset);
+        let line_start = self.line_starts[line - 1];
         let col = self.text[line_start..offset].chars().count() + 1;
         Location { file: self.file.clone(), line, col }
     }
@@ -92,24 +118,29 @@ fn parent_path(path: &str) -> Option<String> {
     Some(path.rfind('.').map_or(String::new(), |i| path[..i].to_string()))
 }
 
-fn index_table(table: &DeTable<'_>, prefix: &str, out: &mut BTreeMap<String, Range<usize>>) {
+#[derive(Default)]
+struct Index {
+    keys: BTreeMap<String, Range<usize>>,
+    spans: Vec<(Range<usize>, String)>,
+}
+
+fn index_table(table: &DeTable<'_>, prefix: &str, out: &mut Index) {
     for (key, value) in table.iter() {
         let path = if prefix.is_empty() {
             key.get_ref().to_string()
         } else {
             format!("{prefix}.{}", key.get_ref())
         };
-        out.insert(path.clone(), key.span());
+        out.keys.insert(path.clone(), key.span());
+        out.spans.push((key.span(), path.clone()));
+        if !value.span().is_empty() {
+            out.spans.push((value.span(), path.clone()));
+        }
         index_value(value.get_ref(), &path, value.span(), out);
     }
 }
 
-fn index_value(
-    value: &DeValue<'_>,
-    path: &str,
-    span: Range<usize>,
-    out: &mut BTreeMap<String, Range<usize>>,
-) {
+fn index_value(value: &DeValue<'_>, path: &str, span: Range<usize>, out: &mut Index) {
     match value {
         DeValue::Table(table) => index_table(table, path, out),
         DeValue::Array(items) => {
@@ -117,7 +148,10 @@ fn index_value(
                 let item_path = format!("{path}[{i}]");
                 // Array-of-tables items have no key of their own: point at the item.
                 let item_span = if item.span().is_empty() { span.clone() } else { item.span() };
-                out.insert(item_path.clone(), item_span.clone());
+                out.keys.insert(item_path.clone(), item_span.clone());
+                if !item.span().is_empty() {
+                    out.spans.push((item.span(), item_path.clone()));
+                }
                 index_value(item.get_ref(), &item_path, item_span, out);
             }
         }
@@ -142,5 +176,28 @@ mod tests {
         let loc = map.locate("job[1].name");
         assert_eq!(loc.line, 13);
         assert_eq!(map.locate("nothing.here").line, 1);
+    }
+
+    #[test]
+    fn locations_count_lines_and_characters() {
+        let map = SourceMap::new("s.toml", "a = 1\nb = \"é\" # x\n\nc = 2");
+        assert_eq!(map.location_of(0).to_string(), "s.toml:1:1");
+        assert_eq!(map.location_of(6).to_string(), "s.toml:2:1");
+        // After the two-byte 'é': column counts characters.
+        assert_eq!(map.location_of(13).col, 7);
+        // An offset inside a character and one past the end stay in range.
+        assert_eq!(map.location_of(11).col, 6);
+        assert_eq!(map.location_of(10_000).to_string(), "s.toml:4:6");
+    }
+
+    #[test]
+    fn names_the_key_at_an_offset() {
+        let map = SourceMap::new("s.toml", TEXT);
+        let at = |needle: &str| map.path_at(TEXT.find(needle).unwrap()).map(str::to_string);
+        assert_eq!(at("21").as_deref(), Some("job[0].buffer.num_sms"));
+        assert_eq!(at("num_sms").as_deref(), Some("job[0].buffer.num_sms"));
+        assert_eq!(at("\"b\"").as_deref(), Some("job[1].name"));
+        assert_eq!(at("\"h800-cx7\"").as_deref(), Some("cluster.profile"));
+        assert!(SourceMap::new("s.toml", "a = [").path_at(0).is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! Engine integration tests: the scenario library, round trips, and a parser fuzz.
 
 mod fuzz;
+mod hostile;
 mod library;
 mod round_trip;
 

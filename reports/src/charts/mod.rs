@@ -37,7 +37,9 @@ pub trait Chart {
         DB::ErrorType: 'static;
 }
 
-/// Write `DIR/STEM.png` and `DIR/STEM.svg`.
+/// Write `DIR/STEM.png` and `DIR/STEM.svg`, each drawn into a temporary file in `DIR` and
+/// renamed into place: a reader never sees a half-written chart, and a failed draw leaves the
+/// previous chart as it was.
 pub fn render(
     chart: &impl Chart,
     dir: &Path,
@@ -52,19 +54,34 @@ pub fn render(
         path: path.to_path_buf(),
         message: e.to_string(),
     };
-    {
-        let root = BitMapBackend::new(&png, size).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| draw_err(&png, e.into()))?;
-        chart.draw(&root).map_err(|e| draw_err(&png, e))?;
-        root.present().map_err(|e| draw_err(&png, e.into()))?;
+    // plotters picks the image encoder from the extension: the temporary name keeps it.
+    let pid = std::process::id();
+    let png_tmp = dir.join(format!(".{stem}.tmp{pid}.png"));
+    let svg_tmp = dir.join(format!(".{stem}.tmp{pid}.svg"));
+    let drawn = (|| {
+        {
+            let root = BitMapBackend::new(&png_tmp, size).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| draw_err(&png, e.into()))?;
+            chart.draw(&root).map_err(|e| draw_err(&png, e))?;
+            root.present().map_err(|e| draw_err(&png, e.into()))?;
+        }
+        {
+            let root = SVGBackend::new(&svg_tmp, size).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| draw_err(&svg, e.into()))?;
+            chart.draw(&root).map_err(|e| draw_err(&svg, e))?;
+            root.present().map_err(|e| draw_err(&svg, e.into()))?;
+        }
+        for (tmp, path) in [(&png_tmp, &png), (&svg_tmp, &svg)] {
+            std::fs::rename(tmp, path)
+                .map_err(|source| ReportError::Io { path: path.clone(), source })?;
+        }
+        Ok(())
+    })();
+    if drawn.is_err() {
+        let _ = std::fs::remove_file(&png_tmp);
+        let _ = std::fs::remove_file(&svg_tmp);
     }
-    {
-        let root = SVGBackend::new(&svg, size).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| draw_err(&svg, e.into()))?;
-        chart.draw(&root).map_err(|e| draw_err(&svg, e))?;
-        root.present().map_err(|e| draw_err(&svg, e.into()))?;
-    }
-    Ok((png, svg))
+    drawn.map(|()| (png, svg))
 }
 
 // Okabe–Ito colours: distinguishable with the common colour-vision deficiencies.

@@ -1,5 +1,5 @@
-//! Scenario-wide rules: the name, the hardware profile, the cluster's shape and the fabric's
-//! QoS tables.
+//! Scenario-wide rules: the name, the hardware profile, the limits and ranges every later
+//! rule computes with, the cluster's shape and the fabric's QoS tables.
 
 use crate::diag::Diagnostics;
 use crate::fabric::FabricQos;
@@ -32,6 +32,18 @@ pub(super) fn profile(scn: &Scenario, d: &mut Diagnostics<'_>) -> Option<Hardwar
             None
         }
     }
+}
+
+/// The numeric limits of the scenario and the ranges of the resolved profile's keys
+/// (docs/scenario.md, "Limits"); `false` (reported) when one is broken. Checked before every
+/// other rule: those compute with these values.
+pub(super) fn check_limits(
+    scn: &Scenario,
+    profile: &HardwareProfile,
+    d: &mut Diagnostics<'_>,
+) -> bool {
+    let in_range = profile::ranges::check(profile, d);
+    crate::scenario::limits::check(scn, profile, d) && in_range
 }
 
 pub(super) fn check_shape(t: &Topology, d: &mut Diagnostics<'_>) {

@@ -1,6 +1,8 @@
 //! A job's environment: the NVSHMEM variables (parsed once, here, into typed settings) and
 //! eptwin's own; the lane its SL selects; jobs sharing a VL.
 
+use std::collections::BTreeMap;
+
 use super::{IBGDA_MIN_QP_DEPTH, Job};
 use crate::deepep::env::{
     MAX_QP_DEPTH, MIN_QP_DEPTH, NvshmemSettings, effective_qp_depth, parse_env_bool, parse_env_u64,
@@ -143,25 +145,28 @@ pub(super) fn check_job_sl(
     }
 }
 
-/// Isolation advice: jobs sharing a VL share its buffers and arbitration turn.
+/// Isolation advice: jobs sharing a VL share its buffers and arbitration turn. One advisory
+/// per job, naming the first job on its VL (one per pair would grow quadratically with jobs).
 pub(super) fn check_shared_vls(scn: &Scenario, job_vls: &[Option<Vl>], d: &mut Diagnostics<'_>) {
-    if scn.jobs.len() > 1 {
-        for (i, a) in job_vls.iter().enumerate() {
-            for (j, b) in job_vls.iter().enumerate().skip(i + 1) {
-                if let (Some(a), Some(b)) = (a, b)
-                    && a == b
-                {
-                    d.advisory(
-                        "shared-vl",
-                        &format!("job[{j}].env"),
-                        Some(&scn.jobs[j].name),
-                        format!(
-                            "shares VL{} with job {:?}: no isolation between them (DeepEP README recommends separate VLs via NVSHMEM_IB_SL)",
-                            a.0, scn.jobs[i].name
-                        ),
-                    );
-                }
-            }
+    let mut on_vl: BTreeMap<u8, (usize, usize)> = BTreeMap::new(); // VL → (first job, jobs)
+    for (j, vl) in job_vls.iter().enumerate() {
+        let Some(vl) = vl else { continue };
+        let (first, before) = *on_vl.entry(vl.0).and_modify(|e| e.1 += 1).or_insert((j, 0));
+        if before > 0 {
+            let more = if before > 1 {
+                format!(" and {} other job(s)", before - 1)
+            } else {
+                String::new()
+            };
+            d.advisory(
+                "shared-vl",
+                &format!("job[{j}].env"),
+                Some(&scn.jobs[j].name),
+                format!(
+                    "shares VL{} with job {:?}{more}: no isolation between them (DeepEP README recommends separate VLs via NVSHMEM_IB_SL)",
+                    vl.0, scn.jobs[first].name
+                ),
+            );
         }
     }
 }

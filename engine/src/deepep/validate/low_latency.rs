@@ -3,6 +3,7 @@
 
 use super::Job;
 use crate::deepep::config::low_latency_rdma_size_hint;
+use crate::deepep::env::MAX_QP_DEPTH;
 use crate::diag::Diagnostics;
 use crate::plan::NvshmemSettings;
 use crate::scenario::schema::{BufferSpec, Dtype, NvlinkKind, WorkloadSpec};
@@ -38,14 +39,27 @@ fn check_capacity(
     let needed_depth = (t as u64 + 1) * 2;
     if (settings.qp_depth as u64) < needed_depth {
         let key = format!("{prefix}.env.NVSHMEM_QP_DEPTH");
+        // Advice that can be followed: a depth NVSHMEM accepts, or fewer tokens per call.
+        let fix = if needed_depth <= MAX_QP_DEPTH as u64 {
+            format!("set NVSHMEM_QP_DEPTH ≥ {}", needed_depth.next_power_of_two())
+        } else {
+            let max_t = MAX_QP_DEPTH / 2 - 1;
+            let knob = if w.num_max_dispatch_tokens_per_rank.is_some() {
+                "num_max_dispatch_tokens_per_rank"
+            } else {
+                "tokens_per_rank"
+            };
+            format!(
+                "no depth fits: NVSHMEM's largest, {MAX_QP_DEPTH}, allows T ≤ {max_t}; dispatch at most {max_t} tokens per call ({knob} ≤ {max_t}), or this cannot run in low-latency mode"
+            )
+        };
         d.error(
             "ll-qp-depth",
             &key,
             name,
             format!(
-                "QP depth {} < 2·(T+1) = {needed_depth} for T = {t}: DeepEP refuses every LL dispatch/combine (buffer.py:602, 656; PR #430); set NVSHMEM_QP_DEPTH ≥ {}",
+                "QP depth {} < 2·(T+1) = {needed_depth} for T = {t}: DeepEP refuses every LL dispatch/combine (buffer.py:602, 656; PR #430); {fix}",
                 settings.qp_depth,
-                needed_depth.next_power_of_two()
             ),
         );
     }

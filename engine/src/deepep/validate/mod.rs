@@ -4,10 +4,10 @@
 //! cited per rule (docs/design.md, DeepEP §5 and friends). The validator reports everything it
 //! finds, never just the first problem.
 //!
-//! Rule families, in the order they run: `cluster` (name, profile, cluster shape, fabric
-//! QoS); per job `env` (NVSHMEM and eptwin variables, the SL's lane), then `traffic` or
-//! `deepep` (rank geometry, `buffer`, `workload`, `normal` or `low_latency`, the NVLink
-//! check); last, `env`'s advice on jobs sharing a VL.
+//! Rule families, in the order they run: `cluster` (name, profile, limits and ranges,
+//! cluster shape, fabric QoS); per job `env` (NVSHMEM and eptwin variables, the SL's lane),
+//! then `traffic` or `deepep` (rank geometry, `buffer`, `workload`, `normal` or
+//! `low_latency`, the NVLink check); last, `env`'s advice on jobs sharing a VL.
 
 mod buffer;
 mod cluster;
@@ -67,6 +67,9 @@ impl Job<'_> {
 fn resolve(scn: &Scenario, d: &mut Diagnostics<'_>) -> Option<Plan> {
     cluster::check_name(scn, d);
     let profile = cluster::profile(scn, d)?;
+    if !cluster::check_limits(scn, &profile, d) {
+        return None;
+    }
     let topology = Topology::from_profile(&profile.cluster);
     cluster::check_shape(&topology, d);
     let qos = cluster::fabric_qos(scn, &profile, d);
