@@ -69,10 +69,12 @@ enum Runtime {
 }
 
 struct State {
+    /// First: dropping it stops the wire's threads and frees the buffers while the GPUs'
+    /// contexts (in `devs`) are still alive.
+    runtime: Runtime,
     devs: Devices,
     placement: Placement,
     job: JobId,
-    runtime: Runtime,
     /// Measured (non-warmup) latencies per op.
     latencies_ns: BTreeMap<OpKind, Vec<f64>>,
     /// Bytes DeepEP's tests count, summed over ranks, per op.
@@ -85,13 +87,18 @@ struct State {
 pub struct HwTransport {
     options: HwOptions,
     env: Result<Environment, String>,
+    /// The machine's identity, taken when it was detected (prepare takes the GPUs it uses out
+    /// of the environment).
+    identity: BTreeMap<String, Value>,
     state: Option<State>,
     measurements: BTreeMap<String, Value>,
 }
 
 impl HwTransport {
     pub fn new(options: HwOptions) -> Self {
-        HwTransport { options, env: detect(), state: None, measurements: BTreeMap::new() }
+        let env = detect();
+        let identity = env.as_ref().map(identity).unwrap_or_default();
+        HwTransport { options, env, identity, state: None, measurements: BTreeMap::new() }
     }
 }
 
@@ -165,15 +172,20 @@ impl GpuInventory for Inventory<'_> {
     }
 }
 
-/// Why this machine cannot run scenarios that span nodes: the RDMA probe's answer (no device,
-/// or built without the `rdma` feature), else the missing piece of the hardware backend.
-fn internode_reason() -> String {
-    match rdma::internode_waiver() {
-        Some(reason) => reason,
-        None => "an RDMA port is up, but the hardware backend does not run DeepEP's internode \
-                 kernels over it yet (the wires, the CPU proxy and the protocol's host \
-                 reference exist in hw::wire and hw::internode)"
-            .into(),
+/// The wire scenarios that span nodes would use here, or why there is none (an invalid
+/// `EPTWIN_WIRE`, verbs asked for without an ACTIVE port). TCP is always there.
+fn wire_choice(options: &HwOptions) -> Result<wire::WireChoice, String> {
+    let request = options.wire.clone()?;
+    wire::choose(request).map_err(|e| e.to_string())
+}
+
+impl State {
+    /// The wire that carried this job's internode bytes, if any.
+    fn wire_report(&self) -> Option<&wire::WireReport> {
+        match &self.runtime {
+            Runtime::Normal(j) => j.wire_report(),
+            Runtime::LowLatency(j) => j.wire_report(),
+        }
     }
 }
 
@@ -191,17 +203,28 @@ impl Transport for HwTransport {
                 rdma: false,
                 rdma_reason: None,
             },
-            Ok(env) => Capabilities {
-                backend: BackendKind::Hw,
-                identity: identity(env),
-                unavailable: None,
-                modes: vec![EpMode::Intranode, EpMode::LowLatency],
-                traffic: false,
-                concurrent_jobs: false,
-                max_ranks: None,
-                rdma: false,
-                rdma_reason: Some(internode_reason()),
-            },
+            Ok(_) => {
+                let mut identity = self.identity.clone();
+                // `backend.wire` (DESIGN.md "Results"): "none" until a job's bytes crossed
+                // nodes; then the wire and what it was set up with.
+                let report = self.state.as_ref().and_then(State::wire_report);
+                identity.insert("wire".into(), json!(report.map_or("none", |r| r.wire.as_str())));
+                if let Some(r) = report {
+                    identity.insert("wire_report".into(), json!(r));
+                }
+                let wire = wire_choice(&self.options);
+                Capabilities {
+                    backend: BackendKind::Hw,
+                    identity,
+                    unavailable: None,
+                    modes: vec![EpMode::Intranode, EpMode::Internode, EpMode::LowLatency],
+                    traffic: false,
+                    concurrent_jobs: false,
+                    max_ranks: None,
+                    rdma: wire.is_ok(),
+                    rdma_reason: wire.err(),
+                }
+            }
         }
     }
 
@@ -335,12 +358,35 @@ fn prepare(
         m.insert("hw.num_sms_override".into(), json!(sms));
     }
     let d: &DeepEpJob = &d;
-    if d.mode == EpMode::Internode {
-        return Err(HwError::Unsupported(format!("job {:?}: {}", job.name, internode_reason())));
+    // Ranks on several nodes: their bytes cross the wire (internode::gpu).
+    let across = internode::gpu::job_geometry(plan, job, d)?;
+    if d.mode == EpMode::Internode && across.is_none() {
+        return Err(HwError::Unsupported(format!(
+            "job {:?}: normal internode kernels on one node (the scenario's topology puts all \
+             {} ranks on one node)",
+            job.name,
+            job.num_ranks()
+        )));
     }
+    let wire_config = match &across {
+        Some(_) => {
+            let request = options.wire.clone().map_err(HwError::Unsupported)?;
+            let timeout = std::time::Duration::from_millis(options.kernel_timeout_ms * 4 + 30_000);
+            let mut c = internode::gpu::WireConfig::new(
+                request,
+                rdma::QpSettings::for_job(plan, job),
+                timeout,
+            );
+            c.rdma_device = options.rdma_device.clone();
+            Some(c)
+        }
+        None => None,
+    };
     let n = job.num_ranks();
-    let placement = placement::place(n, plan.topology.ranks_per_gpu, &Inventory(&env.gpus))
-        .map_err(|e| HwError::Unsupported(e.to_string()))?;
+    let nodes = across.as_ref().map_or(1, |(g, _)| g.num_nodes());
+    let placement =
+        placement::place_nodes(n, plan.topology.ranks_per_gpu, nodes, &Inventory(&env.gpus))
+            .map_err(|e| HwError::Unsupported(e.to_string()))?;
     // Take the GPUs in use out of the environment; the rest stay closed to this job.
     let mut taken: Vec<Option<Gpu>> = std::mem::take(&mut env.gpus).into_iter().map(Some).collect();
     let mut list = Vec::new();
@@ -479,7 +525,32 @@ fn prepare(
                 });
             }
         }
-        _ => {
+        EpMode::Internode => {
+            let (geometry, _) = across.as_ref().expect("checked above");
+            let defines = kernel_defines::internode(geometry.ranks_per_node, scope);
+            load(&compiler, &mut devs, ModuleId::Internode, "internode", &defines)?;
+            let threads = kernel_defines::INTERNODE_THREADS;
+            let blocks_per_rank = 2 * geometry.num_channels;
+            let per_gpu = max_local * blocks_per_rank;
+            let dev0 = &devs.list[0];
+            let module = dev0.module("internode")?;
+            let mut resident = u32::MAX;
+            for k in ["internode_dispatch", "internode_combine"] {
+                resident = resident.min(dev0.gpu.occupancy(module.function(k), threads)?);
+            }
+            if resident * sm_count < per_gpu {
+                return Err(HwError::Setup {
+                    context: format!("job {:?}", job.name),
+                    message: format!(
+                        "{per_gpu} internode blocks per GPU ({max_local} ranks x {blocks_per_rank}) \
+                         cannot all be resident on {sm_count} SMs at {resident} per SM (they \
+                         wait on each other)"
+                    ),
+                });
+            }
+            normal_shape = Some((threads, 1, resident));
+        }
+        EpMode::LowLatency => {
             let defines = kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS, scope);
             load(&compiler, &mut devs, ModuleId::LowLatency, "low_latency", &defines)?;
         }
@@ -533,6 +604,49 @@ fn prepare(
 
     let gpu_of_rank = placement.gpu_of_rank.clone();
     let runtime = match d.mode {
+        EpMode::Internode => {
+            let (geometry, _) = across.clone().expect("checked above");
+            let (threads, _, resident) = normal_shape.expect("set for internode mode above");
+            let dev0 = &devs.list[0];
+            let module = dev0.module("internode")?;
+            let (mut regs, mut local) = (0, 0);
+            for k in ["internode_dispatch", "internode_combine"] {
+                let (r, l) = dev0.gpu.function_resources(module.function(k))?;
+                regs = regs.max(r);
+                local = local.max(l);
+            }
+            let blocks_per_rank = 2 * geometry.num_channels;
+            let launch = NormalLaunch {
+                threads,
+                min_blocks: 1,
+                blocks_per_rank,
+                blocks_per_gpu: max_local * blocks_per_rank,
+                resident_blocks_per_sm: resident,
+                registers: regs,
+                local_bytes: local,
+                rings: intranode::ClusterRings::default(),
+            };
+            let config = wire_config.as_ref().expect("set with the geometry");
+            let job_rt = NormalJob::prepare_across_nodes(
+                &mut devs,
+                job,
+                d,
+                &gpu_of_rank,
+                launch,
+                geometry,
+                config,
+                &internode::gpu::SingleProcess,
+            )?;
+            if let Some((mut kernels, _)) = job_rt.across_nodes_measurements() {
+                kernels["registers_per_thread"] = json!(regs);
+                kernels["local_memory_bytes_per_thread"] = json!(local);
+                kernels["resident_blocks_per_sm"] = json!(resident);
+                kernels["effective_sms_per_rank"] =
+                    json!(round3(sm_count as f64 / max_local as f64));
+                m.insert("hw.internode_kernels".into(), kernels);
+            }
+            Runtime::Normal(job_rt)
+        }
         EpMode::Intranode => {
             let cfg = d.dispatch_config.as_ref().expect("normal mode has a dispatch config");
             let (threads, min_blocks, resident) = normal_shape.expect("set for normal mode above");
@@ -624,7 +738,19 @@ fn prepare(
                     "warps_per_receive_group": low_latency::WARPS_PER_GROUP,
                 }),
             );
-            Runtime::LowLatency(LlJob::prepare(&mut devs, job, d, &gpu_of_rank, options, launch)?)
+            let wire = across.clone().map(|(g, _)| {
+                let config = wire_config.as_ref().expect("set with the geometry");
+                (g, config, &internode::gpu::SingleProcess as &dyn internode::gpu::EndpointExchange)
+            });
+            Runtime::LowLatency(LlJob::prepare(
+                &mut devs,
+                job,
+                d,
+                &gpu_of_rank,
+                options,
+                launch,
+                wire,
+            )?)
         }
     };
 
@@ -646,10 +772,10 @@ fn prepare(
     }
     devs.sync("prepare")?;
     Ok(State {
+        runtime,
         devs,
         placement,
         job: job.id,
-        runtime,
         latencies_ns: BTreeMap::new(),
         logical_bytes,
         transported_bytes: BTreeMap::new(),

@@ -96,7 +96,9 @@ impl NormalJob {
                     format!("rank {r}: {} tokens received, expected {}", gr.num[0], e.rows.len())
                 });
             }
-            if gr.prefix != e.rank_prefix {
+            // Across nodes the receive layout is an input (the cached handle), not a result.
+            let layout_is_output = self.across.is_none();
+            if layout_is_output && gr.prefix != e.rank_prefix {
                 layout.push(|| {
                     format!("rank {r}: rank prefix {:?}, expected {:?}", gr.prefix, e.rank_prefix)
                 });
@@ -109,7 +111,7 @@ impl NormalJob {
                     )
                 });
             }
-            if gr.chan != e.channel_offset {
+            if layout_is_output && gr.chan != e.channel_offset {
                 layout.push(|| format!("rank {r}: channel offsets differ from the layout"));
             }
             for (row, &(s, t)) in e.rows.iter().enumerate() {
@@ -167,8 +169,13 @@ impl NormalJob {
             data.extend(b);
             meta.extend(c);
         }
+        let layout_check = if self.across.is_none() {
+            "dispatch: token counts, rank prefix, per-expert counts and channel offsets match the layout"
+        } else {
+            "dispatch: tokens and tokens per local expert counted by the receivers match the routing (the receive layout is DeepEP's cached handle, from the routing)"
+        };
         let checks = vec![
-            "dispatch: token counts, rank prefix, per-expert counts and channel offsets match the layout".to_string(),
+            layout_check.to_string(),
             "dispatch: every received row equals its source token byte for byte (payload and scales)".to_string(),
             "dispatch: source indices, local top-k indices and weights match".to_string(),
         ];

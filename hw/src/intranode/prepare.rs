@@ -2,12 +2,16 @@
 //! device buffers, and the argument arrays the kernels read (peer pointers included).
 
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
-use eptwin_engine::scenario::schema::Dtype;
+use eptwin_engine::routing::RoutingTable;
+use eptwin_engine::scenario::schema::{Dtype, WorkloadSpec};
 use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};
 use super::warp_times::CLUSTER_TOKEN_STAMPS;
-use super::{NormalJob, NormalLaunch, NvlLayout, RankBuffers, expectations, payload_bytes};
+use super::{
+    NormalJob, NormalLaunch, NvlLayout, RankBuffers, RecvExpectation, expectations, payload_bytes,
+};
+use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
@@ -79,51 +83,17 @@ impl NormalJob {
             .collect();
 
         let t = w.tokens_per_rank as usize;
-        let (h, k, nn, e) = (w.hidden as usize, w.topk as usize, n as usize, w.experts as usize);
-        let pay = payload_bytes(w.hidden, fp8) as usize;
-        let mut bufs = Vec::with_capacity(nn);
-        for r in 0..nn {
-            let dev = dev_of(devs, gpu_of_rank[r]);
-            let g = &dev.gpu;
-            let recv = expect[r].rows.len().max(1);
-            let b = RankBuffers {
-                x: g.alloc(t * pay)?,
-                x_scales: g.alloc(t * h / 128 * 4)?,
-                topk_idx: g.alloc(t * k * 4)?,
-                topk_weights: g.alloc(t * k * 4)?,
-                is_token_in_rank: g.alloc(t * nn)?,
-                num_tokens_per_rank: g.alloc(nn * 4)?,
-                num_tokens_per_expert: g.alloc(e * 4)?,
-                channel_prefix_matrix: g.alloc(nn * channels as usize * 4)?,
-                send_head: g.alloc(t * nn * 4)?,
-                rank_prefix: g.alloc(nn * 4)?,
-                num_recv_tokens_per_expert: g.alloc(l as usize * 4)?,
-                num_recv_tokens: g.alloc(4)?,
-                recv_x: g.alloc(recv * pay)?,
-                recv_x_scales: g.alloc(recv * h / 128 * 4)?,
-                recv_src_idx: g.alloc(recv * 4)?,
-                recv_topk_idx: g.alloc(recv * k * 4)?,
-                recv_topk_weights: g.alloc(recv * k * 4)?,
-                recv_channel_offset: g.alloc(nn * channels as usize * 4)?,
-                combine_x: g.alloc(recv * h * 2)?,
-                combined_x: g.alloc(t * h * 2)?,
-                combined_topk_weights: g.alloc(t * k * 4)?,
-                buffer: g.alloc(layout.total as usize)?,
-            };
-            let tok = &tokens[r];
-            if fp8 {
-                g.upload(&b.x, &tok.fp8)?;
-                g.upload(&b.x_scales, &tok.scales)?;
-            } else {
-                g.upload(&b.x, &tok.bf16)?;
-            }
-            let base = r * t * k;
-            g.upload(&b.topk_idx, &routing.topk_idx[base..base + t * k])?;
-            g.upload(&b.topk_weights, &routing.topk_weights[base..base + t * k])?;
-            // The barrier counter is monotonic across ops: zero it once.
-            g.memset_u8(b.buffer.ptr, 0, layout.total as usize)?;
-            bufs.push(b);
-        }
+        let bufs = alloc_rank_buffers(
+            devs,
+            gpu_of_rank,
+            w,
+            &routing,
+            &tokens,
+            &expect,
+            fp8,
+            channels,
+            layout.total as usize,
+        )?;
         let all_args: Vec<NormalRankArgs> = bufs
             .iter()
             .map(|b| NormalRankArgs {
@@ -154,30 +124,13 @@ impl NormalJob {
                 reserved: 0,
             })
             .collect();
-        let layout_rank_args: Vec<LayoutRankArgs> = bufs
-            .iter()
-            .map(|b| LayoutRankArgs {
-                topk_idx: b.topk_idx.ptr,
-                num_tokens_per_rank: b.num_tokens_per_rank.ptr,
-                num_tokens_per_expert: b.num_tokens_per_expert.ptr,
-                is_token_in_rank: b.is_token_in_rank.ptr,
-                num_tokens: t as i32,
-                reserved: 0,
-            })
-            .collect();
         let mut args = Vec::new();
-        let mut layout_args = Vec::new();
         for dev in &devs.list {
             let a = dev.gpu.alloc(std::mem::size_of_val(all_args.as_slice()))?;
             dev.gpu.upload(&a, &all_args)?;
             args.push(a);
-            // The layout kernel indexes its args by local rank.
-            let local: Vec<LayoutRankArgs> =
-                dev.ranks.iter().map(|&r| layout_rank_args[r as usize]).collect();
-            let la = dev.gpu.alloc(std::mem::size_of_val(local.as_slice()))?;
-            dev.gpu.upload(&la, &local)?;
-            layout_args.push(la);
         }
+        let layout_args = layout_kernel_args(devs, &bufs, t)?;
         devs.sync("normal setup")?;
         Ok(NormalJob {
             n,
@@ -212,6 +165,101 @@ impl NormalJob {
                 None
             },
             launch,
+            across: None,
         })
     }
+}
+
+/// Every rank's device buffers, inputs uploaded (tokens, top-k), the NVL buffer (`nvl_bytes`)
+/// zeroed once: its counters only grow.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn alloc_rank_buffers(
+    devs: &mut Devices,
+    gpu_of_rank: &[u32],
+    w: &WorkloadSpec,
+    routing: &RoutingTable,
+    tokens: &[RankTokens],
+    expect: &[RecvExpectation],
+    fp8: bool,
+    channels: u32,
+    nvl_bytes: usize,
+) -> Result<Vec<RankBuffers>, HwError> {
+    let n = routing.num_ranks;
+    let l = w.experts / n;
+    let t = w.tokens_per_rank as usize;
+    let (h, k, nn, e) = (w.hidden as usize, w.topk as usize, n as usize, w.experts as usize);
+    let pay = payload_bytes(w.hidden, fp8) as usize;
+    let mut bufs = Vec::with_capacity(nn);
+    for r in 0..nn {
+        let dev = dev_of(devs, gpu_of_rank[r]);
+        let g = &dev.gpu;
+        let recv = expect[r].rows.len().max(1);
+        let b = RankBuffers {
+            x: g.alloc(t * pay)?,
+            x_scales: g.alloc(t * h / 128 * 4)?,
+            topk_idx: g.alloc(t * k * 4)?,
+            topk_weights: g.alloc(t * k * 4)?,
+            is_token_in_rank: g.alloc(t * nn)?,
+            num_tokens_per_rank: g.alloc(nn * 4)?,
+            num_tokens_per_expert: g.alloc(e * 4)?,
+            channel_prefix_matrix: g.alloc(nn * channels as usize * 4)?,
+            send_head: g.alloc(t * nn * 4)?,
+            rank_prefix: g.alloc(nn * 4)?,
+            num_recv_tokens_per_expert: g.alloc(l as usize * 4)?,
+            num_recv_tokens: g.alloc(4)?,
+            recv_x: g.alloc(recv * pay)?,
+            recv_x_scales: g.alloc(recv * h / 128 * 4)?,
+            recv_src_idx: g.alloc(recv * 4)?,
+            recv_topk_idx: g.alloc(recv * k * 4)?,
+            recv_topk_weights: g.alloc(recv * k * 4)?,
+            recv_channel_offset: g.alloc(nn * channels as usize * 4)?,
+            combine_x: g.alloc(recv * h * 2)?,
+            combined_x: g.alloc(t * h * 2)?,
+            combined_topk_weights: g.alloc(t * k * 4)?,
+            buffer: g.alloc(nvl_bytes)?,
+        };
+        let tok = &tokens[r];
+        if fp8 {
+            g.upload(&b.x, &tok.fp8)?;
+            g.upload(&b.x_scales, &tok.scales)?;
+        } else {
+            g.upload(&b.x, &tok.bf16)?;
+        }
+        let base = r * t * k;
+        g.upload(&b.topk_idx, &routing.topk_idx[base..base + t * k])?;
+        g.upload(&b.topk_weights, &routing.topk_weights[base..base + t * k])?;
+        // Its counters (the barrier, the internode rings') only grow: zero it once.
+        g.memset_u8(b.buffer.ptr, 0, nvl_bytes)?;
+        bufs.push(b);
+    }
+    Ok(bufs)
+}
+
+/// Per GPU, the layout kernel's arguments of the ranks placed there (it indexes them by local
+/// rank).
+pub(super) fn layout_kernel_args(
+    devs: &Devices,
+    bufs: &[RankBuffers],
+    t: usize,
+) -> Result<Vec<DeviceBuffer>, HwError> {
+    let layout_rank_args: Vec<LayoutRankArgs> = bufs
+        .iter()
+        .map(|b| LayoutRankArgs {
+            topk_idx: b.topk_idx.ptr,
+            num_tokens_per_rank: b.num_tokens_per_rank.ptr,
+            num_tokens_per_expert: b.num_tokens_per_expert.ptr,
+            is_token_in_rank: b.is_token_in_rank.ptr,
+            num_tokens: t as i32,
+            reserved: 0,
+        })
+        .collect();
+    let mut layout_args = Vec::new();
+    for dev in &devs.list {
+        let local: Vec<LayoutRankArgs> =
+            dev.ranks.iter().map(|&r| layout_rank_args[r as usize]).collect();
+        let la = dev.gpu.alloc(std::mem::size_of_val(local.as_slice()))?;
+        dev.gpu.upload(&la, &local)?;
+        layout_args.push(la);
+    }
+    Ok(layout_args)
 }

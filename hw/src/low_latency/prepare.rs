@@ -5,6 +5,7 @@ use eptwin_engine::plan::{DeepEpJob, JobPlan};
 use eptwin_engine::scenario::schema::Dtype;
 use rayon::prelude::*;
 
+use super::across_nodes::LlAcross;
 use super::args::LlRankArgs;
 use super::{
     ExpertExpectation, LlJob, LlLaunch, MAX_ITEMS_PER_BLOCK, RankBuffers, combine_slot,
@@ -13,6 +14,8 @@ use super::{
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
+use crate::internode::Geometry;
+use crate::internode::gpu::{EndpointExchange, WireConfig};
 use crate::options::HwOptions;
 
 impl LlJob {
@@ -48,6 +51,7 @@ impl LlJob {
         gpu_of_rank: &[u32],
         options: &HwOptions,
         launch: LlLaunch,
+        across: Option<(Geometry, &WireConfig, &dyn EndpointExchange)>,
     ) -> Result<LlJob, HwError> {
         let n = job.num_ranks();
         let w = &d.workload;
@@ -146,9 +150,21 @@ impl LlJob {
             g.memset_u8(b.combine_recv_buf.ptr, 0xff, b.combine_recv_buf.bytes)?;
             bufs.push(b);
         }
+        let across = match across {
+            Some((geometry, config, exchange)) => Some(Box::new(LlAcross::connect(
+                devs,
+                gpu_of_rank,
+                &routing,
+                geometry,
+                config,
+                exchange,
+            )?)),
+            None => None,
+        };
         let all: Vec<LlRankArgs> = bufs
             .iter()
-            .map(|b| LlRankArgs {
+            .enumerate()
+            .map(|(r, b)| LlRankArgs {
                 x: b.x.ptr,
                 topk_idx: b.topk_idx.ptr,
                 topk_weights: b.topk_weights.ptr,
@@ -169,6 +185,7 @@ impl LlJob {
                 combined_x: b.combined_x.ptr,
                 num_tokens: tt as i32,
                 reserved: 0,
+                ..wire_args(across.as_deref(), r)
             })
             .collect();
         let mut args = Vec::new();
@@ -199,6 +216,24 @@ impl LlJob {
             dispatched: false,
             reference_digest: [None, None],
             launch,
+            across,
         })
+    }
+}
+
+/// A rank's wire fields of `LlRankArgs` (zero when the job stays on one node).
+fn wire_args(across: Option<&LlAcross>, rank: usize) -> LlRankArgs {
+    let Some(a) = across else { return LlRankArgs::default() };
+    let w = a.links.rank(rank as u32);
+    LlRankArgs {
+        wire_recv_area: w.recv_area,
+        wire_send_area: w.send_area,
+        ring_slots: w.ring_slots,
+        ring_ticket: a.tickets[rank].ptr,
+        count_seen: a.count_seen[rank].ptr,
+        ring_mask: w.ring_mask,
+        recv_area_offset: w.recv_area_offset,
+        send_area_offset: w.send_area_offset,
+        ..LlRankArgs::default()
     }
 }
