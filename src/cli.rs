@@ -29,6 +29,27 @@ pub enum BackendArg {
     Hw,
 }
 
+/// How the hardware backend moves internode bytes (`EPTWIN_WIRE` otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WireArg {
+    /// Verbs where an RDMA port is ACTIVE, else TCP.
+    Auto,
+    /// TCP sockets between the nodes' processes: runs anywhere; not a fabric measurement.
+    Tcp,
+    /// RDMA through ibverbs (build with `--features rdma`), or waived saying why not.
+    Verbs,
+}
+
+impl WireArg {
+    pub fn request(self) -> eptwin_hw::wire::WireRequest {
+        match self {
+            WireArg::Auto => eptwin_hw::wire::WireRequest::Auto,
+            WireArg::Tcp => eptwin_hw::wire::WireRequest::Tcp,
+            WireArg::Verbs => eptwin_hw::wire::WireRequest::Verbs,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run scenarios, print an nccl-tests-style table, write one result JSON per scenario.
@@ -47,6 +68,9 @@ pub enum Command {
         /// (one scenario only).
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Hardware: how bytes between nodes move (default: `EPTWIN_WIRE`, else auto).
+        #[arg(long, value_enum)]
+        wire: Option<WireArg>,
     },
     /// Parse and check every DeepEP/NVSHMEM/fabric rule; errors name file:line:col.
     Validate {

@@ -39,7 +39,7 @@ pub fn compare(
             continue;
         };
         let name = plan.scenario.name.clone();
-        let (sim, _) = execute(&plan, BackendArg::Sim, false)
+        let (sim, _) = execute(&plan, BackendArg::Sim, false, None)
             .with_context(|| format!("simulating {}", path.display()))?;
         let sim_path = result_path(out, &name, Some("sim"));
         write_atomic(&sim_path, &sim.to_json())?;
@@ -59,7 +59,7 @@ pub fn compare(
                 (found.map(|r| r.doc.clone()), found.map(|r| r.path.clone()))
             }
             None => {
-                let (hw, _) = execute(&plan, BackendArg::Hw, false)
+                let (hw, _) = execute(&plan, BackendArg::Hw, false, None)
                     .with_context(|| format!("running {} on the hardware", path.display()))?;
                 let p = result_path(out, &name, Some("hw"));
                 write_atomic(&p, &hw.to_json())?;

@@ -13,12 +13,12 @@ use eptwin_engine::result::Provenance;
 use eptwin_engine::transport::Transport;
 
 use crate::ExitCode;
-use crate::cli::{BackendArg, Command};
+use crate::cli::{BackendArg, Command, WireArg};
 
 pub fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { scenarios, backend, out, json, trace } => {
-            run::run(&scenarios, backend, &out, json, trace.as_deref())
+        Command::Run { scenarios, backend, out, json, trace, wire } => {
+            run::run(&scenarios, backend, &out, json, trace.as_deref(), wire)
         }
         Command::Validate { scenarios } => validate::validate(&scenarios),
         Command::Env { scenario, job, explain } => env::env(&scenario, job.as_deref(), explain),
@@ -35,11 +35,17 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
     }
 }
 
-/// A backend for `run`, `compare` and `sweep`.
-pub fn transport(backend: BackendArg, trace: bool) -> Box<dyn Transport> {
+/// A backend for `run`, `compare` and `sweep`; `wire` overrides `EPTWIN_WIRE`.
+pub fn transport(backend: BackendArg, trace: bool, wire: Option<WireArg>) -> Box<dyn Transport> {
     match backend {
         BackendArg::Sim => Box::new(eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace })),
-        BackendArg::Hw => Box::new(eptwin_hw::HwTransport::new(eptwin_hw::HwOptions::from_env())),
+        BackendArg::Hw => {
+            let mut options = eptwin_hw::HwOptions::from_env();
+            if let Some(w) = wire {
+                options.wire = Ok(w.request());
+            }
+            Box::new(eptwin_hw::HwTransport::new(options))
+        }
     }
 }
 

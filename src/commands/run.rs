@@ -7,7 +7,7 @@ use eptwin_engine::result::{RunResult, result_path, write_atomic};
 
 use super::{load_plan, provenance};
 use crate::ExitCode;
-use crate::cli::BackendArg;
+use crate::cli::{BackendArg, WireArg};
 
 pub fn run(
     scenarios: &[PathBuf],
@@ -15,6 +15,7 @@ pub fn run(
     out: &Path,
     json: bool,
     trace: Option<&Path>,
+    wire: Option<WireArg>,
 ) -> Result<ExitCode> {
     if trace.is_some() && (scenarios.len() != 1 || backend != BackendArg::Sim) {
         bail!("--trace takes one scenario on the simulator backend");
@@ -25,7 +26,7 @@ pub fn run(
             code = code.worst(ExitCode::BadInput);
             continue;
         };
-        let (result, trace_json) = execute(&plan, backend, trace.is_some())
+        let (result, trace_json) = execute(&plan, backend, trace.is_some(), wire)
             .with_context(|| format!("running {}", path.display()))?;
         let file = result_path(out, &plan.scenario.name, None);
         write_atomic(&file, &result.to_json())?;
@@ -53,6 +54,7 @@ pub fn execute(
     plan: &eptwin_engine::Plan,
     backend: BackendArg,
     trace: bool,
+    wire: Option<WireArg>,
 ) -> Result<(RunResult, Option<String>)> {
     match backend {
         BackendArg::Sim => {
@@ -61,7 +63,7 @@ pub fn execute(
             Ok((result, sim.trace_json()))
         }
         BackendArg::Hw => {
-            let mut hw = super::transport(backend, false);
+            let mut hw = super::transport(backend, false, wire);
             Ok((eptwin_engine::run::run(plan, hw.as_mut(), provenance(backend))?, None))
         }
     }
