@@ -70,10 +70,15 @@ step "eptwin-hw unit tests (NVRTC compiles every kernel for this GPU)"
 run_step 120 .devbin/hw-unit --test-threads=1
 step "eptwin-hw GPU conformance tests"
 run_step 240 .devbin/hw-it --test-threads=1 --nocapture
+step "eptwin-hw internode conformance tests over the TCP wire (#[ignore]d off the GPU machine)"
+run_step 300 .devbin/hw-it --test-threads=1 --nocapture --ignored internode_
 step "eptwin topo (NVML)"
 run_step 60 .devbin/eptwin topo
 
-scenarios=(scenarios/h200-ep8-normal-128.toml scenarios/h200-ep8-ll-128.toml)
+# The two-node scenarios run both "nodes" on the one GPU over the TCP wire (EPTWIN_WIRE
+# defaults to auto, which is TCP without an ACTIVE RDMA port): their results say `wire: tcp`.
+scenarios=(scenarios/h200-ep8-normal-128.toml scenarios/h200-ep8-ll-128.toml
+    scenarios/h200-2node-ep16-normal.toml scenarios/h200-2node-ep8-ll.toml)
 [[ "$mode" == full ]] && scenarios+=(scenarios/h200-ep8-normal-4096.toml scenarios/h200-ep8-ll-4096.toml)
 for s in "${scenarios[@]}"; do
     step "eptwin run $s --backend hw"
