@@ -132,8 +132,20 @@ fn run_over_tcp(text: &str) -> Option<eptwin_engine::result::RunResult> {
     Some(eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes"))
 }
 
+/// The verdict and what every op ran (the copy probes are not asked for: `EPTWIN_PROBES=0`
+/// keeps these runs short).
 fn assert_over_tcp(r: &eptwin_engine::result::RunResult) {
-    assert_ok(r);
+    assert_eq!(
+        r.verdict,
+        Verdict::Ok,
+        "failures: {:#?}\nwaived: {:?}",
+        r.failures,
+        r.waived_reason
+    );
+    for op in &r.jobs[0].ops {
+        assert!(op.summary.latency_us.mean > 0.0, "{} has a time", op.op);
+        assert!(!op.summary.checks.is_empty(), "{} ran checks", op.op);
+    }
     assert_eq!(r.backend["wire"], "tcp", "{:?}", r.backend);
     assert_eq!(r.backend["wire_report"]["data_path"], "staged");
     for op in &r.jobs[0].ops {
