@@ -3,6 +3,7 @@
 # binaries built here and carried in .devbin/ (scripts/h200-measure.sh --prepare builds them):
 #   .devbin/eptwin   release build of the CLI
 #   .devbin/hw-unit  eptwin-hw unit tests      .devbin/hw-it  eptwin-hw GPU conformance tests
+#   .devbin/hw-processes  eptwin-hw multi-process tests (ignored without a GPU; run under MPS)
 # Writes the full log and the result files under $OUT (the files that come back):
 #   $OUT/log.txt, $OUT/results/<scenario>.json, $OUT/diag/<scenario>.json
 # Usage there: bash scripts/h200-measure.sh [smoke|full]   (default full)
@@ -17,6 +18,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
     cp target/release/eptwin .devbin/eptwin
     cp "$(grep -o 'target/release/deps/eptwin_hw-[0-9a-f]*' /tmp/eptwin-test-build.log | head -1)" .devbin/hw-unit
     cp "$(grep -o 'target/release/deps/it-[0-9a-f]*' /tmp/eptwin-test-build.log | head -1)" .devbin/hw-it
+    cp "$(grep -o 'target/release/deps/processes-[0-9a-f]*' /tmp/eptwin-test-build.log | head -1)" .devbin/hw-processes
     strip .devbin/*
     ls -la .devbin
     exit 0
@@ -72,6 +74,13 @@ step "eptwin-hw GPU conformance tests"
 run_step 240 .devbin/hw-it --test-threads=1 --nocapture
 step "eptwin-hw internode conformance tests over the TCP wire (#[ignore]d off the GPU machine)"
 run_step 300 .devbin/hw-it --test-threads=1 --nocapture --ignored internode_
+step "eptwin-hw multi-process tests (processes sharing the GPU through MPS, digests against one process)"
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/eptwin-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/eptwin-mps-log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+nvidia-cuda-mps-control -d
+run_step 240 .devbin/hw-processes --ignored --test-threads=1 --nocapture
+echo quit | nvidia-cuda-mps-control
+unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 step "eptwin topo (NVML)"
 run_step 60 .devbin/eptwin topo
 

@@ -36,7 +36,7 @@ Usage: h200-profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll
   --cluster FILE: probe.cluster_handoff_checks (and probe.cluster_handoff_max_active_clusters)
   from FILE (a result JSON of a run with EPTWIN_CLUSTER_PROBE=1, or a log with "# measured"
   lines; shapes measured more than once are averaged) for the cluster_* keys of the
-  simulator's model of the cluster kernels (sim/src/deepep/one_gpu_cluster.rs); without it, from
+  simulator's model of the cluster kernels (sim/src/hwkernels/cluster.rs); without it, from
   RESULT if it has them. Every cluster probe shape is printed with the model's time for it.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
 kernel_launch_ns and flag_latency_ns in [gpu] with the two lines printed first.
@@ -150,7 +150,7 @@ def cluster_shapes(runs, launch_us):
 
 
 def pair_period_ns(k, slots, b):
-    """The simulator's pair_period (sim/src/deepep/one_gpu_cluster.rs), ns per chunk: a slot
+    """The simulator's pair_period (sim/src/hwkernels/cluster.rs), ns per chunk: a slot
     cycles through a refill (fill_ns and its bytes) and a store; the consumer's stores follow
     one another."""
     store = k["store_ns"] + b / k["bulk_gbps"]

@@ -71,6 +71,14 @@ pub enum Command {
         /// Hardware: how bytes between nodes move (default: `EPTWIN_WIRE`, else auto).
         #[arg(long, value_enum)]
         wire: Option<WireArg>,
+        /// Hardware: start N processes of this command on this machine (eptwin's own launcher,
+        /// like `torchrun --nproc-per-node N`) and exit with their verdict's code.
+        #[arg(long, value_name = "N")]
+        spawn: Option<usize>,
+        /// Hardware: scenario ranks per process when a launcher (srun, torchrun, mpirun,
+        /// --spawn) starts several; process p runs ranks p·K to p·K+K−1 (default 1).
+        #[arg(long, value_name = "K")]
+        ranks_per_process: Option<usize>,
     },
     /// Parse and check every DeepEP/NVSHMEM/fabric rule; errors name file:line:col.
     Validate {
@@ -152,4 +160,51 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replay a scenario with DeepEP's own test scripts: their launch lines out, their
+    /// printed numbers back in as a result document (docs/deepep-replay.md).
+    Deepep {
+        #[command(subcommand)]
+        command: DeepepCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeepepCommand {
+    /// Print, for every node, the command line and environment that run DeepEP's matching
+    /// test script with the scenario's workload. Where the scripts cannot do what the scenario
+    /// asks, print one line per reason and exit 2.
+    Launch {
+        scenario: PathBuf,
+        /// The DeepEP checkout whose tests/ holds the scripts (as seen from the nodes).
+        #[arg(long, default_value = "DeepEP", value_name = "PATH")]
+        deepep_dir: String,
+        /// Take the node rank from $SLURM_NODEID and the master from the first host of
+        /// $SLURM_JOB_NODELIST (one block for every node, run inside an allocation).
+        #[arg(long)]
+        nodes_from_slurm: bool,
+        /// `shell`: command lines; `slurm`: a ready sbatch script (nodes from Slurm).
+        #[arg(long, value_enum, default_value = "shell")]
+        format: LaunchFormatArg,
+    },
+    /// Read the scripts' logs (every node's; ranks may interleave) into a result document
+    /// (`backend.kind = "deepep"`) for `eptwin compare --measured` and `eptwin report`.
+    Import {
+        #[arg(required = true, value_name = "LOG")]
+        logs: Vec<PathBuf>,
+        /// The scenario the logs replay.
+        #[arg(long)]
+        scenario: PathBuf,
+        /// Directory for `<scenario name>.deepep.json`.
+        #[arg(long)]
+        out: PathBuf,
+        /// Print the result document on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LaunchFormatArg {
+    Shell,
+    Slurm,
 }

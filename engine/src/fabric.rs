@@ -60,6 +60,33 @@ pub fn parse_vlarb(text: &str) -> Result<Vec<VlArbEntry>, String> {
     Ok(entries)
 }
 
+/// The lane a job's packets travel on at every port: on InfiniBand the VL its SL maps to
+/// (`sl2vl`), on RoCE the Ethernet priority (0..=7) that `NVSHMEM_IB_SL` selects: the SL's
+/// low three bits (the validator rejects an SL above 7 on RoCE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Lane {
+    Vl(Vl),
+    Priority(u8),
+}
+
+impl Lane {
+    /// The lane's index at a port: the VL or the priority.
+    pub fn index(self) -> u8 {
+        match self {
+            Lane::Vl(vl) => vl.0,
+            Lane::Priority(p) => p,
+        }
+    }
+
+    /// The VL, on InfiniBand.
+    pub fn vl(self) -> Option<Vl> {
+        match self {
+            Lane::Vl(vl) => Some(vl),
+            Lane::Priority(_) => None,
+        }
+    }
+}
+
 /// The QoS configuration every port of the fabric model uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FabricQos {
@@ -198,6 +225,14 @@ impl FabricQos {
     pub fn vl_of(&self, sl: Sl) -> Option<Vl> {
         let vl = self.sl2vl[sl.index() & 15];
         (vl.0 != VL15).then_some(vl)
+    }
+
+    /// The lane an SL's packets travel on; `None` on InfiniBand when the SL maps to VL15.
+    pub fn lane_of(&self, sl: Sl) -> Option<Lane> {
+        match self.kind {
+            FabricKind::Infiniband => self.vl_of(sl).map(Lane::Vl),
+            FabricKind::Roce => Some(Lane::Priority(sl.0 & 7)),
+        }
     }
 
     /// Whether the arbiter ever schedules this VL (an entry with weight > 0 in either table).

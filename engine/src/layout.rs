@@ -81,7 +81,7 @@ mod tests {
         w.routing = RoutingKind::Uniform;
         w.masked_selections = masked;
         w.seed = seed;
-        generate(&w, ranks)
+        generate(&crate::plan::Workload::from_spec(&w, ranks), ranks)
     }
 
     proptest! {

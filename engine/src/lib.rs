@@ -6,6 +6,7 @@
 //! (atomically; a sweep writes each point's scenario beside its result) and nothing else: no
 //! clock, no OS randomness, no GPU, no network.
 
+pub mod cluster_ring;
 pub mod deepep;
 pub mod diag;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod ids;
 pub mod layout;
 pub mod plan;
 pub mod profile;
+pub mod replay;
 pub mod result;
 pub mod rng;
 pub mod routing;

@@ -1,30 +1,43 @@
 //! A `Plan` is a validated scenario made concrete: resolved hardware, topology, fabric QoS,
-//! and per job the DeepEP mode, Configs, environment, routing and logical byte counts. Both
-//! backends execute the same Plan.
+//! and per job the DeepEP mode, Configs, environment, typed NVSHMEM settings, lane, routing
+//! and logical byte counts. Both backends execute the same Plan.
+//!
+//! API Boundary: this module is what a backend sees of a scenario. Its types hold typed,
+//! resolved values (sizes in bytes, `Dtype`, `Routing`, `Lane`), never the scenario file's
+//! structs; the enums and engine types a backend needs besides are re-exported here, so `sim`
+//! and `hw` name `eptwin_engine::plan` (and `transport`, `ids`) and never `scenario::schema`.
 
 use std::collections::BTreeMap;
-
-use serde::Serialize;
+use std::sync::OnceLock;
 
 use crate::deepep::bytes::{LogicalBytes, logical_bytes};
-use crate::deepep::config::{Config, Direction, EpMode};
-use crate::deepep::env::{EnvVar, NvshmemSettings, effective_env};
-use crate::deepep::validate::validate;
-use crate::diag::Diagnostic;
+use crate::deepep::env::EnvVar;
 use crate::error::EngineError;
-use crate::fabric::FabricQos;
 use crate::ids::{JobId, Rank, Sl, Vl};
-use crate::profile::HardwareProfile;
-use crate::routing::{RoutingTable, generate};
+use crate::routing::generate;
 use crate::scenario::LoadedScenario;
-use crate::scenario::schema::{
-    BufferSpec, OpKind, ReferenceSpec, Scenario, TrafficSpec, WorkloadSpec,
+use crate::scenario::schema::{BufferSpec, ReferenceSpec, RoutingKind, TrafficSpec, WorkloadSpec};
+
+pub use crate::cluster_ring::{CLUSTER_INDEX_BYTES, ClusterSlot, cluster_ring_slots};
+pub use crate::deepep::bytes::{
+    fp8_scale_bytes, ll_combine_msg_bytes, ll_dispatch_msg_bytes, logical_row_bytes,
+    normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
-use crate::topology::Topology;
+pub use crate::deepep::config::{Config, EpMode};
+pub use crate::deepep::env::NvshmemSettings;
+pub use crate::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, Lane, VlArbEntry};
+pub use crate::profile::{HardwareProfile, SwitchMode};
+pub use crate::routing::RoutingTable;
+pub use crate::scenario::schema::{
+    Dtype, FabricKind, FabricRouting, FabricTopology, NvlinkKind, OpKind, TrafficPattern,
+};
+pub use crate::topology::{NUM_MAX_NVL_PEERS, PeerPath, Topology};
 
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub scenario: Scenario,
+    /// The scenario's `name` and `description`.
+    pub name: String,
+    pub description: String,
     /// The path the scenario was read from (for messages).
     pub scenario_file: String,
     pub scenario_sha256: String,
@@ -33,7 +46,7 @@ pub struct Plan {
     pub qos: FabricQos,
     pub jobs: Vec<JobPlan>,
     /// Advisories the validator raised (errors never reach a Plan).
-    pub advisories: Vec<Diagnostic>,
+    pub advisories: Vec<crate::diag::Diagnostic>,
 }
 
 #[derive(Debug, Clone)]
@@ -42,11 +55,13 @@ pub struct JobPlan {
     pub name: String,
     /// Global ranks, ascending; the job's rank `i` (DeepEP's rank in its group) is `ranks[i]`.
     pub ranks: Vec<Rank>,
+    /// The final environment (`eptwin env` prints it).
     pub env: BTreeMap<String, EnvVar>,
+    /// What NVSHMEM reads from that environment.
     pub nvshmem: NvshmemSettings,
     pub sl: Sl,
-    /// `None` on RoCE (priorities, not VLs) or when the SL is dropped.
-    pub vl: Option<Vl>,
+    /// The VL the SL maps to (InfiniBand) or the Ethernet priority (RoCE).
+    pub lane: Lane,
     pub warmup: u32,
     pub iterations: u32,
     pub ops: Vec<OpKind>,
@@ -57,26 +72,211 @@ pub struct JobPlan {
 #[derive(Debug, Clone)]
 pub enum JobKind {
     DeepEp(Box<DeepEpJob>),
-    Traffic(TrafficSpec),
+    Traffic(TrafficJob),
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A DeepEP job: its mode, `Buffer` arguments, workload and resolved `Config`s; the routing
+/// and logical byte counts generated from them on first use (validating a scenario never
+/// builds its tables; `Plan::build` does, once).
+#[derive(Debug, Clone)]
 pub struct DeepEpJob {
     pub mode: EpMode,
-    pub buffer: BufferSpec,
-    pub workload: WorkloadSpec,
+    pub buffer: BufferSettings,
+    pub workload: Workload,
     /// Normal modes: the resolved dispatch/combine `Config`; `None` in low-latency mode.
     pub dispatch_config: Option<Config>,
     pub combine_config: Option<Config>,
     pub num_local_experts: u32,
-    /// Routing in job-rank space.
-    pub routing: RoutingTable,
-    pub logical: LogicalBytes,
+    num_ranks: u32,
+    generated: OnceLock<Generated>,
+}
+
+#[derive(Debug, Clone)]
+struct Generated {
+    routing: RoutingTable,
+    logical: LogicalBytes,
+}
+
+impl DeepEpJob {
+    pub fn new(
+        mode: EpMode,
+        buffer: BufferSettings,
+        workload: Workload,
+        configs: (Option<Config>, Option<Config>),
+        num_ranks: u32,
+    ) -> DeepEpJob {
+        DeepEpJob {
+            mode,
+            num_local_experts: workload.experts / num_ranks.max(1),
+            buffer,
+            workload,
+            dispatch_config: configs.0,
+            combine_config: configs.1,
+            num_ranks,
+            generated: OnceLock::new(),
+        }
+    }
+
+    fn generated(&self) -> &Generated {
+        self.generated.get_or_init(|| {
+            let routing = generate(&self.workload, self.num_ranks);
+            let w = &self.workload;
+            let logical =
+                logical_bytes(self.mode, &routing, w.hidden, w.dispatch_dtype, w.combine_dtype);
+            Generated { routing, logical }
+        })
+    }
+
+    /// Routing in job-rank space, generated from the workload's seed.
+    pub fn routing(&self) -> &RoutingTable {
+        &self.generated().routing
+    }
+
+    /// The logical bytes DeepEP's tests count, per rank.
+    pub fn logical(&self) -> &LogicalBytes {
+        &self.generated().logical
+    }
+}
+
+/// DeepEP `Buffer(...)` arguments a backend uses, sizes in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferSettings {
+    pub num_nvl_bytes: u64,
+    pub num_rdma_bytes: u64,
+    pub num_qps_per_rank: u32,
+    /// SMs of the normal kernels (`num_sms / 2` channels); the Configs carry the same.
+    pub num_sms: u32,
+    pub allow_nvlink_for_low_latency_mode: bool,
+    pub allow_mnnvl: bool,
+    pub use_fabric: bool,
+}
+
+impl From<&BufferSpec> for BufferSettings {
+    fn from(b: &BufferSpec) -> Self {
+        BufferSettings {
+            num_nvl_bytes: b.num_nvl_bytes.bytes(),
+            num_rdma_bytes: b.num_rdma_bytes.bytes(),
+            num_qps_per_rank: b.num_qps_per_rank,
+            num_sms: b.num_sms,
+            allow_nvlink_for_low_latency_mode: b.allow_nvlink_for_low_latency_mode,
+            allow_mnnvl: b.allow_mnnvl,
+            use_fabric: b.use_fabric,
+        }
+    }
+}
+
+/// The MoE layer a DeepEP job dispatches and combines.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub tokens_per_rank: u32,
+    /// Low-latency buffer capacity T (`num_max_dispatch_tokens_per_rank`, default
+    /// `tokens_per_rank`).
+    pub max_dispatch_tokens_per_rank: u32,
+    pub hidden: u32,
+    pub topk: u32,
+    pub experts: u32,
+    pub dispatch_dtype: Dtype,
+    pub combine_dtype: Dtype,
+    pub routing: Routing,
+    /// (token, slot) entries masked to -1 per rank, as DeepEP's low-latency test does.
+    pub masked_selections: u32,
+    pub seed: u64,
+    /// Low-latency hook mode (`return_recv_hook=True`).
+    pub hook: bool,
+}
+
+/// How tokens pick their experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Routing {
+    /// i.i.d. scores, top-k over all experts.
+    Uniform,
+    /// Top-k among the experts of the `topk_groups` DeepEP nodes (groups of 8 ranks) with the
+    /// highest max score (DeepEP's tests; default `min(nodes, 4)`).
+    NodeLimited { topk_groups: u32 },
+    /// Expert popularity ∝ 1/(i+1)^skew.
+    Zipf { skew: f64 },
+}
+
+impl Workload {
+    /// `tokens_per_rank` tokens of `hidden` channels to `topk` of `experts` experts with the
+    /// scenario format's defaults for everything else (FP8 dispatch, BF16 combine, uniform
+    /// routing, seed 1).
+    pub fn new(tokens_per_rank: u32, hidden: u32, topk: u32, experts: u32) -> Workload {
+        Workload {
+            tokens_per_rank,
+            max_dispatch_tokens_per_rank: tokens_per_rank,
+            hidden,
+            topk,
+            experts,
+            dispatch_dtype: Dtype::Fp8,
+            combine_dtype: Dtype::Bf16,
+            routing: Routing::Uniform,
+            masked_selections: 0,
+            seed: 1,
+            hook: false,
+        }
+    }
+
+    /// The workload of a `[job.workload]` table for a job of `num_ranks` ranks.
+    pub fn from_spec(w: &WorkloadSpec, num_ranks: u32) -> Workload {
+        let groups = crate::deepep::config::num_rdma_ranks(num_ranks);
+        Workload {
+            tokens_per_rank: w.tokens_per_rank,
+            max_dispatch_tokens_per_rank: w.max_dispatch_tokens_per_rank(),
+            hidden: w.hidden,
+            topk: w.topk,
+            experts: w.experts,
+            dispatch_dtype: w.dispatch_dtype,
+            combine_dtype: w.combine_dtype,
+            routing: match w.routing {
+                RoutingKind::Uniform => Routing::Uniform,
+                RoutingKind::NodeLimited => {
+                    Routing::NodeLimited { topk_groups: w.topk_groups.unwrap_or(groups.min(4)) }
+                }
+                RoutingKind::Zipf => Routing::Zipf { skew: w.skew.unwrap_or(1.0) },
+            },
+            masked_selections: w.masked_selections,
+            seed: w.seed,
+            hook: w.hook,
+        }
+    }
+}
+
+/// A background traffic job (`[job.traffic]`), sizes in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrafficJob {
+    pub pattern: TrafficPattern,
+    pub bytes_per_rank: u64,
+    /// Largest RDMA write per work request, when the scenario caps it.
+    pub message_bytes: Option<u64>,
+    /// The receiving global rank of an incast.
+    pub incast_target: Option<Rank>,
+    pub qps_per_peer: u32,
+    /// Skip NVLink for peers in the same domain.
+    pub rdma_only: bool,
+}
+
+impl From<&TrafficSpec> for TrafficJob {
+    fn from(t: &TrafficSpec) -> Self {
+        TrafficJob {
+            pattern: t.pattern,
+            bytes_per_rank: t.bytes_per_rank.bytes(),
+            message_bytes: t.message_bytes.map(|b| b.bytes()),
+            incast_target: t.incast_target.map(Rank),
+            qps_per_peer: t.qps_per_peer,
+            rdma_only: t.rdma_only,
+        }
+    }
 }
 
 impl JobPlan {
     pub fn num_ranks(&self) -> u32 {
         self.ranks.len() as u32
+    }
+
+    /// The VL the job's packets travel on (InfiniBand).
+    pub fn vl(&self) -> Option<Vl> {
+        self.lane.vl()
     }
 
     pub fn deepep(&self) -> Option<&DeepEpJob> {
@@ -86,7 +286,7 @@ impl JobPlan {
         }
     }
 
-    pub fn traffic(&self) -> Option<&TrafficSpec> {
+    pub fn traffic(&self) -> Option<&TrafficJob> {
         match &self.kind {
             JobKind::Traffic(t) => Some(t),
             JobKind::DeepEp(_) => None,
@@ -97,125 +297,37 @@ impl JobPlan {
     pub fn logical_bytes_per_rank(&self, op: OpKind) -> f64 {
         match (&self.kind, op) {
             (JobKind::DeepEp(j), OpKind::Dispatch) => {
-                LogicalBytes::mean(&j.logical.dispatch_per_rank)
+                LogicalBytes::mean(&j.logical().dispatch_per_rank)
             }
             (JobKind::DeepEp(j), OpKind::Combine) => {
-                LogicalBytes::mean(&j.logical.combine_per_rank)
+                LogicalBytes::mean(&j.logical().combine_per_rank)
             }
-            (JobKind::Traffic(t), OpKind::Transfer) => t.bytes_per_rank.bytes() as f64,
+            (JobKind::Traffic(t), OpKind::Transfer) => t.bytes_per_rank as f64,
             _ => 0.0,
         }
     }
 
     pub fn logical_bw_label(&self) -> &str {
         match &self.kind {
-            JobKind::DeepEp(j) => &j.logical.label,
+            JobKind::DeepEp(j) => &j.logical().label,
             JobKind::Traffic(_) => "algbw",
         }
     }
 }
 
 impl Plan {
-    /// Validate and plan. Errors (with every diagnostic) when the scenario breaks any rule.
+    /// Validate and plan (the validator's one pass, `deepep::validate::validate`), then
+    /// generate every DeepEP job's routing. Errors (with every diagnostic) when the scenario
+    /// breaks any rule.
     pub fn build(loaded: &LoadedScenario) -> Result<Plan, EngineError> {
-        let (diagnostics, validated) = validate(&loaded.scenario, &loaded.source);
-        let Some(v) = validated else {
-            return Err(EngineError::Invalid { file: loaded.file().to_string(), diagnostics });
-        };
-        let advisories = diagnostics;
-        let scn = &loaded.scenario;
-        let mut jobs = Vec::with_capacity(scn.jobs.len());
-        for (i, (spec, ranks)) in scn.jobs.iter().zip(&v.job_ranks).enumerate() {
-            let n = ranks.len() as u32;
-            let (kind, mode, warmup, iterations, ops) =
-                match (&spec.buffer, &spec.workload, &spec.traffic) {
-                    (Some(buffer), Some(workload), _) => {
-                        let mode = EpMode::new(buffer.low_latency_mode, n);
-                        let normal = mode != EpMode::LowLatency;
-                        let routing = generate(workload, n);
-                        let logical = logical_bytes(
-                            mode,
-                            &routing,
-                            workload.hidden,
-                            workload.dispatch_dtype,
-                            workload.combine_dtype,
-                        );
-                        let job = DeepEpJob {
-                            mode,
-                            buffer: buffer.clone(),
-                            workload: workload.clone(),
-                            dispatch_config: normal
-                                .then(|| {
-                                    Config::resolve(
-                                        Direction::Dispatch,
-                                        n,
-                                        buffer.num_sms,
-                                        &buffer.dispatch_config,
-                                    )
-                                })
-                                .flatten(),
-                            combine_config: normal
-                                .then(|| {
-                                    Config::resolve(
-                                        Direction::Combine,
-                                        n,
-                                        buffer.num_sms,
-                                        &buffer.combine_config,
-                                    )
-                                })
-                                .flatten(),
-                            num_local_experts: workload.experts / n,
-                            routing,
-                            logical,
-                        };
-                        (
-                            JobKind::DeepEp(Box::new(job)),
-                            Some(mode),
-                            workload.warmup,
-                            workload.iterations,
-                            workload.ops.clone(),
-                        )
-                    }
-                    (_, _, Some(traffic)) => (
-                        JobKind::Traffic(traffic.clone()),
-                        None,
-                        traffic.warmup,
-                        traffic.iterations,
-                        traffic.ops.clone(),
-                    ),
-                    _ => unreachable!("the validator guarantees each job has a kind"),
-                };
-            let env = effective_env(&spec.env, spec.buffer.as_ref(), mode);
-            let nvshmem = NvshmemSettings::from_env(&env);
-            let sl = Sl(nvshmem.ib_sl);
-            jobs.push(JobPlan {
-                id: JobId(i as u32),
-                name: spec.name.clone(),
-                ranks: ranks.iter().map(|&r| Rank(r)).collect(),
-                vl: v
-                    .qos
-                    .vl_of(sl)
-                    .filter(|_| v.qos.kind == crate::scenario::schema::FabricKind::Infiniband),
-                env,
-                nvshmem,
-                sl,
-                warmup,
-                iterations,
-                ops,
-                reference: spec.reference.clone(),
-                kind,
-            });
+        let (diagnostics, plan) =
+            crate::deepep::validate::validate(&loaded.scenario, &loaded.source);
+        let plan = plan
+            .ok_or_else(|| EngineError::Invalid { file: loaded.file().to_string(), diagnostics })?;
+        for job in plan.jobs.iter().filter_map(JobPlan::deepep) {
+            job.generated();
         }
-        Ok(Plan {
-            scenario: scn.clone(),
-            scenario_file: loaded.file().to_string(),
-            scenario_sha256: loaded.sha256.clone(),
-            profile: v.profile,
-            topology: v.topology,
-            qos: v.qos,
-            jobs,
-            advisories,
-        })
+        Ok(plan)
     }
 
     pub fn job(&self, id: JobId) -> &JobPlan {

@@ -42,7 +42,7 @@ impl Verdict {
 pub struct RunResult {
     pub schema: u32,
     pub scenario: ScenarioRef,
-    /// `kind` ("sim" | "hw") plus the backend's identity and versions.
+    /// `kind` ("sim" | "hw" | "deepep") plus the backend's identity and versions.
     pub backend: BTreeMap<String, serde_json::Value>,
     pub eptwin: Provenance,
     pub verdict: Verdict,
@@ -185,6 +185,10 @@ pub struct ReferenceComparison {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampleRecord {
     pub iteration: u32,
+    /// The global rank whose printed line this sample is (documents imported from DeepEP's
+    /// tests, where one sample is one rank's line); absent for eptwin's own runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
     pub latency_us: f64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub phases_us: BTreeMap<String, f64>,
@@ -205,9 +209,15 @@ impl RunResult {
         self.jobs.iter().find(|j| j.name == name)
     }
 
-    /// The backend kind string ("sim", "hw").
+    /// The backend kind string ("sim", "hw", "deepep").
     pub fn backend_kind(&self) -> &str {
         self.backend.get("kind").and_then(|v| v.as_str()).unwrap_or("?")
+    }
+
+    /// Whether the numbers were measured on GPUs: by eptwin's hardware backend (`"hw"`) or by
+    /// DeepEP's own test scripts (`"deepep"`, imported).
+    pub fn is_measured(&self) -> bool {
+        is_measured_kind(self.backend_kind())
     }
 }
 
@@ -215,6 +225,11 @@ impl JobResult {
     pub fn op(&self, op: &str) -> Option<&OpResult> {
         self.ops.iter().find(|o| o.op == op)
     }
+}
+
+/// Whether a `backend.kind` names measured numbers (see [`RunResult::is_measured`]).
+pub fn is_measured_kind(kind: &str) -> bool {
+    matches!(kind, "hw" | "deepep")
 }
 
 /// The file a result goes to: `DIR/<scenario name>.json` (with a backend suffix when asked,

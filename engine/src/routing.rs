@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::plan::{Routing, Workload};
 use crate::rng::Rng;
-use crate::scenario::schema::{RoutingKind, WorkloadSpec};
 use crate::topology::NUM_MAX_NVL_PEERS;
 
 /// `topk_idx` and `topk_weights` for every rank, `[rank][token][slot]` flattened.
@@ -64,7 +64,7 @@ impl RoutingTable {
 
 /// Generate the routing of a workload for `num_ranks` ranks. Each rank draws from its own
 /// stream of the seed, so tables for different rank counts share no accidental structure.
-pub fn generate(workload: &WorkloadSpec, num_ranks: u32) -> RoutingTable {
+pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
     let topk = workload.topk as usize;
     let experts = workload.experts as usize;
     let tokens = workload.tokens_per_rank as usize;
@@ -75,12 +75,14 @@ pub fn generate(workload: &WorkloadSpec, num_ranks: u32) -> RoutingTable {
     // Groups for node-limited routing are DeepEP nodes (8 ranks), as test_internode.py does.
     let num_groups = (num_ranks / NUM_MAX_NVL_PEERS).max(1) as usize;
     let group_width = experts / num_groups;
-    let topk_groups = workload.topk_groups.unwrap_or(num_groups.min(4) as u32) as usize;
+    let topk_groups = match workload.routing {
+        Routing::NodeLimited { topk_groups } => topk_groups as usize,
+        _ => 0,
+    };
 
     // Zipf popularity, spread over the expert ids by a seeded permutation so that hot experts
     // do not all live on rank 0.
-    let zipf_inv_weight: Vec<f64> = if workload.routing == RoutingKind::Zipf {
-        let skew = workload.skew.unwrap_or(1.0);
+    let zipf_inv_weight: Vec<f64> = if let Routing::Zipf { skew } = workload.routing {
         let mut perm: Vec<usize> = (0..experts).collect();
         let mut rng = Rng::new(workload.seed, u64::MAX);
         for i in (1..experts).rev() {
@@ -107,7 +109,7 @@ pub fn generate(workload: &WorkloadSpec, num_ranks: u32) -> RoutingTable {
             let base = (rank * tokens + token) * topk;
             let slots = &mut topk_idx[base..base + topk];
             match workload.routing {
-                RoutingKind::Uniform => {
+                Routing::Uniform => {
                     // Top-k of i.i.d. scores = a uniformly random ordered k-subset: partial
                     // Fisher-Yates, undone afterwards so `order` stays the identity.
                     swaps.clear();
@@ -121,7 +123,7 @@ pub fn generate(workload: &WorkloadSpec, num_ranks: u32) -> RoutingTable {
                         order.swap(k, j);
                     }
                 }
-                RoutingKind::NodeLimited => {
+                Routing::NodeLimited { .. } => {
                     for s in scores.iter_mut() {
                         *s = rng.next_f64();
                     }
@@ -144,7 +146,7 @@ pub fn generate(workload: &WorkloadSpec, num_ranks: u32) -> RoutingTable {
                         *slot = order[k] as i32;
                     }
                 }
-                RoutingKind::Zipf => {
+                Routing::Zipf { .. } => {
                     // Efraimidis-Spirakis: top-k of ln(U) / w is weighted sampling without
                     // replacement.
                     for (e, s) in scores.iter_mut().enumerate() {
@@ -214,6 +216,7 @@ fn top_indices(values: &[f64], order: &mut [u32], k: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::schema::{RoutingKind, WorkloadSpec};
 
     /// The one-pass top-k gives what a selection and a sort under the same total order give,
     /// with many ties and for every k.
@@ -234,6 +237,11 @@ mod tests {
             let k = k.min(n);
             assert_eq!(got[..k], want[..k], "n {n} k {k} values {values:?}");
         }
+    }
+
+    /// Routing of a `[job.workload]` table for `ranks` ranks, as a plan generates it.
+    fn generate(w: &WorkloadSpec, ranks: u32) -> RoutingTable {
+        super::generate(&Workload::from_spec(w, ranks), ranks)
     }
 
     fn workload(routing: RoutingKind, tokens: u32, experts: u32) -> WorkloadSpec {

@@ -111,7 +111,8 @@ fn execute_all(plan: &Plan, transport: &mut dyn Transport) -> Result<OpOutcome, 
     Ok(all)
 }
 
-fn scenario_ref(plan: &Plan) -> ScenarioRef {
+/// The result's `scenario` block: name, sha256 of the text, file, description, cluster facts.
+pub fn scenario_ref(plan: &Plan) -> ScenarioRef {
     let t = &plan.topology;
     let facts = BTreeMap::from([
         ("profile".to_string(), json!(plan.profile.name)),
@@ -123,10 +124,10 @@ fn scenario_ref(plan: &Plan) -> ScenarioRef {
         ("fabric".to_string(), json!(format!("{:?}", plan.qos.kind).to_lowercase())),
     ]);
     ScenarioRef {
-        name: plan.scenario.name.clone(),
+        name: plan.name.clone(),
         sha256: plan.scenario_sha256.clone(),
         file: plan.scenario_file.clone(),
-        description: plan.scenario.description.clone(),
+        description: plan.description.clone(),
         facts,
     }
 }
@@ -158,7 +159,7 @@ fn job_result(job: &JobPlan, samples: &[OpSample]) -> JobResult {
         kind: job_kind_name(job).to_string(),
         ranks: job.num_ranks(),
         sl: job.sl.0,
-        vl: job.vl.map(|v| v.0),
+        vl: job.vl().map(|v| v.0),
         facts: job_facts(job),
         ops,
     }
@@ -195,22 +196,7 @@ fn op_result(job: &JobPlan, op: OpKind, samples: &[&OpSample]) -> OpResult {
         checks: checks.into_iter().collect(),
         wrong: samples.iter().filter(|s| !s.failures.is_empty()).count() as u32,
     };
-    let reference = job.reference.as_ref().and_then(|r| {
-        let published = r.ops.get(&op)?;
-        let error_pct = match (published.latency_us, published.logical_bw_gbps) {
-            (Some(lat), _) => (summary.latency_us.mean - lat) / lat * 100.0,
-            (None, Some(bw)) => (summary.logical_bw_gbps - bw) / bw * 100.0,
-            (None, None) => return None,
-        };
-        Some(ReferenceComparison {
-            source: r.source.clone(),
-            tolerance_pct: r.tolerance_pct,
-            latency_us: published.latency_us,
-            logical_bw_gbps: published.logical_bw_gbps,
-            error_pct,
-            within_tolerance: error_pct.abs() <= r.tolerance_pct,
-        })
-    });
+    let reference = reference_comparison(job, op, &summary);
     OpResult {
         op: op.to_string(),
         summary,
@@ -219,11 +205,36 @@ fn op_result(job: &JobPlan, op: OpKind, samples: &[&OpSample]) -> OpResult {
             .iter()
             .map(|s| SampleRecord {
                 iteration: s.iteration,
+                rank: None,
                 latency_us: s.latency_ns / 1e3,
                 phases_us: s.phases.iter().map(|p| (p.name.clone(), p.latency_ns / 1e3)).collect(),
             })
             .collect(),
     }
+}
+
+/// The job's published number for `op` (`[job.reference]`) and `summary`'s error against
+/// it: on latency when the reference gives one, else on bandwidth.
+pub fn reference_comparison(
+    job: &JobPlan,
+    op: OpKind,
+    summary: &Summary,
+) -> Option<ReferenceComparison> {
+    let r = job.reference.as_ref()?;
+    let published = r.ops.get(&op)?;
+    let error_pct = match (published.latency_us, published.logical_bw_gbps) {
+        (Some(lat), _) => (summary.latency_us.mean - lat) / lat * 100.0,
+        (None, Some(bw)) => (summary.logical_bw_gbps - bw) / bw * 100.0,
+        (None, None) => return None,
+    };
+    Some(ReferenceComparison {
+        source: r.source.clone(),
+        tolerance_pct: r.tolerance_pct,
+        latency_us: published.latency_us,
+        logical_bw_gbps: published.logical_bw_gbps,
+        error_pct,
+        within_tolerance: error_pct.abs() <= r.tolerance_pct,
+    })
 }
 
 /// Facts about a job for tables and reports (tokens, hidden, ...), from the plan.
@@ -236,9 +247,7 @@ pub fn job_facts(job: &JobPlan) -> BTreeMap<String, Value> {
             ("experts".into(), json!(d.workload.experts)),
             ("seed".into(), json!(d.workload.seed)),
         ]),
-        JobKind::Traffic(t) => {
-            BTreeMap::from([("bytes_per_rank".into(), json!(t.bytes_per_rank.bytes()))])
-        }
+        JobKind::Traffic(t) => BTreeMap::from([("bytes_per_rank".into(), json!(t.bytes_per_rank))]),
     }
 }
 

@@ -14,12 +14,13 @@ use crate::plan::{JobKind, Plan};
 use crate::scenario::schema::OpKind;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     Sim,
     Hw,
-    /// The run loop's test double.
-    Fake,
+    /// Numbers imported from DeepEP's own test scripts (`eptwin deepep import`): measured by
+    /// DeepEP, not by a transport of eptwin.
+    DeepEp,
 }
 
 impl BackendKind {
@@ -27,7 +28,7 @@ impl BackendKind {
         match self {
             BackendKind::Sim => "sim",
             BackendKind::Hw => "hw",
-            BackendKind::Fake => "fake",
+            BackendKind::DeepEp => "deepep",
         }
     }
 }

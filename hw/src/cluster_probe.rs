@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 
+use eptwin_engine::plan::ClusterSlot;
 use serde_json::{Value, json};
 
 use crate::error::HwError;
@@ -326,11 +327,11 @@ const REDUCE_TOKENS: u32 = 64;
 pub const REDUCE_SOURCES: [u32; 4] = [1, 2, 4, 8];
 
 /// The shared memory of a combine block at hidden `hidden`, top-k `topk`, `slots` per source:
-/// rows and weights, the mbarriers and heads the probe leaves unused (hw/src/intranode/rings.rs
-/// `cluster_combine_smem` lays out the same).
+/// rows and weights, the mbarriers and heads the probe leaves unused (the combine kernel's
+/// layout, engine `cluster_ring`).
 fn reduce_smem_bytes(hidden: u32, topk: u32, slots: u32) -> u32 {
-    let n = REDUCE_RANKS;
-    n * slots * (2 * hidden + 4 * topk) + n * slots * 8 + 4 * n
+    let slot = ClusterSlot::combine(hidden, topk).expect("the probe's shape moves in bulk");
+    slot.smem_bytes(REDUCE_RANKS, slots) as u32
 }
 
 /// The combine's reduction alone (`probe_cluster_reduce`): per token, `k` partial rows already

@@ -256,9 +256,15 @@ impl Gpu {
     }
 
     /// Wait for the stream with a host-side bound: a kernel that never exits becomes an error
-    /// naming the op instead of a hang.
+    /// naming the op instead of a hang. `interrupted` is polled while waiting: a reason it
+    /// gives (another process of the run failed) ends the wait with that reason.
     #[allow(clippy::disallowed_methods)] // real time: the host watchdog
-    pub fn wait(&self, op: &str, timeout_ms: u64) -> Result<(), HwError> {
+    pub fn wait(
+        &self,
+        op: &str,
+        timeout_ms: u64,
+        interrupted: &dyn Fn() -> Option<String>,
+    ) -> Result<(), HwError> {
         self.bind()?;
         let start = std::time::Instant::now();
         loop {
@@ -273,6 +279,12 @@ impl Gpu {
                         result::DriverError(other),
                     ));
                 }
+            }
+            if let Some(reason) = interrupted() {
+                return Err(HwError::Processes(format!(
+                    "{op} on GPU {} abandoned: {reason}",
+                    self.ordinal
+                )));
             }
             if start.elapsed().as_millis() as u64 > timeout_ms {
                 return Err(HwError::HostTimeout {
@@ -439,6 +451,71 @@ impl Gpu {
         }
     }
 
+    /// Whether this process's context on the GPU goes through the MPS server
+    /// (`CU_DEVICE_ATTRIBUTE_MPS_ENABLED`): kernels of several processes then run at once
+    /// instead of time-slicing.
+    pub fn mps_enabled(&self) -> Result<bool, HwError> {
+        self.bind()?;
+        // SAFETY: valid device and attribute.
+        let v = unsafe {
+            result::device::get_attribute(
+                self.device,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED,
+            )
+        }
+        .map_err(self.err("cuDeviceGetAttribute"))?;
+        Ok(v != 0)
+    }
+
+    /// An IPC handle another process opens to reach `buf` (`cuIpcGetMemHandle` on the
+    /// allocation holding it), and `buf`'s offset in that allocation.
+    pub fn ipc_export(&self, buf: &DeviceBuffer) -> Result<IpcExport, HwError> {
+        self.bind()?;
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: `buf.ptr` lies in a live allocation of this context.
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, buf.ptr) }
+            .result()
+            .map_err(self.err("cuMemGetAddressRange"))?;
+        let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: `base` is the start of a cuMemAlloc allocation; the handle is written whole.
+        unsafe { sys::cuIpcGetMemHandle(&mut handle, base) }
+            .result()
+            .map_err(self.err("cuIpcGetMemHandle"))?;
+        Ok(IpcExport {
+            handle: handle.reserved.iter().map(|&b| b as u8).collect(),
+            offset: buf.ptr - base,
+        })
+    }
+
+    /// Maps another process's allocation into this context (`cuIpcOpenMemHandle`, peer access
+    /// enabled lazily when the allocation is on another GPU); unmapped on drop.
+    pub fn ipc_open(&self, export: &IpcExport) -> Result<IpcMapping, HwError> {
+        let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+        if export.handle.len() != handle.reserved.len() {
+            return Err(HwError::Setup {
+                context: format!("GPU {}", self.ordinal),
+                message: format!("an IPC handle of {} bytes (64 expected)", export.handle.len()),
+            });
+        }
+        for (d, &s) in handle.reserved.iter_mut().zip(&export.handle) {
+            *d = s as std::ffi::c_char;
+        }
+        self.bind()?;
+        let mut base = 0u64;
+        // SAFETY: the handle came from cuIpcGetMemHandle in another process; the mapping is
+        // closed in IpcMapping's Drop.
+        unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut base,
+                handle,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        }
+        .result()
+        .map_err(self.err("cuIpcOpenMemHandle"))?;
+        Ok(IpcMapping { base, ptr: base + export.offset, ctx: self.ctx })
+    }
+
     pub fn can_access_peer(&self, peer: &Gpu) -> Result<bool, HwError> {
         let mut v = 0;
         // SAFETY: valid devices.
@@ -530,6 +607,37 @@ impl Drop for PinnedHost {
         unsafe {
             let _ = result::ctx::set_current(self.ctx);
             let _ = sys::cuMemFreeHost(self.host.cast());
+        }
+    }
+}
+
+/// What another process needs to map a buffer: the allocation's IPC handle (64 bytes) and the
+/// buffer's offset in that allocation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IpcExport {
+    pub handle: Vec<u8>,
+    pub offset: u64,
+}
+
+/// Another process's buffer mapped into this process (`ptr` is the buffer, `base` the mapped
+/// allocation); unmapped on drop.
+pub struct IpcMapping {
+    base: u64,
+    pub ptr: u64,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: a mapped address and its context; shared references only read the address, and
+// only Drop calls the driver.
+unsafe impl Send for IpcMapping {}
+unsafe impl Sync for IpcMapping {}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        // SAFETY: opened by cuIpcOpenMemHandle in this context.
+        unsafe {
+            let _ = result::ctx::set_current(self.ctx);
+            let _ = sys::cuIpcCloseMemHandle(self.base);
         }
     }
 }

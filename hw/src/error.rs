@@ -35,6 +35,10 @@ pub enum HwError {
     /// error names (node, peer, QP, tag, offset).
     #[error("internode wire: {0}")]
     Wire(String),
+    /// Another process of a multi-process run failed (the line names it, or is the same in
+    /// every process that failed).
+    #[error("{0}")]
+    Processes(String),
 }
 
 impl From<HwError> for TransportError {
@@ -71,6 +75,7 @@ pub enum WaitKind {
     ForwardStall,
     UnexpectedToken,
     WrongToken,
+    ProcessBarrier,
     Unknown(i32),
 }
 
@@ -87,15 +92,16 @@ impl WaitKind {
             8 => WaitKind::LlRecvCount,
             9 => WaitKind::LlCombineFlag,
             10 => WaitKind::ProbeFlag,
-            11 => WaitKind::DoorbellSlot,
-            12 => WaitKind::RdmaCredit,
-            13 => WaitKind::RdmaCount,
-            14 => WaitKind::RdmaTail,
-            15 => WaitKind::NvlSpace,
-            16 => WaitKind::NvlTail,
-            17 => WaitKind::ForwardStall,
-            18 => WaitKind::UnexpectedToken,
-            19 => WaitKind::WrongToken,
+            11 => WaitKind::ProcessBarrier,
+            12 => WaitKind::DoorbellSlot,
+            13 => WaitKind::RdmaCredit,
+            14 => WaitKind::RdmaCount,
+            15 => WaitKind::RdmaTail,
+            16 => WaitKind::NvlSpace,
+            17 => WaitKind::NvlTail,
+            18 => WaitKind::ForwardStall,
+            19 => WaitKind::UnexpectedToken,
+            20 => WaitKind::WrongToken,
             other => WaitKind::Unknown(other),
         }
     }
@@ -187,6 +193,11 @@ impl ErrorRecord {
                     self.observed, self.expected, self.peer
                 );
             }
+            WaitKind::ProcessBarrier => format!(
+                "waited at the barrier before the timed launch for the other processes ({} of \
+                 {} arrivals in)",
+                self.observed, self.expected
+            ),
             WaitKind::Unknown(k) => format!("waited (unknown wait kind {k})"),
         };
         format!(
@@ -234,12 +245,12 @@ mod tests {
         let e: TransportError = HwError::KernelTimeout { op: "dispatch".into(), what: line }.into();
         assert!(matches!(e, TransportError::Timeout(_)));
         let wrong =
-            ErrorRecord { kind: 19, rank: 1, channel: 0, peer: 9, expected: 4, observed: 6, ..rec };
+            ErrorRecord { kind: 20, rank: 1, channel: 0, peer: 9, expected: 4, observed: 6, ..rec };
         assert_eq!(
             wrong.describe(10),
             "rank 1 channel 0 found token 6 in the slot of token 4 from rank 9"
         );
-        let credit = ErrorRecord { kind: 12, ..rec };
+        let credit = ErrorRecord { kind: 13, ..rec };
         assert!(credit.describe(10).contains("RDMA ring credits from rank 2"));
         let w: TransportError = HwError::Unavailable("no GPU".into()).into();
         assert_eq!(w, TransportError::Unsupported("no GPU".into()));

@@ -8,7 +8,9 @@ use eptwin_engine::transport::OpSample;
 
 use crate::cuda::{DeviceBuffer, Event, Gpu, Module};
 use crate::error::{ErrorRecord, HwError};
+use crate::group::GroupWatch;
 use crate::kernel_args;
+use crate::processes::ProcessBarrier;
 
 /// DeepEP's tests flush L2 with a 256 MB memset before every timed call (deepep.md §17).
 pub const L2_FLUSH_BYTES: usize = 256_000_000;
@@ -61,19 +63,42 @@ pub(crate) fn dev_of_ref(devs: &Devices, gpu: u32) -> &Device {
         .expect("every rank's GPU is in the placement")
 }
 
-/// The GPUs of one job.
+/// The GPUs of one job (this process's, in a multi-process run).
 pub struct Devices {
     pub list: Vec<Device>,
     flush_value: u32,
     pub kernel_timeout_ms: u64,
     pub host_timeout_ms: u64,
+    /// Multi-process runs: the GPU-side barrier before each timed launch.
+    pub barrier: Option<ProcessBarrier>,
+    /// Multi-process runs: stream waits end as soon as the process group has failed.
+    pub watch: Option<GroupWatch>,
 }
 
 impl Devices {
     pub fn new(list: Vec<Device>, kernel_timeout_ms: u64) -> Self {
         // The host waits long enough for every chained bounded wait to give up first.
         let host_timeout_ms = kernel_timeout_ms * 4 + 30_000;
-        Devices { list, flush_value: 0, kernel_timeout_ms, host_timeout_ms }
+        Devices {
+            list,
+            flush_value: 0,
+            kernel_timeout_ms,
+            host_timeout_ms,
+            barrier: None,
+            watch: None,
+        }
+    }
+
+    /// Right before a timed launch: in a multi-process run, every stream waits on the GPU for
+    /// every other process's streams (untimed), so launch skew between processes is not
+    /// measured and what each process queued before (counter resets, poisoning) is done before
+    /// any peer writes. Nothing in a single-process run.
+    pub fn barrier_before_launch(&mut self) -> Result<(), HwError> {
+        let timeout_ns = self.timeout_ns();
+        match self.barrier.as_mut() {
+            Some(b) => b.launch(&self.list, timeout_ns),
+            None => Ok(()),
+        }
     }
 
     pub fn timeout_ns(&self) -> u64 {
@@ -96,10 +121,12 @@ impl Devices {
         Ok(())
     }
 
-    /// Wait for every GPU (host watchdog), then turn a device error record into an error.
+    /// Wait for every GPU (host watchdog; in a multi-process run also until the group fails),
+    /// then turn a device error record into an error.
     pub fn finish(&self, op: &str) -> Result<(), HwError> {
+        let group_failed = || self.watch.as_ref().and_then(|w| w.failure()).map(|f| f.to_string());
         for d in &self.list {
-            d.gpu.wait(op, self.host_timeout_ms)?;
+            d.gpu.wait(op, self.host_timeout_ms, &group_failed)?;
         }
         for d in &self.list {
             let mut rec = [ErrorRecord::default()];
@@ -205,6 +232,21 @@ pub fn digest(dev: &Device, regions: &[DigestRegion]) -> Result<u64, HwError> {
     Ok(v[0])
 }
 
+/// The digest of each rank's regions (`regions_of(rank)`), for every rank on every device of
+/// `devs`. The digests of a device's ranks sum (wrapping) to the digest of all their regions.
+pub fn digest_ranks(
+    devs: &Devices,
+    regions_of: impl Fn(u32) -> Vec<DigestRegion>,
+) -> Result<BTreeMap<u32, u64>, HwError> {
+    let mut out = BTreeMap::new();
+    for dev in &devs.list {
+        for &r in &dev.ranks {
+            out.insert(r, digest(dev, &regions_of(r))?);
+        }
+    }
+    Ok(out)
+}
+
 /// Records an iteration's output digest against the reference one (the host-checked
 /// iteration's, or the first seen before it: a mismatch means ranks raced) and, for the
 /// host-checked iteration, the byte-for-byte check's checks and failures; that iteration's digest
@@ -281,7 +323,7 @@ pub fn bf16_close(got: f32, want: f32, scale: f32) -> bool {
 mod tests {
     use super::*;
     use eptwin_engine::ids::JobId;
-    use eptwin_engine::scenario::schema::OpKind;
+    use eptwin_engine::plan::OpKind;
 
     #[test]
     fn digests_are_checked_against_the_host_checked_iteration() {

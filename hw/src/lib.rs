@@ -4,7 +4,9 @@
 //! (`placement`), compiles the embedded kernels for the device (`compile`), measures the copy
 //! ceilings and the NCCL all-to-all baseline in the same run (`probes`, `nccl`), then times
 //! each dispatch/combine with CUDA events after an L2 flush and checks the received tokens and
-//! the combined sums the way DeepEP's tests do (`intranode`, `low_latency`).
+//! the combined sums the way DeepEP's tests do (`intranode`, `low_latency`). One job's ranks
+//! may also run as several processes, each with its own block of ranks, sharing buffers through
+//! CUDA IPC (`processes`, docs/cluster.md).
 //!
 //! Architecture Invariant: every GPU library is loaded at run time; a missing GPU, driver,
 //! NVRTC or NCCL makes `capabilities()` report the plan as waived with one line, never a panic.
@@ -28,6 +30,7 @@ pub mod nvml;
 pub mod options;
 pub mod placement;
 pub mod probes;
+pub mod processes;
 pub mod rdma;
 pub mod wire;
 
@@ -37,7 +40,7 @@ use eptwin_engine::Plan;
 use eptwin_engine::deepep::config::EpMode;
 use eptwin_engine::ids::JobId;
 use eptwin_engine::plan::{DeepEpJob, JobKind};
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
 };
@@ -47,10 +50,12 @@ use serde_json::{Value, json};
 use crate::cuda::Gpu;
 use crate::error::HwError;
 use crate::exec::{Device, Devices};
+use crate::group::Launcher;
 use crate::intranode::{NormalJob, NormalLaunch};
 use crate::low_latency::{LlJob, LlLaunch};
 use crate::placement::{GpuInventory, Placement};
 use crate::probes::round3;
+use crate::processes::{PREPARE_TIMEOUT, ProcessBarrier, ProcessOp, Processes};
 
 pub use crate::options::{HwOptions, RingsWanted};
 
@@ -82,6 +87,10 @@ struct State {
     transported_bytes: BTreeMap<OpKind, u64>,
     nccl_us: BTreeMap<OpKind, f64>,
     memcpy_gbps: Option<f64>,
+    /// (hidden, dispatch dtype): the NCCL baseline's row sizes.
+    row_shape: (u32, Dtype),
+    /// This process's first job rank (named in the process barrier's timeout record).
+    first_rank: u32,
 }
 
 pub struct HwTransport {
@@ -92,13 +101,125 @@ pub struct HwTransport {
     identity: BTreeMap<String, Value>,
     state: Option<State>,
     measurements: BTreeMap<String, Value>,
+    /// The other processes of a multi-process run; `None`: this process runs every rank.
+    procs: Option<Processes>,
+    launcher: Launcher,
+    hosts: Vec<String>,
 }
 
+/// How long processes wait for each other to find their GPUs.
+const DETECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 impl HwTransport {
+    /// Every rank in this process, started without a launcher.
     pub fn new(options: HwOptions) -> Self {
+        HwTransport::single(options, Launcher::Single)
+    }
+
+    /// Every rank in this process, started by `launcher` (a launch of one process).
+    pub fn single(options: HwOptions, launcher: Launcher) -> Self {
         let env = detect();
-        let identity = env.as_ref().map(identity).unwrap_or_default();
-        HwTransport { options, env, identity, state: None, measurements: BTreeMap::new() }
+        HwTransport {
+            options,
+            identity: env.as_ref().map(identity).unwrap_or_default(),
+            env,
+            state: None,
+            measurements: BTreeMap::new(),
+            procs: None,
+            launcher,
+            hosts: vec![group::system_hostname()],
+        }
+    }
+
+    /// This process's block of ranks in a multi-process run. Collective: every process finds
+    /// its GPUs and all agree (a process without a usable GPU waives the run for all, with its
+    /// reason). Fails when another process fails or leaves.
+    pub fn in_processes(options: HwOptions, mut procs: Processes) -> Result<Self, HwError> {
+        let env = detect();
+        let local = env.as_ref().map(|_| ()).map_err(|r| HwError::Unavailable(r.clone()));
+        let env = match procs.agree_on("GPU detection", local, DETECT_TIMEOUT) {
+            Ok(()) => env,
+            Err(HwError::Unsupported(reason)) => Err(reason),
+            Err(other) => return Err(other),
+        };
+        Ok(HwTransport {
+            options,
+            identity: env.as_ref().map(identity).unwrap_or_default(),
+            env,
+            state: None,
+            measurements: BTreeMap::new(),
+            launcher: procs.launcher(),
+            hosts: procs.hosts(),
+            procs: Some(procs),
+        })
+    }
+
+    /// Ends the run's process group after a last barrier (nothing for a single process);
+    /// every process calls it once its run loop is done.
+    pub fn finish(mut self, timeout: std::time::Duration) -> Result<(), group::GroupError> {
+        let Some(procs) = self.procs.take() else { return Ok(()) };
+        let outcome = procs.finish(timeout);
+        if outcome.is_err() {
+            // The run failed in another process: a kernel here may still spin on a peer that
+            // is gone, and freeing the buffers would wait for it. The process is about to end
+            // and the driver reclaims everything.
+            std::mem::forget(self.state.take());
+        }
+        outcome
+    }
+
+    /// The process-group keys of `backend` (docs/results.md): processes, launcher, hosts and
+    /// how internode bytes moved: `wire` is "none" until a job's bytes crossed nodes, then the
+    /// wire, with what it was set up with in `wire_report`.
+    fn process_identity(&self) -> Vec<(String, Value)> {
+        let report = self.state.as_ref().and_then(State::wire_report);
+        let mut keys = vec![
+            ("processes".into(), json!(self.hosts.len())),
+            ("launcher".into(), json!(self.launcher.as_str())),
+            ("hosts".into(), json!(self.hosts)),
+            ("wire".into(), json!(report.map_or("none", |r| r.wire.as_str()))),
+        ];
+        if let Some(r) = report {
+            keys.push(("wire_report".into(), json!(r)));
+        }
+        keys
+    }
+
+    /// The job's one op on this process's ranks, and on the host-checked iteration their
+    /// output digests.
+    fn run_op(
+        state: &mut State,
+        job: JobId,
+        op: OpKind,
+        iteration: u32,
+        warmup: bool,
+    ) -> Result<ProcessOp, HwError> {
+        let gpu_of_rank = state.placement.gpu_of_rank.clone();
+        let devs = &mut state.devs;
+        let sample = match (&mut state.runtime, op) {
+            (Runtime::Normal(j), OpKind::Dispatch) => {
+                j.dispatch(devs, &gpu_of_rank, iteration, warmup, job)
+            }
+            (Runtime::Normal(j), OpKind::Combine) => {
+                j.combine(devs, &gpu_of_rank, iteration, warmup, job)
+            }
+            (Runtime::LowLatency(j), OpKind::Dispatch) => {
+                j.dispatch(devs, &gpu_of_rank, iteration, warmup, job)
+            }
+            (Runtime::LowLatency(j), OpKind::Combine) => {
+                j.combine(devs, &gpu_of_rank, iteration, warmup, job)
+            }
+            (_, other) => {
+                return Err(HwError::Unsupported(format!(
+                    "op {other} is not a DeepEP dispatch or combine"
+                )));
+            }
+        }?;
+        let rank_digests = match &mut state.runtime {
+            Runtime::Normal(j) => j.take_rank_digests(),
+            Runtime::LowLatency(j) => j.take_rank_digests(),
+        };
+        Ok(ProcessOp { sample, rank_digests: rank_digests.unwrap_or_default() })
     }
 }
 
@@ -194,7 +315,7 @@ impl Transport for HwTransport {
         match &self.env {
             Err(reason) => Capabilities {
                 backend: BackendKind::Hw,
-                identity: BTreeMap::new(),
+                identity: self.process_identity().into_iter().collect(),
                 unavailable: Some(reason.clone()),
                 modes: Vec::new(),
                 traffic: false,
@@ -204,18 +325,15 @@ impl Transport for HwTransport {
                 rdma_reason: None,
             },
             Ok(_) => {
-                let mut identity = self.identity.clone();
-                // `backend.wire` (DESIGN.md "Results"): "none" until a job's bytes crossed
-                // nodes; then the wire and what it was set up with.
-                let report = self.state.as_ref().and_then(State::wire_report);
-                identity.insert("wire".into(), json!(report.map_or("none", |r| r.wire.as_str())));
-                if let Some(r) = report {
-                    identity.insert("wire_report".into(), json!(r));
-                }
                 let wire = wire_choice(&self.options);
                 Capabilities {
                     backend: BackendKind::Hw,
-                    identity,
+                    identity: self
+                        .identity
+                        .clone()
+                        .into_iter()
+                        .chain(self.process_identity())
+                        .collect(),
                     unavailable: None,
                     modes: vec![EpMode::Intranode, EpMode::Internode, EpMode::LowLatency],
                     traffic: false,
@@ -233,7 +351,25 @@ impl Transport for HwTransport {
             Ok(env) => env,
             Err(reason) => return Err(TransportError::Unsupported(reason.clone())),
         };
-        let state = prepare(&self.options, env, plan, &mut self.measurements)?;
+        let view =
+            self.procs.as_ref().map(|p| ProcessView { block: p.my_block(), processes: p.count() });
+        let local = prepare_local(&self.options, env, plan, &mut self.measurements, view.as_ref());
+        // Every process has done its own part; a waiver or failure anywhere is everyone's.
+        let mut state = match self.procs.as_mut() {
+            Some(p) => {
+                p.agree_on("prepare (placement, kernels, buffers)", local, PREPARE_TIMEOUT)?
+            }
+            None => local?,
+        };
+        if let Err(e) =
+            connect(&self.options, &mut state, self.procs.as_mut(), &mut self.measurements)
+        {
+            return Err(match &self.procs {
+                Some(p) => p.abort(e),
+                None => e,
+            }
+            .into());
+        }
         self.state = Some(state);
         Ok(())
     }
@@ -256,28 +392,31 @@ impl Transport for HwTransport {
                 message: format!("op for job {job:?}, prepared {:?}", state.job),
             });
         }
-        let gpu_of_rank = state.placement.gpu_of_rank.clone();
-        let devs = &mut state.devs;
-        let sample = match (&mut state.runtime, op) {
-            (Runtime::Normal(j), OpKind::Dispatch) => {
-                j.dispatch(devs, &gpu_of_rank, *iteration, *warmup, *job)
+        let local = HwTransport::run_op(state, *job, *op, *iteration, *warmup);
+        let merged = match self.procs.as_mut() {
+            None => local?,
+            Some(p) => {
+                let local = match local {
+                    // Peers may be blocked in a GPU wait on this process: tell them at once.
+                    Err(e) if !matches!(e, HwError::Unsupported(_)) => {
+                        return Err(p.abort(e).into());
+                    }
+                    other => other,
+                };
+                let timeout = std::time::Duration::from_millis(state.devs.host_timeout_ms)
+                    + std::time::Duration::from_secs(120);
+                let label =
+                    format!("{}{op} iteration {iteration}", if *warmup { "warmup " } else { "" });
+                p.merge_op(&label, local, timeout)?
             }
-            (Runtime::Normal(j), OpKind::Combine) => {
-                j.combine(devs, &gpu_of_rank, *iteration, *warmup, *job)
-            }
-            (Runtime::LowLatency(j), OpKind::Dispatch) => {
-                j.dispatch(devs, &gpu_of_rank, *iteration, *warmup, *job)
-            }
-            (Runtime::LowLatency(j), OpKind::Combine) => {
-                j.combine(devs, &gpu_of_rank, *iteration, *warmup, *job)
-            }
-            (_, other) => {
-                return Err(TransportError::Unsupported(format!(
-                    "op {other} is not a DeepEP dispatch or combine"
-                )));
-            }
+        };
+        let sample = merged.sample;
+        for (rank, digest) in merged.rank_digests {
+            self.measurements.insert(
+                format!("hw.output_digest.{op}.rank{rank}"),
+                json!(format!("{digest:#018x}")),
+            );
         }
-        .map_err(TransportError::from)?;
         if !*warmup {
             state.latencies_ns.entry(*op).or_default().push(sample.latency_ns);
             state.transported_bytes.insert(*op, sample.nvlink_bytes);
@@ -330,11 +469,21 @@ fn load(
     Ok(())
 }
 
-fn prepare(
+/// Where this process stands in a multi-process run, as prepare needs it.
+struct ProcessView {
+    /// The scenario ranks this process runs.
+    block: std::ops::Range<usize>,
+    processes: usize,
+}
+
+/// Everything a process prepares on its own (placement, its GPUs, kernels, its ranks'
+/// buffers); [`connect`] then does what needs the other processes.
+fn prepare_local(
     options: &HwOptions,
     env: &mut Environment,
     plan: &Plan,
     m: &mut BTreeMap<String, Value>,
+    view: Option<&ProcessView>,
 ) -> Result<State, HwError> {
     let job =
         plan.jobs.first().ok_or_else(|| HwError::Unsupported("the scenario has no job".into()))?;
@@ -383,6 +532,25 @@ fn prepare(
         None => None,
     };
     let n = job.num_ranks();
+    // The job's ranks this process runs (all of them in a single-process run).
+    let mine: Vec<u32> = match view {
+        None => (0..n).collect(),
+        Some(v) => {
+            (0..n).filter(|&r| v.block.contains(&(job.ranks[r as usize].0 as usize))).collect()
+        }
+    };
+    if mine.is_empty() {
+        return Err(HwError::Setup {
+            context: format!("job {:?}", job.name),
+            message: "this process runs none of the job's ranks".into(),
+        });
+    }
+    // A node's regions, rings and proxy belong to one process: a process runs whole nodes.
+    if let Some((geometry, _)) = &across {
+        internode::gpu::owned_nodes(geometry, &mine)?;
+    }
+    // Every process places the whole job the same way and opens the GPUs of its own ranks; the
+    // plan's nodes are stacked onto this machine's GPUs.
     let nodes = across.as_ref().map_or(1, |(g, _)| g.num_nodes());
     let placement =
         placement::place_nodes(n, plan.topology.ranks_per_gpu, nodes, &Inventory(&env.gpus))
@@ -391,8 +559,13 @@ fn prepare(
     let mut taken: Vec<Option<Gpu>> = std::mem::take(&mut env.gpus).into_iter().map(Some).collect();
     let mut list = Vec::new();
     for &g in &placement.gpus {
+        let ranks: Vec<u32> =
+            placement.ranks_on(g).into_iter().filter(|r| mine.contains(r)).collect();
+        if ranks.is_empty() {
+            continue;
+        }
         let gpu = taken[g as usize].take().expect("placement GPUs are distinct");
-        list.push(Device::new(gpu, placement.ranks_on(g))?);
+        list.push(Device::new(gpu, ranks)?);
     }
     env.gpus = taken.into_iter().flatten().collect();
     for a in &list {
@@ -402,14 +575,29 @@ fn prepare(
             }
         }
     }
+    // Ranks of every process on each GPU: launches share a GPU's resident blocks.
+    let ranks_on_gpu = |g: usize| placement.ranks_on(g as u32).len() as u32;
+    if let Some(v) = view {
+        for dev in &list {
+            let all = ranks_on_gpu(dev.gpu.ordinal);
+            if all > dev.ranks.len() as u32 && !dev.gpu.mps_enabled()? {
+                return Err(HwError::Unsupported(format!(
+                    "{all} ranks of {} processes share GPU {} but this process's context does not \
+                     go through MPS (without it their kernels time-slice, ~5 ms per handoff): \
+                     start the MPS control daemon (`nvidia-cuda-mps-control -d`) and run again",
+                    v.processes, dev.gpu.ordinal
+                )));
+            }
+        }
+    }
     let mut devs = Devices::new(list, options.kernel_timeout_ms);
     let compiler = compile::Compiler::new(env.nvrtc, options.kernel_cache_dir.clone());
     let sm_count = devs.list[0].gpu.sm_count;
-    let max_local = devs.list.iter().map(|d| d.ranks.len() as u32).max().unwrap_or(1);
+    let max_local = placement.gpus.iter().map(|&g| ranks_on_gpu(g as usize)).max().unwrap_or(1);
     let w = &d.workload;
 
     // Flags between ranks need .sys scope only when peers sit on other GPUs.
-    let scope = if devs.list.len() > 1 || options.flag_scope_sys {
+    let scope = if placement.gpus.len() > 1 || options.flag_scope_sys {
         kernel_defines::FlagScope::Sys
     } else {
         kernel_defines::FlagScope::Gpu
@@ -424,6 +612,9 @@ fn prepare(
     ] {
         load(&compiler, &mut devs, id, name, &[])?;
     }
+    if view.is_some() {
+        load(&compiler, &mut devs, ModuleId::Sync, "sync", &[])?;
+    }
     let mut normal_shape = None;
     let mut cluster_rings = intranode::ClusterRings::default();
     match d.mode {
@@ -434,10 +625,10 @@ fn prepare(
             };
             let ring_inputs = intranode::RingInputs {
                 ranks: n,
-                one_gpu: devs.list.len() == 1 && dev0.ranks.len() as u32 == n,
+                one_launch: view.is_none() && placement.gpus.len() == 1,
                 compute_major: dev0.gpu.compute_capability.0,
                 hidden: w.hidden,
-                fp8: w.dispatch_dtype == eptwin_engine::scenario::schema::Dtype::Fp8,
+                fp8: w.dispatch_dtype == Dtype::Fp8,
                 topk: w.topk,
                 dispatch_recv_tokens: cfg_recv(&d.dispatch_config),
                 combine_recv_tokens: cfg_recv(&d.combine_config),
@@ -531,6 +722,7 @@ fn prepare(
             load(&compiler, &mut devs, ModuleId::Internode, "internode", &defines)?;
             let threads = kernel_defines::INTERNODE_THREADS;
             let blocks_per_rank = 2 * geometry.num_channels;
+            // Every process's blocks on the GPU wait on each other: all must be resident.
             let per_gpu = max_local * blocks_per_rank;
             let dev0 = &devs.list[0];
             let module = dev0.module("internode")?;
@@ -567,20 +759,9 @@ fn prepare(
     );
     m.insert("hw.kernel_timeout_ms".into(), json!(options.kernel_timeout_ms));
 
-    let mut memcpy_gbps = None;
-    if options.probes {
-        let p = probes::run(&mut devs)?;
-        memcpy_gbps = p.get("probe.memcpy_dtod_bw_gbps").and_then(|v| v.as_f64());
-        if let Some(bw) = memcpy_gbps {
-            tracing::info!(
-                "memcpy ceiling (1 GiB device-to-device cuMemcpy): {bw:.1} GB/s copied, \
-                 {:.1} GB/s read+write",
-                2.0 * bw
-            );
-        }
-        m.extend(p);
-    }
-    if options.cluster_probe {
+    if options.cluster_probe && view.is_some() {
+        tracing::warn!("EPTWIN_CLUSTER_PROBE ignored: the probes run in single-process runs only");
+    } else if options.cluster_probe {
         // Thread-block clusters need sm_90; the probe is opt-in and never gates a run's kernels.
         if devs.list[0].gpu.compute_capability.0 >= 9 {
             for (name, threads) in cluster_probe::MODULES {
@@ -604,49 +785,6 @@ fn prepare(
 
     let gpu_of_rank = placement.gpu_of_rank.clone();
     let runtime = match d.mode {
-        EpMode::Internode => {
-            let (geometry, _) = across.clone().expect("checked above");
-            let (threads, _, resident) = normal_shape.expect("set for internode mode above");
-            let dev0 = &devs.list[0];
-            let module = dev0.module("internode")?;
-            let (mut regs, mut local) = (0, 0);
-            for k in ["internode_dispatch", "internode_combine"] {
-                let (r, l) = dev0.gpu.function_resources(module.function(k))?;
-                regs = regs.max(r);
-                local = local.max(l);
-            }
-            let blocks_per_rank = 2 * geometry.num_channels;
-            let launch = NormalLaunch {
-                threads,
-                min_blocks: 1,
-                blocks_per_rank,
-                blocks_per_gpu: max_local * blocks_per_rank,
-                resident_blocks_per_sm: resident,
-                registers: regs,
-                local_bytes: local,
-                rings: intranode::ClusterRings::default(),
-            };
-            let config = wire_config.as_ref().expect("set with the geometry");
-            let job_rt = NormalJob::prepare_across_nodes(
-                &mut devs,
-                job,
-                d,
-                &gpu_of_rank,
-                launch,
-                geometry,
-                config,
-                &internode::gpu::SingleProcess,
-            )?;
-            if let Some((mut kernels, _)) = job_rt.across_nodes_measurements() {
-                kernels["registers_per_thread"] = json!(regs);
-                kernels["local_memory_bytes_per_thread"] = json!(local);
-                kernels["resident_blocks_per_sm"] = json!(resident);
-                kernels["effective_sms_per_rank"] =
-                    json!(round3(sm_count as f64 / max_local as f64));
-                m.insert("hw.internode_kernels".into(), kernels);
-            }
-            Runtime::Normal(job_rt)
-        }
         EpMode::Intranode => {
             let cfg = d.dispatch_config.as_ref().expect("normal mode has a dispatch config");
             let (threads, min_blocks, resident) = normal_shape.expect("set for normal mode above");
@@ -682,6 +820,7 @@ fn prepare(
                     "blocks_per_rank": launch.blocks_per_rank,
                     "channels_per_rank": launch.blocks_per_rank / 2,
                     "blocks_per_gpu": launch.blocks_per_gpu,
+                    "blocks_per_launch": devs.list.iter().map(|d| d.ranks.len() as u32 * cfg.num_sms).max().unwrap_or(0),
                     "resident_blocks_per_sm": launch.resident_blocks_per_sm,
                     "effective_sms_per_rank": round3(sm_count as f64 / max_local as f64),
                     "registers_per_thread": launch.registers,
@@ -698,7 +837,47 @@ fn prepare(
             );
             Runtime::Normal(NormalJob::prepare(&mut devs, job, d, &gpu_of_rank, options, launch)?)
         }
-        _ => {
+        EpMode::Internode => {
+            let (geometry, _) = across.clone().expect("checked above");
+            let (threads, _, resident) = normal_shape.expect("set for internode mode above");
+            let dev0 = &devs.list[0];
+            let module = dev0.module("internode")?;
+            let (mut regs, mut local) = (0, 0);
+            for k in ["internode_dispatch", "internode_combine"] {
+                let (r, l) = dev0.gpu.function_resources(module.function(k))?;
+                regs = regs.max(r);
+                local = local.max(l);
+            }
+            let blocks_per_rank = 2 * geometry.num_channels;
+            let launch = NormalLaunch {
+                threads,
+                min_blocks: 1,
+                blocks_per_rank,
+                blocks_per_gpu: max_local * blocks_per_rank,
+                resident_blocks_per_sm: resident,
+                registers: regs,
+                local_bytes: local,
+                rings: intranode::ClusterRings::default(),
+            };
+            let config = wire_config.clone().expect("set with the geometry");
+            let job_rt = NormalJob::prepare_across_nodes(
+                &mut devs,
+                job,
+                d,
+                &gpu_of_rank,
+                launch,
+                geometry,
+                config,
+            )?;
+            let mut kernels = job_rt.across_nodes_kernels().expect("a job across nodes");
+            kernels["registers_per_thread"] = json!(regs);
+            kernels["local_memory_bytes_per_thread"] = json!(local);
+            kernels["resident_blocks_per_sm"] = json!(resident);
+            kernels["effective_sms_per_rank"] = json!(round3(sm_count as f64 / max_local as f64));
+            m.insert("hw.internode_kernels".into(), kernels);
+            Runtime::Normal(job_rt)
+        }
+        EpMode::LowLatency => {
             let mut dispatch_blocks = Vec::new();
             let mut combine_blocks = Vec::new();
             let (mut regs, mut local) = ((0, 0), (0, 0));
@@ -712,8 +891,14 @@ fn prepare(
                         "the low-latency kernels do not fit one block per SM".into(),
                     ));
                 }
-                dispatch_blocks.push(dev.gpu.sm_count * od);
-                combine_blocks.push(dev.gpu.sm_count * oc);
+                // Processes sharing a GPU share its resident blocks by their ranks: every
+                // process's blocks must be resident at once (they wait on each other).
+                let share = |resident: u32| {
+                    let all = ranks_on_gpu(dev.gpu.ordinal);
+                    (resident * dev.ranks.len() as u32 / all).max(1)
+                };
+                dispatch_blocks.push(share(dev.gpu.sm_count * od));
+                combine_blocks.push(share(dev.gpu.sm_count * oc));
                 let (rd, ld) = dev.gpu.function_resources(fd)?;
                 let (rc, lc) = dev.gpu.function_resources(fc)?;
                 regs = (rd, rc);
@@ -730,6 +915,7 @@ fn prepare(
                 "hw.low_latency_kernels".into(),
                 json!({
                     "threads_per_block": launch.threads,
+                    // This process's launches (its share of the GPU when processes share one).
                     "dispatch_blocks_per_gpu": dispatch_blocks,
                     "combine_blocks_per_gpu": combine_blocks,
                     "effective_sms_per_rank": round3(sm_count as f64 / max_local as f64),
@@ -738,10 +924,7 @@ fn prepare(
                     "warps_per_receive_group": low_latency::WARPS_PER_GROUP,
                 }),
             );
-            let wire = across.clone().map(|(g, _)| {
-                let config = wire_config.as_ref().expect("set with the geometry");
-                (g, config, &internode::gpu::SingleProcess as &dyn internode::gpu::EndpointExchange)
-            });
+            let wire = across.clone().map(|(g, _)| (g, wire_config.clone().expect("with it")));
             Runtime::LowLatency(LlJob::prepare(
                 &mut devs,
                 job,
@@ -756,32 +939,104 @@ fn prepare(
 
     let logical_sum = |v: &[u64]| v.iter().sum::<u64>() as f64;
     let logical_bytes = BTreeMap::from([
-        (OpKind::Dispatch, logical_sum(&d.logical.dispatch_per_rank)),
-        (OpKind::Combine, logical_sum(&d.logical.combine_per_rank)),
+        (OpKind::Dispatch, logical_sum(&d.logical().dispatch_per_rank)),
+        (OpKind::Combine, logical_sum(&d.logical().combine_per_rank)),
     ]);
-    let mut nccl_us = BTreeMap::new();
-    if options.nccl_baseline {
+    devs.sync("prepare")?;
+    Ok(State {
+        devs,
+        placement,
+        job: job.id,
+        runtime,
+        latencies_ns: BTreeMap::new(),
+        logical_bytes,
+        transported_bytes: BTreeMap::new(),
+        nccl_us: BTreeMap::new(),
+        memcpy_gbps: None,
+        row_shape: (w.hidden, w.dispatch_dtype),
+        first_rank: mine[0],
+    })
+}
+
+/// How long processes wait at the barrier while process 0 measures the copy ceilings.
+const PROBES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The part of prepare that needs every process: the buffers peers write into, the barrier
+/// before each timed launch, then the ceilings measured in the same run (process 0 only while
+/// the others wait) and, in a single-process run, the NCCL baseline.
+fn connect(
+    options: &HwOptions,
+    state: &mut State,
+    mut procs: Option<&mut Processes>,
+    m: &mut BTreeMap<String, Value>,
+) -> Result<(), HwError> {
+    if let Some(p) = procs.as_deref_mut() {
+        state.devs.watch = Some(p.watch());
+    }
+    match &mut state.runtime {
+        Runtime::Normal(j) => j.connect(&state.devs, procs.as_deref_mut())?,
+        Runtime::LowLatency(j) => j.connect(&state.devs, procs.as_deref_mut())?,
+    }
+    if let Some(p) = procs.as_deref_mut() {
+        state.devs.barrier = Some(ProcessBarrier::new(p, &state.devs, state.first_rank)?);
+    }
+    let process_zero = procs.as_ref().is_none_or(|p| p.rank() == 0);
+    if options.probes && process_zero {
+        let p = probes::run(&mut state.devs)?;
+        state.memcpy_gbps = p.get("probe.memcpy_dtod_bw_gbps").and_then(|v| v.as_f64());
+        if let Some(bw) = state.memcpy_gbps {
+            tracing::info!(
+                "memcpy ceiling (1 GiB device-to-device cuMemcpy): {bw:.1} GB/s copied, \
+                 {:.1} GB/s read+write",
+                2.0 * bw
+            );
+        }
+        m.extend(p);
+    }
+    if let Some(p) = procs {
+        if options.probes {
+            p.barrier("copy probes in process 0", PROBES_TIMEOUT)?;
+        }
+        let across_nodes = state.wire_report().is_some();
+        m.insert(
+            "hw.processes".into(),
+            json!({
+                "processes": p.count(),
+                "ranks": p.blocks().iter().map(|b| match b.len() {
+                    1 => b.start.to_string(),
+                    _ => format!("{}..{}", b.start, b.end - 1),
+                }).collect::<Vec<_>>(),
+                "hosts": p.hosts(),
+                "normal_kernels": if across_nodes {
+                    "internode.cu: each process runs whole nodes, the wire (backend.wire) between them"
+                } else {
+                    "global-memory rings (intranode.cu): the cluster kernels need every rank in one launch"
+                },
+                "peer_buffers": "CUDA IPC handles (cuIpcGetMemHandle / cuIpcOpenMemHandle)",
+                "before_each_timed_launch": "a GPU-side barrier across processes (untimed)",
+                "probes": if options.probes { "measured by process 0 while the others waited" } else { "off" },
+                "latency": "the slowest process's CUDA-event time",
+            }),
+        );
+        if options.nccl_baseline {
+            m.insert(
+                "hw.nccl_baseline".into(),
+                json!("skipped: the baseline runs every rank's communicator in one process"),
+            );
+        }
+    } else if options.nccl_baseline {
         // The baseline is context, not the measurement: a failure is recorded, not fatal.
-        match nccl_baseline(&mut devs, &runtime, &gpu_of_rank, w, m) {
-            Ok(us) => nccl_us = us,
+        let gpu_of_rank = state.placement.gpu_of_rank.clone();
+        let (hidden, dtype) = state.row_shape;
+        match nccl_baseline(&mut state.devs, &state.runtime, &gpu_of_rank, hidden, dtype, m) {
+            Ok(us) => state.nccl_us = us,
             Err(e) => {
                 tracing::warn!("NCCL all-to-all baseline failed: {e}");
                 m.insert("hw.nccl_baseline_error".into(), json!(e.to_string()));
             }
         }
     }
-    devs.sync("prepare")?;
-    Ok(State {
-        runtime,
-        devs,
-        placement,
-        job: job.id,
-        latencies_ns: BTreeMap::new(),
-        logical_bytes,
-        transported_bytes: BTreeMap::new(),
-        nccl_us,
-        memcpy_gbps,
-    })
+    state.devs.sync("prepare")
 }
 
 /// NCCL all-to-all of the same bytes per (source, destination) pair as dispatch and combine.
@@ -789,7 +1044,8 @@ fn nccl_baseline(
     devs: &mut Devices,
     runtime: &Runtime,
     gpu_of_rank: &[u32],
-    w: &eptwin_engine::scenario::schema::WorkloadSpec,
+    hidden: u32,
+    dispatch_dtype: Dtype,
     m: &mut BTreeMap<String, Value>,
 ) -> Result<BTreeMap<OpKind, f64>, HwError> {
     let mut nccl_us = BTreeMap::new();
@@ -798,18 +1054,18 @@ fn nccl_baseline(
         let (rows, dispatch_row, combine_row) = match &runtime {
             Runtime::Normal(j) => (
                 j.pair_rows(),
-                eptwin_engine::deepep::bytes::logical_row_bytes(w.hidden, w.dispatch_dtype),
-                2 * w.hidden as u64,
+                eptwin_engine::deepep::bytes::logical_row_bytes(hidden, dispatch_dtype),
+                2 * hidden as u64,
             ),
             Runtime::LowLatency(j) => (
                 j.pair_rows(),
-                match w.dispatch_dtype {
+                match dispatch_dtype {
                     Dtype::Fp8 => {
-                        eptwin_engine::deepep::bytes::ll_dispatch_msg_bytes(w.hidden, Dtype::Fp8)
+                        eptwin_engine::deepep::bytes::ll_dispatch_msg_bytes(hidden, Dtype::Fp8)
                     }
-                    _ => 2 * w.hidden as u64,
+                    _ => 2 * hidden as u64,
                 },
-                eptwin_engine::deepep::bytes::ll_combine_msg_bytes(w.hidden, Dtype::Bf16),
+                eptwin_engine::deepep::bytes::ll_combine_msg_bytes(hidden, Dtype::Bf16),
             ),
         };
         let transposed: Vec<Vec<u64>> =

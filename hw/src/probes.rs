@@ -51,7 +51,7 @@ fn time_reps(
         dev.gpu.record(&a)?;
         op(dev)?;
         dev.gpu.record(&b)?;
-        dev.gpu.wait("probe", devs.host_timeout_ms)?;
+        dev.gpu.wait("probe", devs.host_timeout_ms, &|| None)?;
         if rep > 0 {
             samples.push(a.elapsed_ms(&b)? as f64 * 1e3);
         }
@@ -849,7 +849,7 @@ pub fn nccl_alltoall(
             d.gpu.record(e)?;
         }
         for d in &devs.list {
-            d.gpu.wait("NCCL all-to-all baseline", devs.host_timeout_ms)?;
+            d.gpu.wait("NCCL all-to-all baseline", devs.host_timeout_ms, &|| None)?;
         }
         if rep > 0 {
             let mut worst = 0f64;

@@ -195,7 +195,11 @@ fn spawn_role(role: &str, n: usize) -> Run {
     env.push((OUT.into(), dir.clone().into()));
     let started = now();
     let exe = std::env::current_exe().unwrap();
-    let options = SpawnOptions { kill_grace: Duration::from_secs(5), forward_output: false };
+    let options = SpawnOptions {
+        kill_grace: Duration::from_secs(5),
+        forward_output: false,
+        unprefixed_stdout: None,
+    };
     let report = spawn_with(n, &exe, &child_args(), &env, &options).expect("spawning works");
     let elapsed = started.elapsed();
     Run { report, outcomes: read_outcomes(&dir, n), elapsed, host: system_hostname() }

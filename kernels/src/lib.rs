@@ -31,6 +31,8 @@ pub enum ModuleId {
     Cluster,
     /// Normal internode dispatch and combine over the CPU-proxy wire (needs `RANKS_PER_NODE`).
     Internode,
+    /// The barrier between the processes of one run before each timed launch.
+    Sync,
 }
 
 /// One `.cu` file: its id, name, embedded source and the entry points it defines.
@@ -129,6 +131,13 @@ pub static MODULES: &[KernelModule] = &[
         source: include_str!("../cuda/internode.cu"),
         entry_points: &["internode_dispatch", "internode_combine"],
         required_defines: &["RANKS_PER_NODE"],
+    },
+    KernelModule {
+        id: ModuleId::Sync,
+        file: "sync.cu",
+        source: include_str!("../cuda/sync.cu"),
+        entry_points: &["process_barrier"],
+        required_defines: &[],
     },
 ];
 
@@ -313,6 +322,7 @@ mod tests {
             ModuleId::TestData,
             ModuleId::IntranodeCluster,
             ModuleId::Cluster,
+            ModuleId::Sync,
         ] {
             assert_eq!(module(id).id, id);
         }

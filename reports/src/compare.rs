@@ -37,7 +37,7 @@ pub struct Comparison {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Side {
     pub file: String,
-    /// "sim" | "hw".
+    /// "sim" | "hw" | "deepep".
     pub backend: String,
     pub hardware: String,
     pub verdict: String,
@@ -206,7 +206,8 @@ impl Comparison {
 }
 
 /// Pair results by scenario name: the first simulator result with the first measured one
-/// (hardware results that were waived or have no ops do not count as measured).
+/// (eptwin's hardware backend or DeepEP's tests imported; results that were waived or have
+/// no ops are taken only when there is nothing else).
 pub fn pair_all(results: &[Loaded<RunResult>]) -> Vec<Comparison> {
     let mut names: Vec<&str> = Vec::new();
     for r in results {
@@ -217,19 +218,16 @@ pub fn pair_all(results: &[Loaded<RunResult>]) -> Vec<Comparison> {
     names
         .into_iter()
         .map(|name| {
-            let pick = |kind: &str| {
+            let pick = |wanted: fn(&RunResult) -> bool| {
+                let of = |r: &&Loaded<RunResult>| r.doc.scenario.name == name && wanted(&r.doc);
                 results
                     .iter()
-                    .filter(|r| r.doc.scenario.name == name && r.doc.backend_kind() == kind)
+                    .filter(of)
                     .find(|r| !r.doc.jobs.is_empty())
-                    .or_else(|| {
-                        results
-                            .iter()
-                            .find(|r| r.doc.scenario.name == name && r.doc.backend_kind() == kind)
-                    })
+                    .or_else(|| results.iter().find(of))
                     .map(|r| (r.path.as_path(), &r.doc))
             };
-            Comparison::new(pick("sim"), pick("hw"))
+            Comparison::new(pick(|r| r.backend_kind() == "sim"), pick(RunResult::is_measured))
         })
         .collect()
 }
@@ -371,5 +369,35 @@ mod tests {
         hw.backend.insert("wire".into(), serde_json::json!("verbs"));
         let c = Comparison::new(Some((Path::new("s"), &sim)), Some((Path::new("h"), &hw)));
         assert!(c.not_compared.is_none() && c.rows.iter().all(|r| r.latency_error_pct.is_some()));
+    }
+
+    fn doc(name: &str, kind: &str, latency_us: f64) -> Loaded<RunResult> {
+        let doc = serde_json::from_value(serde_json::json!({
+            "schema": 1,
+            "scenario": {"name": name, "sha256": "x"},
+            "backend": {"kind": kind},
+            "eptwin": {"version": "0.1.0", "git_commit": "abc"},
+            "verdict": "ok",
+            "jobs": [{"name": "ll", "kind": "low-latency", "ranks": 16, "sl": 0, "ops": [{
+                "op": "dispatch",
+                "summary": {"latency_us": {"mean": latency_us, "p50": latency_us,
+                                           "p99": latency_us, "min": latency_us,
+                                           "max": latency_us},
+                            "logical_bw_gbps": 1.0, "rdma_bytes": 0, "nvlink_bytes": 0},
+                "samples": []}]}]
+        }))
+        .unwrap();
+        Loaded { path: format!("{name}.{kind}.json").into(), doc }
+    }
+
+    #[test]
+    fn deepep_documents_pair_as_measured() {
+        let all = [doc("a", "sim", 110.0), doc("a", "deepep", 100.0), doc("b", "hw", 5.0)];
+        let pairs = pair_all(&all);
+        assert_eq!(pairs.len(), 2);
+        assert_eq!(pairs[0].measured.as_ref().unwrap().backend, "deepep");
+        assert_eq!(pairs[0].rows[0].latency_error_pct, Some(10.0));
+        assert_eq!(pairs[1].measured.as_ref().unwrap().backend, "hw");
+        assert!(pairs[1].simulated.is_none());
     }
 }

@@ -23,7 +23,7 @@ pub fn not_a_fabric_measurement(result: &RunResult) -> Option<String> {
 pub fn backend_word(result: &RunResult) -> &str {
     match result.backend_kind() {
         "sim" => "simulator",
-        "hw" => "measured",
+        "hw" | "deepep" => "measured",
         other => other,
     }
 }
@@ -78,6 +78,11 @@ pub fn hardware(result: &RunResult) -> String {
     let gpu = fact(result, "gpu");
     match result.backend_kind() {
         "hw" => measured_gpus(result).or(gpu.map(str::to_string)).unwrap_or_else(|| "GPU".into()),
+        // Imported from DeepEP's own test scripts: their logs name no GPU.
+        "deepep" => match result.backend.get("script").and_then(Value::as_str) {
+            Some(script) => format!("DeepEP {script}"),
+            None => "DeepEP tests".into(),
+        },
         _ => match (gpu, profile) {
             (Some(g), Some(p)) => format!("{g} model, profile {p}"),
             (None, Some(p)) => format!("profile {p}"),
@@ -160,5 +165,7 @@ mod tests {
         assert_eq!(backend_detail(&hw), "driver 580.159.04, CUDA 13.0");
         let hw = result("hw", serde_json::json!({"gpus": "1 x NVIDIA H200"}));
         assert_eq!(hardware(&hw), "1× NVIDIA H200");
+        let deepep = result("deepep", serde_json::json!({"script": "test_low_latency.py"}));
+        assert_eq!(source_label(&deepep), "measured (DeepEP test_low_latency.py)");
     }
 }

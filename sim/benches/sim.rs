@@ -12,11 +12,11 @@ use std::path::Path;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use eptwin_engine::Plan;
 use eptwin_engine::ids::JobId;
+use eptwin_engine::plan::OpKind;
 use eptwin_engine::rng::Rng;
-use eptwin_engine::scenario::schema::OpKind;
 use eptwin_engine::transport::{OpSpec, Transport};
+use eptwin_sim::core::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::core::{Action, Ev};
-use eptwin_sim::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::{QueueChoice, SimOptions, Simulator};
 
 fn plan(rel: &str, edit: impl Fn(String) -> String) -> Plan {

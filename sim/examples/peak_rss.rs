@@ -6,7 +6,7 @@
 
 use eptwin_engine::Plan;
 use eptwin_engine::ids::JobId;
-use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::plan::OpKind;
 use eptwin_engine::transport::{OpSpec, Transport};
 use eptwin_sim::{SimOptions, Simulator};
 

@@ -10,9 +10,9 @@
 //! arrival order (an event when the near side starts later than now), so a copy queued behind a
 //! busy egress never holds the far side idle for others.
 
+use crate::core::slab::Slab;
+use crate::core::time::{Rate, Time, fmt_us};
 use crate::core::{Action, Core, Ev, ProgId};
-use crate::slab::Slab;
-use crate::time::{Rate, Time, fmt_us};
 
 /// A FIFO server with a rate: a link direction, a copy engine.
 #[derive(Debug, Clone, Copy)]

@@ -4,16 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::Plan;
 use eptwin_engine::ids::Rank;
-use eptwin_engine::plan::JobKind;
-use eptwin_engine::scenario::schema::FabricKind;
-use eptwin_engine::topology::PeerPath;
+use eptwin_engine::plan::{JobKind, PeerPath, Plan};
 
+use crate::core::slab::NONE;
 use crate::core::{Core, ProgId};
 use crate::gpu::PathKind;
-use crate::nic::QpLabel;
-use crate::slab::NONE;
+use crate::net::nic::QpLabel;
 
 /// Dense QP tables up to this many entries (n × n × qps); a sorted map beyond.
 const DENSE_QP_TABLE: usize = 1 << 26;
@@ -40,11 +37,6 @@ impl JobRt {
         let j = &plan.jobs[job];
         let topo = &plan.topology;
         let n = j.ranks.len();
-        let lane = match plan.qos.kind {
-            // An SL mapped to VL15 is rejected by the validator; VL0 is a safe fallback.
-            FabricKind::Infiniband => j.vl.map_or(0, |v| v.0),
-            FabricKind::Roce => j.sl.0 & 7,
-        };
         let (ibgda, num_qps) = match &j.kind {
             JobKind::DeepEp(_) => (true, j.nvshmem.num_rc_per_pe.max(1)),
             JobKind::Traffic(t) => (false, t.qps_per_peer.max(1)),
@@ -55,7 +47,7 @@ impl JobRt {
             gpu: j.ranks.iter().map(|&r| topo.gpu_of(r).0).collect(),
             node: j.ranks.iter().map(|&r| topo.node_of_rank(r)).collect(),
             ranks: j.ranks.clone(),
-            lane,
+            lane: j.lane.index(),
             depth: j.nvshmem.qp_depth,
             ibgda,
             num_qps,

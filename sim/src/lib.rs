@@ -6,39 +6,30 @@
 //! integer picoseconds and events pop in (time, sequence) order, so the same plan gives
 //! byte-identical samples on every machine.
 
-pub mod arb;
 pub mod core;
 pub mod deepep;
-pub mod fabric;
 pub mod gpu;
+pub mod hwkernels;
 pub mod jobs;
-pub mod nic;
+pub mod net;
 pub mod params;
-pub mod queue;
-pub mod ring;
-pub mod slab;
-pub mod time;
 pub mod trace;
 pub mod traffic;
-pub mod world;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::Plan;
-use eptwin_engine::deepep::config::EpMode;
 use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::JobKind;
-use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::plan::{EpMode, JobKind, OpKind, Plan};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
 };
 
 use crate::core::Core;
-use crate::fabric::Net;
+use crate::core::world::{Program, RunError, World};
 use crate::gpu::Gpus;
 use crate::jobs::JobRt;
+use crate::net::Net;
 use crate::params::Params;
-use crate::world::{Program, RunError, World};
 
 /// The model's version: bump when a change alters simulated results.
 pub const MODEL_VERSION: &str = "1";
@@ -69,7 +60,7 @@ pub struct Simulator {
     use_cache: bool,
     trace: Option<trace::Trace>,
     /// Where the next traced op starts in the trace.
-    trace_end: time::Time,
+    trace_end: crate::core::time::Time,
     queue: QueueChoice,
     /// The large record arrays of the last op's machine, emptied, for the next one: its
     /// pages are already backed (a fresh machine's first writes to them would have the
@@ -82,11 +73,11 @@ pub struct Simulator {
 
 /// See [`Simulator::spare`].
 struct Spare {
-    pkts: slab::Slab<fabric::Pkt>,
-    msgs: nic::Msgs,
-    qps: Vec<nic::Qp>,
-    qp_tx: Vec<nic::QpTx>,
-    qp_labels: Vec<nic::QpLabel>,
+    pkts: crate::core::slab::Slab<crate::net::Pkt>,
+    msgs: crate::net::nic::Msgs,
+    qps: Vec<crate::net::nic::Qp>,
+    qp_tx: Vec<crate::net::nic::QpTx>,
+    qp_labels: Vec<crate::net::nic::QpLabel>,
 }
 
 impl Simulator {
@@ -172,7 +163,7 @@ impl Simulator {
     /// Keep a traced world's events.
     fn keep_trace(&mut self, world: &mut World) {
         let Some(tr) = world.core.trace.take() else { return };
-        self.trace_end = tr.offset + world.core.now + 10 * time::PS_PER_US;
+        self.trace_end = tr.offset + world.core.now + 10 * crate::core::time::PS_PER_US;
         match self.trace.as_mut() {
             None => self.trace = Some(tr),
             Some(all) => all.append(tr),
@@ -208,21 +199,12 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
     core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
     // Every QP the jobs can create (rank pairs × QPs per pair), reserved up front.
     let qps = core.jobs.iter().map(|j| j.max_qps()).sum::<usize>().min(1 << 20);
-    core.net.qps = crate::slab::with_capacity_huge(qps);
-    core.net.qp_tx = crate::slab::with_capacity_huge(qps);
+    core.net.qps = crate::core::slab::with_capacity_huge(qps);
+    core.net.qp_tx = crate::core::slab::with_capacity_huge(qps);
     core.net.qp_labels.reserve_exact(qps);
     let lanes = core.jobs.iter().fold(0, |m, j| m | 1 << j.lane);
     core.net.set_job_lanes(lanes);
     World::new(core)
-}
-
-/// Whether a job's kernels run back to back per rank (each rank launching its next kernel when
-/// its previous one ended) instead of each op starting on all ranks when the job's previous op
-/// ended (DESIGN.md). Off: with per-rank chaining the simulated low-latency loop drifts into a
-/// staggered regime (ranks' dispatch overlapping others' combine) that DeepEP's stable
-/// published numbers do not show; see ARCHITECTURE.md.
-pub fn chained(_plan: &Plan, _job: JobId) -> bool {
-    false
 }
 
 /// The program for one op of one job.
@@ -302,24 +284,12 @@ impl Transport for Simulator {
                 let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
                     make_program(&plan, core, j, o, it, w)
                 };
-                let ops = &plan.job(*job).ops;
-                let r = if chained(&plan, *job) && ops.contains(op) {
-                    // Steady state of the per-rank back-to-back loop: one round with all ranks
-                    // starting together, then one measured round chained per rank.
-                    world.run_streams(&mut factory, &[(*job, ops.clone(), 1, 1, true)])
-                } else {
-                    world.run_one(&mut factory, *job, *op, *iteration, *warmup)
-                };
+                let r = world.run_one(&mut factory, *job, *op, *iteration, *warmup);
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
-                let samples = collect(&mut world);
+                let measured = collect(&mut world);
                 self.recycle(&mut world);
-                let measured: Vec<OpSample> = if chained(&plan, *job) && ops.contains(op) {
-                    samples.into_iter().filter(|s| !s.warmup).collect()
-                } else {
-                    samples
-                };
                 for s in &measured {
                     self.cache.insert((job.0, s.op), s.clone());
                 }
@@ -340,7 +310,7 @@ impl Transport for Simulator {
                 };
                 let streams: Vec<_> = streams
                     .iter()
-                    .map(|s| (s.job, s.ops.clone(), s.warmup, s.iterations, chained(&plan, s.job)))
+                    .map(|s| (s.job, s.ops.clone(), s.warmup, s.iterations))
                     .collect();
                 let r = world.run_streams(&mut factory, &streams);
                 self.count(&world);

@@ -1,11 +1,9 @@
 //! The model's parameters in simulator units, derived once from the resolved hardware profile
 //! (`engine/profiles/*.toml`, docs/calibration.md). Nothing else reads the profile.
 
-use eptwin_engine::Plan;
-use eptwin_engine::profile::HardwareProfile;
-use eptwin_engine::scenario::schema::{FabricKind, FabricRouting};
+use eptwin_engine::plan::{FabricKind, FabricRouting, HardwareProfile, Plan, SwitchMode};
 
-use crate::time::{Rate, Time, ns};
+use crate::core::time::{Rate, Time, ns};
 
 /// Per-packet header bytes on the wire (fabric.md §3 for IB, §5 for RoCEv2).
 #[derive(Debug, Clone, Copy)]
@@ -77,7 +75,7 @@ pub struct Params {
     pub kernel_launch: Time,
     pub flag_latency: Time,
     /// The SM-side memory system (profile `[gpu.memory]`): present, ranks that share one GPU
-    /// run the hardware backend's one-GPU kernels (`deepep::one_gpu`).
+    /// run the hardware backend's one-GPU kernels (`hwkernels`).
     pub one_gpu: Option<OneGpu>,
     pub profile: HardwareProfile,
 }
@@ -196,7 +194,7 @@ impl Params {
             pcie_latency: ns(p.pcie.latency_ns),
             link_latency: ns(f.link_latency_ns),
             switch_latency: ns(f.switch_latency_ns),
-            cut_through: f.switch_mode == eptwin_engine::profile::SwitchMode::CutThrough,
+            cut_through: f.switch_mode == SwitchMode::CutThrough,
             adaptive: f.routing == FabricRouting::Adaptive,
             adaptive_latency: ns(f.adaptive_routing_latency_ns),
             credits_per_lane: (f.vl_buffer_bytes / 64) as i32,

@@ -17,7 +17,7 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Serialize, ser};
 use serde_json::value::RawValue;
 
-use crate::time::Time;
+use crate::core::time::Time;
 
 /// Events kept per trace (a few hundred MB of JSON at most).
 pub const MAX_EVENTS: usize = 2_000_000;

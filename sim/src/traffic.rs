@@ -4,16 +4,14 @@
 //! outstanding per QP, refilled as completions arrive. One round is one `transfer` op; a rank's
 //! time is until its writes completed and everything addressed to it arrived.
 
-use eptwin_engine::Plan;
 use eptwin_engine::ids::{JobId, Rank};
-use eptwin_engine::scenario::schema::{OpKind, TrafficPattern, TrafficSpec};
-use eptwin_engine::topology::PeerPath;
+use eptwin_engine::plan::{OpKind, PeerPath, Plan, TrafficJob, TrafficPattern};
 use eptwin_engine::transport::OpSample;
 
+use crate::core::time::{Rate, Time};
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::jobs::path_kind;
-use crate::time::{Rate, Time};
-use crate::world::Program;
 
 /// Default message size when `message_bytes` is not given.
 pub const DEFAULT_MESSAGE_BYTES: u64 = 1 << 20;
@@ -37,7 +35,7 @@ pub struct TrafficProgram {
     iteration: u32,
     warmup: u32,
     is_warmup: bool,
-    spec: TrafficSpec,
+    spec: TrafficJob,
     n: u32,
     flows: Vec<Flow>,
     /// Per rank: flows it owns (indices), flows left, messages it expects, end time.
@@ -103,7 +101,7 @@ impl TrafficProgram {
     /// (destination, bytes) pairs each rank sends.
     fn demands(&self) -> Vec<(u32, u32, u64)> {
         let n = self.n;
-        let total = self.spec.bytes_per_rank.bytes();
+        let total = self.spec.bytes_per_rank;
         let mut out = Vec::new();
         match self.spec.pattern {
             TrafficPattern::AllToAll => {
@@ -126,7 +124,7 @@ impl TrafficProgram {
             }
             TrafficPattern::Incast => {
                 // `incast_target` is a global rank of the job (the validator checks it).
-                let global = self.spec.incast_target.unwrap_or(self.plan_ranks[0].0);
+                let global = self.spec.incast_target.unwrap_or(self.plan_ranks[0]).0;
                 let target = self.plan_ranks.iter().position(|r| r.0 == global).unwrap_or(0) as u32;
                 for a in 0..n {
                     if a != target {
@@ -186,7 +184,7 @@ impl Program for TrafficProgram {
     fn start(&mut self, core: &mut Core, me: ProgId) {
         self.start = core.now;
         self.recv_ctr = core.counters(self.n as usize);
-        let msg_cap = self.spec.message_bytes.map_or(DEFAULT_MESSAGE_BYTES, |b| b.bytes()).max(1);
+        let msg_cap = self.spec.message_bytes.unwrap_or(DEFAULT_MESSAGE_BYTES).max(1);
         let qps = self.spec.qps_per_peer.max(1) as u64;
         let job = self.job.index();
         let nvl_rate = core.params.nvl_rate;

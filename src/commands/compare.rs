@@ -26,10 +26,10 @@ pub fn compare(
         None
     } else {
         let inputs = Inputs::load(measured).context("reading --measured")?;
-        let hw: Vec<_> =
-            inputs.results.into_iter().filter(|r| r.doc.backend_kind() == "hw").collect();
-        tracing::info!("{} measured result(s) read", hw.len());
-        Some(hw)
+        // Measured: by eptwin's hardware backend, or imported from DeepEP's own tests.
+        let measured: Vec<_> = inputs.results.into_iter().filter(|r| r.doc.is_measured()).collect();
+        tracing::info!("{} measured result(s) read", measured.len());
+        Some(measured)
     };
     let mut code = ExitCode::Ok;
     let mut comparisons = Vec::new();
@@ -38,8 +38,8 @@ pub fn compare(
             code = code.worst(ExitCode::BadInput);
             continue;
         };
-        let name = plan.scenario.name.clone();
-        let (sim, _) = execute(&plan, BackendArg::Sim, false, None)
+        let name = plan.name.clone();
+        let (sim, _) = execute(&plan, BackendArg::Sim, false)
             .with_context(|| format!("simulating {}", path.display()))?;
         let sim_path = result_path(out, &name, Some("sim"));
         write_atomic(&sim_path, &sim.to_json())?;
@@ -59,7 +59,7 @@ pub fn compare(
                 (found.map(|r| r.doc.clone()), found.map(|r| r.path.clone()))
             }
             None => {
-                let (hw, _) = execute(&plan, BackendArg::Hw, false, None)
+                let (hw, _) = execute(&plan, BackendArg::Hw, false)
                     .with_context(|| format!("running {} on the hardware", path.display()))?;
                 let p = result_path(out, &name, Some("hw"));
                 write_atomic(&p, &hw.to_json())?;

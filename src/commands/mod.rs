@@ -1,7 +1,9 @@
 //! One function per subcommand; each returns the exit code.
 
 mod compare;
+mod deepep;
 mod env;
+mod processes;
 mod report;
 mod run;
 mod sweep;
@@ -17,8 +19,10 @@ use crate::cli::{BackendArg, Command, WireArg};
 
 pub fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { scenarios, backend, out, json, trace, wire } => {
-            run::run(&scenarios, backend, &out, json, trace.as_deref(), wire)
+        Command::Run { scenarios, backend, out, json, trace, wire, spawn, ranks_per_process } => {
+            let options =
+                run::RunOptions { backend, out, json, trace, spawn, ranks_per_process, wire };
+            run::run(&scenarios, &options)
         }
         Command::Validate { scenarios } => validate::validate(&scenarios),
         Command::Env { scenario, job, explain } => env::env(&scenario, job.as_deref(), explain),
@@ -32,6 +36,7 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Sweep { scenario, sets, shard, out, backend, threads, json } => {
             sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
+        Command::Deepep { command } => deepep::dispatch(command),
     }
 }
 
@@ -39,14 +44,17 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
 pub fn transport(backend: BackendArg, trace: bool, wire: Option<WireArg>) -> Box<dyn Transport> {
     match backend {
         BackendArg::Sim => Box::new(eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace })),
-        BackendArg::Hw => {
-            let mut options = eptwin_hw::HwOptions::from_env();
-            if let Some(w) = wire {
-                options.wire = Ok(w.request());
-            }
-            Box::new(eptwin_hw::HwTransport::new(options))
-        }
+        BackendArg::Hw => Box::new(eptwin_hw::HwTransport::new(hw_options(wire))),
     }
+}
+
+/// The hardware backend's options: `EPTWIN_*`, with `wire` (`--wire`) over `EPTWIN_WIRE`.
+pub fn hw_options(wire: Option<WireArg>) -> eptwin_hw::HwOptions {
+    let mut options = eptwin_hw::HwOptions::from_env();
+    if let Some(w) = wire {
+        options.wire = Ok(w.request());
+    }
+    options
 }
 
 /// Who made a result. Simulator results carry no timestamp or host so that they are
@@ -77,6 +85,13 @@ fn rfc3339(at: jiff::Timestamp) -> String {
 
 /// Load and plan a scenario, printing diagnostics to stderr. `None` ⇒ bad input (exit 2).
 pub fn load_plan(path: &std::path::Path) -> Option<eptwin_engine::Plan> {
+    load_with_plan(path).map(|(_, plan)| plan)
+}
+
+/// The parsed scenario and its plan, or `None` after printing why (as [`load_plan`]).
+pub fn load_with_plan(
+    path: &std::path::Path,
+) -> Option<(eptwin_engine::LoadedScenario, eptwin_engine::Plan)> {
     let loaded = match eptwin_engine::load(path) {
         Ok(l) => l,
         Err(e) => {
@@ -85,7 +100,7 @@ pub fn load_plan(path: &std::path::Path) -> Option<eptwin_engine::Plan> {
         }
     };
     match eptwin_engine::Plan::build(&loaded) {
-        Ok(plan) => Some(plan),
+        Ok(plan) => Some((loaded, plan)),
         Err(eptwin_engine::EngineError::Invalid { diagnostics, .. }) => {
             for d in diagnostics.iter().filter(|d| d.is_error()) {
                 eprintln!("{d}");

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::config::EpMode;
-use crate::scenario::schema::BufferSpec;
+use crate::plan::BufferSettings;
 
 /// Where a variable's final value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,12 +39,15 @@ pub const MAX_QP_DEPTH: u32 = 32768;
 /// `NVSHMEM_CUMEM_GRANULARITY` as DeepEP writes it: 2^29 (buffer.py:122).
 pub const CUMEM_GRANULARITY: u64 = 1 << 29;
 
-/// The final environment of one job: user variables plus DeepEP's writes.
+/// The environment `Buffer.__init__` leaves for one job, and the NVSHMEM settings it gives:
+/// the user's variables (`user`, whose values the validator parsed into `settings`) with
+/// DeepEP's writes on top (`deepep`: the job's buffer and mode; `None` for a traffic job).
+/// Each write sets the variable's text and its typed value together.
 pub fn effective_env(
     user: &BTreeMap<String, String>,
-    buffer: Option<&BufferSpec>,
-    mode: Option<EpMode>,
-) -> BTreeMap<String, EnvVar> {
+    mut settings: NvshmemSettings,
+    deepep: Option<(&BufferSettings, EpMode)>,
+) -> (BTreeMap<String, EnvVar>, NvshmemSettings) {
     let mut env: BTreeMap<String, EnvVar> = user
         .iter()
         .map(|(k, v)| {
@@ -59,10 +62,10 @@ pub fn effective_env(
             )
         })
         .collect();
-    let (Some(buffer), Some(mode)) = (buffer, mode) else { return env };
+    let Some((buffer, mode)) = deepep else { return (env, settings) };
     // buffer.py:105: only `if self.runtime.get_num_rdma_ranks() > 1 or low_latency_mode`.
     if !mode.uses_nvshmem() {
-        return env;
+        return (env, settings);
     }
     let mut write = |name: &str, value: String, line: &str| {
         let overwritten = user.get(name).filter(|old| **old != value).cloned();
@@ -76,17 +79,20 @@ pub fn effective_env(
             },
         );
     };
-    let p2p = if buffer.allow_nvlink_for_low_latency_mode { "0" } else { "1" };
-    write("NVSHMEM_DISABLE_P2P", p2p.into(), "108");
+    settings.disable_p2p = !buffer.allow_nvlink_for_low_latency_mode;
+    write("NVSHMEM_DISABLE_P2P", if settings.disable_p2p { "1" } else { "0" }.into(), "108");
     write("NVSHMEM_IB_ENABLE_IBGDA", "1".into(), "109");
+    settings.num_rc_per_pe = buffer.num_qps_per_rank;
     write("NVSHMEM_IBGDA_NUM_RC_PER_PE", buffer.num_qps_per_rank.to_string(), "110");
     write("NVSHMEM_MAX_TEAMS", "7".into(), "118");
     write("NVSHMEM_DISABLE_NVLS", "1".into(), "120");
     write("NVSHMEM_CUMEM_GRANULARITY", CUMEM_GRANULARITY.to_string(), "122");
     if !buffer.allow_mnnvl {
+        settings.disable_mnnvl = true;
         write("NVSHMEM_DISABLE_MNNVL", "1".into(), "124-126");
     }
-    // buffer.py:113-114: `os.environ['NVSHMEM_QP_DEPTH'] = os.environ.get('NVSHMEM_QP_DEPTH', '1024')`.
+    // buffer.py:113-114: `os.environ['NVSHMEM_QP_DEPTH'] = os.environ.get('NVSHMEM_QP_DEPTH', '1024')`:
+    // the depth NVSHMEM applies is the user's (or its own default, the same 1024) either way.
     match user.get("NVSHMEM_QP_DEPTH") {
         Some(v) => {
             env.insert(
@@ -101,16 +107,18 @@ pub fn effective_env(
         }
         None => write("NVSHMEM_QP_DEPTH", DEFAULT_QP_DEPTH.to_string(), "113-114"),
     }
-    env
+    (env, settings)
 }
 
-/// Values NVSHMEM reads from the environment at initialisation, as the models use them.
+/// Values NVSHMEM reads from the environment at initialisation, typed, as the backends use
+/// them. The validator parses the user's values (reporting malformed ones) and
+/// [`effective_env`] applies DeepEP's writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvshmemSettings {
     /// `NVSHMEM_IB_SL` (default 0): SL of every QP of the job (the Ethernet priority on RoCE).
     pub ib_sl: u8,
-    /// `NVSHMEM_IB_TRAFFIC_CLASS` (default 0).
-    pub traffic_class: u8,
+    /// `NVSHMEM_IB_TRAFFIC_CLASS` when the job sets it (NVSHMEM's default is 0).
+    pub traffic_class: Option<u8>,
     /// Effective WQ depth: rounded up to a power of two, clamped to [128, 32768].
     pub qp_depth: u32,
     /// `NVSHMEM_DISABLE_P2P`: peers reached over NVLink use RDMA instead.
@@ -119,6 +127,23 @@ pub struct NvshmemSettings {
     pub disable_mnnvl: bool,
     /// `NVSHMEM_IBGDA_NUM_RC_PER_PE` (NVSHMEM default 2).
     pub num_rc_per_pe: u32,
+    /// `NVSHMEM_IB_GID_INDEX` when set to an index (RoCE; `None`: NVSHMEM picks one).
+    pub gid_index: Option<u32>,
+}
+
+impl Default for NvshmemSettings {
+    /// NVSHMEM's defaults, for a job that sets nothing.
+    fn default() -> Self {
+        NvshmemSettings {
+            ib_sl: 0,
+            traffic_class: None,
+            qp_depth: DEFAULT_QP_DEPTH,
+            disable_p2p: false,
+            disable_mnnvl: false,
+            num_rc_per_pe: 2,
+            gid_index: None,
+        }
+    }
 }
 
 /// Parse an integer environment value the way NVSHMEM does (decimal).
@@ -126,7 +151,8 @@ pub fn parse_env_u64(value: &str) -> Option<u64> {
     value.trim().parse().ok()
 }
 
-fn parse_bool(value: &str) -> bool {
+/// A boolean environment value as NVSHMEM reads it (anything else is false).
+pub fn parse_env_bool(value: &str) -> bool {
     matches!(value.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "y" | "on")
 }
 
@@ -134,30 +160,6 @@ fn parse_bool(value: &str) -> bool {
 pub fn effective_qp_depth(requested: u64) -> u32 {
     let clamped = requested.clamp(MIN_QP_DEPTH as u64, MAX_QP_DEPTH as u64);
     clamped.next_power_of_two() as u32
-}
-
-impl NvshmemSettings {
-    /// Read from a final environment; malformed values fall back to NVSHMEM defaults (the
-    /// validator reports them).
-    pub fn from_env(env: &BTreeMap<String, EnvVar>) -> Self {
-        let get = |k: &str| env.get(k).map(|v| v.value.as_str());
-        NvshmemSettings {
-            ib_sl: get("NVSHMEM_IB_SL").and_then(parse_env_u64).filter(|&v| v <= 15).unwrap_or(0)
-                as u8,
-            traffic_class: get("NVSHMEM_IB_TRAFFIC_CLASS")
-                .and_then(parse_env_u64)
-                .filter(|&v| v <= 255)
-                .unwrap_or(0) as u8,
-            qp_depth: effective_qp_depth(
-                get("NVSHMEM_QP_DEPTH").and_then(parse_env_u64).unwrap_or(DEFAULT_QP_DEPTH as u64),
-            ),
-            disable_p2p: get("NVSHMEM_DISABLE_P2P").is_some_and(parse_bool),
-            disable_mnnvl: get("NVSHMEM_DISABLE_MNNVL").is_some_and(parse_bool),
-            num_rc_per_pe: get("NVSHMEM_IBGDA_NUM_RC_PER_PE")
-                .and_then(parse_env_u64)
-                .map_or(2, |v| v as u32),
-        }
-    }
 }
 
 /// Quote a value for a POSIX shell only when it needs it.
@@ -170,15 +172,18 @@ pub fn shell_quote(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::schema::BufferSpec;
 
-    fn buffer(text: &str) -> BufferSpec {
-        toml::from_str(text).unwrap()
+    fn buffer(text: &str) -> BufferSettings {
+        BufferSettings::from(&toml::from_str::<BufferSpec>(text).unwrap())
     }
 
     #[test]
     fn intranode_normal_writes_nothing() {
         let user = BTreeMap::from([("NVSHMEM_IB_SL".to_string(), "3".to_string())]);
-        let env = effective_env(&user, Some(&buffer("")), Some(EpMode::Intranode));
+        let b = buffer("");
+        let (env, _) =
+            effective_env(&user, NvshmemSettings::default(), Some((&b, EpMode::Intranode)));
         assert_eq!(env.len(), 1);
         assert_eq!(env["NVSHMEM_IB_SL"].origin, EnvOrigin::User);
     }
@@ -193,7 +198,8 @@ mod tests {
         let b = buffer(
             "low_latency_mode = true\nnum_qps_per_rank = 16\nallow_nvlink_for_low_latency_mode = false",
         );
-        let env = effective_env(&user, Some(&b), Some(EpMode::LowLatency));
+        let (env, s) =
+            effective_env(&user, NvshmemSettings::default(), Some((&b, EpMode::LowLatency)));
         assert_eq!(env["NVSHMEM_DISABLE_P2P"].value, "1");
         assert_eq!(env["NVSHMEM_DISABLE_P2P"].overwritten.as_deref(), Some("0"));
         assert_eq!(env["NVSHMEM_IBGDA_NUM_RC_PER_PE"].value, "16");
@@ -202,12 +208,50 @@ mod tests {
         assert_eq!(env["NVSHMEM_DISABLE_MNNVL"].value, "1");
         assert_eq!(env["NVSHMEM_IB_SL"].origin, EnvOrigin::User);
         assert_eq!(env["NVSHMEM_CUMEM_GRANULARITY"].value, "536870912");
+        assert_eq!((s.num_rc_per_pe, s.disable_p2p, s.disable_mnnvl), (16, true, true));
         let mnnvl = buffer("low_latency_mode = true\nallow_mnnvl = true");
-        let env = effective_env(&BTreeMap::new(), Some(&mnnvl), Some(EpMode::LowLatency));
+        let (env, s) = effective_env(
+            &BTreeMap::new(),
+            NvshmemSettings::default(),
+            Some((&mnnvl, EpMode::LowLatency)),
+        );
         assert!(!env.contains_key("NVSHMEM_DISABLE_MNNVL"));
         assert_eq!(env["NVSHMEM_QP_DEPTH"].value, "1024");
-        let s = NvshmemSettings::from_env(&env);
-        assert_eq!((s.qp_depth, s.num_rc_per_pe, s.disable_p2p, s.ib_sl), (1024, 24, false, 0));
+        assert_eq!(
+            (s.qp_depth, s.num_rc_per_pe, s.disable_p2p, s.disable_mnnvl, s.ib_sl),
+            (1024, 24, false, false, 0)
+        );
+    }
+
+    /// Every variable DeepEP writes reads back, as NVSHMEM parses it, as the typed setting.
+    #[test]
+    fn typed_settings_match_the_written_text() {
+        for text in [
+            "low_latency_mode = true",
+            "low_latency_mode = true\nallow_nvlink_for_low_latency_mode = false\nnum_qps_per_rank = 3",
+            "low_latency_mode = true\nallow_mnnvl = true\nnum_qps_per_rank = 32",
+            "num_qps_per_rank = 12",
+        ] {
+            let b = buffer(text);
+            for mode in [EpMode::LowLatency, EpMode::Internode] {
+                let (env, s) =
+                    effective_env(&BTreeMap::new(), NvshmemSettings::default(), Some((&b, mode)));
+                let get = |k: &str| env.get(k).map(|v| v.value.as_str());
+                assert_eq!(s.disable_p2p, get("NVSHMEM_DISABLE_P2P").is_some_and(parse_env_bool));
+                assert_eq!(
+                    s.disable_mnnvl,
+                    get("NVSHMEM_DISABLE_MNNVL").is_some_and(parse_env_bool)
+                );
+                assert_eq!(
+                    Some(s.num_rc_per_pe as u64),
+                    get("NVSHMEM_IBGDA_NUM_RC_PER_PE").and_then(parse_env_u64)
+                );
+                assert_eq!(
+                    Some(s.qp_depth as u64),
+                    get("NVSHMEM_QP_DEPTH").and_then(parse_env_u64)
+                );
+            }
+        }
     }
 
     #[test]

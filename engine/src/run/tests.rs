@@ -54,7 +54,8 @@ impl Fake {
 impl Transport for Fake {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            backend: BackendKind::Fake,
+            // The double stands in for the simulator.
+            backend: BackendKind::Sim,
             identity: if self.prepared {
                 BTreeMap::from([("version".into(), json!("0")), ("wire".into(), json!("tcp"))])
             } else {
@@ -120,7 +121,7 @@ fn warmup_is_discarded_and_summaries_follow_samples() {
     let reference = dispatch.reference.as_ref().unwrap();
     assert!((reference.error_pct - 15.0).abs() < 1e-9);
     assert!(!reference.within_tolerance);
-    assert_eq!(result.backend["kind"], "fake");
+    assert_eq!(result.backend["kind"], "sim");
     // What the backend knows only once the plan is prepared reaches the document.
     assert_eq!(result.backend["wire"], "tcp");
     // The document round-trips through JSON.

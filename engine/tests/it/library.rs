@@ -26,10 +26,10 @@ fn every_scenario_validates_and_plans() {
             if let Some(d) = job.deepep() {
                 let n = job.num_ranks() as usize;
                 assert_eq!(
-                    d.routing.topk_idx.len(),
+                    d.routing().topk_idx.len(),
                     n * d.workload.tokens_per_rank as usize * d.workload.topk as usize
                 );
-                assert_eq!(d.logical.dispatch_per_rank.len(), n);
+                assert_eq!(d.logical().dispatch_per_rank.len(), n);
             }
         }
     }

@@ -80,7 +80,7 @@ pub mod wire;
 
 pub use error::{Failure, GroupError, PeerId};
 pub use launch::{LaunchInfo, Launcher, MasterAddr, derived_port, slurm_port, system_hostname};
-pub use process_group::{EXIT_CODE_ABANDONED, GroupConfig, ProcessGroup, Timeouts};
+pub use process_group::{EXIT_CODE_ABANDONED, GroupConfig, GroupWatch, ProcessGroup, Timeouts};
 pub use ranks::{check_blocks_on_one_node, rank_blocks};
 pub use spawn::{ProcessExit, SpawnOptions, SpawnReport, spawn, spawn_with};
 

@@ -318,6 +318,13 @@ impl ProcessGroup {
         self.shared.recorded()
     }
 
+    /// A handle that tells, from anywhere in this process, whether the group has failed: a
+    /// wait outside the group (a GPU stream) polls it to end early instead of running into
+    /// its own bound.
+    pub fn watch(&self) -> GroupWatch {
+        GroupWatch { shared: Arc::clone(&self.shared) }
+    }
+
     /// Ends the run for every process with `reason` (they fail with "process N on H (pid P)
     /// aborted the run: reason"). Returns the failure this process now reports.
     pub fn abort(&self, reason: &str) -> GroupError {
@@ -713,6 +720,25 @@ impl ProcessGroup {
     }
 }
 
+/// See [`ProcessGroup::watch`]. Reading it does not count as the calling thread having seen
+/// the failure: the next group call still returns it.
+#[derive(Clone)]
+pub struct GroupWatch {
+    shared: Arc<Shared>,
+}
+
+impl GroupWatch {
+    pub fn failure(&self) -> Option<Failure> {
+        self.shared.recorded()
+    }
+}
+
+impl std::fmt::Debug for GroupWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GroupWatch({})", self.shared.me)
+    }
+}
+
 struct Expect<'a> {
     seq: u64,
     op: Op,
@@ -992,6 +1018,36 @@ mod tests {
             let e = r.unwrap_err().to_string();
             assert!(e.starts_with("process 2 on host2 (pid "), "{e}");
             assert!(e.contains("aborted the run: rank 2's check failed after `first`"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_watch_sees_a_failure_that_the_next_call_still_returns() {
+        let results = with_group(
+            2,
+            |_| {},
+            |g| {
+                let watch = g.watch();
+                assert_eq!(watch.failure(), None);
+                g.barrier("first", T)?;
+                if g.rank() == 1 {
+                    return Err::<(), _>(g.abort("stop"));
+                }
+                // Process 0 is elsewhere (a GPU wait): the watch sees process 1's abort.
+                let deadline = now() + T;
+                while watch.failure().is_none() {
+                    assert!(now() < deadline, "the abort never arrived");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let seen = watch.failure().unwrap();
+                let e = g.barrier("second", T).unwrap_err();
+                assert_eq!(e, GroupError::Peer(seen));
+                Err(e)
+            },
+        );
+        for r in results {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("aborted the run: stop after `first`"), "{e}");
         }
     }
 

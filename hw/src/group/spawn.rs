@@ -25,11 +25,18 @@ pub struct SpawnOptions {
     pub kill_grace: Duration,
     /// Write the processes' output to this process's stdout / stderr with `[pN] ` prefixes.
     pub forward_output: bool,
+    /// The one process whose stdout is forwarded as it is, without the prefix (the process
+    /// that prints a run's table or JSON Lines while the others print nothing on stdout).
+    pub unprefixed_stdout: Option<usize>,
 }
 
 impl Default for SpawnOptions {
     fn default() -> Self {
-        SpawnOptions { kill_grace: Duration::from_secs(15), forward_output: true }
+        SpawnOptions {
+            kill_grace: Duration::from_secs(15),
+            forward_output: true,
+            unprefixed_stdout: None,
+        }
     }
 }
 
@@ -154,12 +161,14 @@ pub fn spawn_with(
             }
         };
         let tail = Arc::new(Mutex::new(VecDeque::new()));
-        let out =
-            child.stdout.take().map(|s| forward(s, rank, false, options.forward_output, None));
-        let err = child
-            .stderr
+        let plain = options.unprefixed_stdout == Some(rank);
+        let out = child
+            .stdout
             .take()
-            .map(|s| forward(s, rank, true, options.forward_output, Some(Arc::clone(&tail))));
+            .map(|s| forward(s, rank, false, plain, options.forward_output, None));
+        let err = child.stderr.take().map(|s| {
+            forward(s, rank, true, false, options.forward_output, Some(Arc::clone(&tail)))
+        });
         children.push(Running { child, forwarders: [out, err], tail, exit: None, seen_at: None });
     }
     let mut failed = false;
@@ -240,19 +249,20 @@ fn signal_of(status: ExitStatus) -> Option<i32> {
     status.signal()
 }
 
-/// Copies lines from a child's pipe to ours with the `[pN] ` prefix, whole lines at a time so
-/// processes do not interleave within a line. Returns when the pipe closed.
+/// Copies lines from a child's pipe to ours with the `[pN] ` prefix (none when `plain`), whole
+/// lines at a time so processes do not interleave within a line. Returns when the pipe closed.
 fn forward(
     pipe: impl Read + Send + 'static,
     rank: usize,
     is_stderr: bool,
+    plain: bool,
     write: bool,
     tail: Option<Arc<Mutex<VecDeque<String>>>>,
 ) -> JoinHandle<Instant> {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(pipe);
         let mut line = Vec::new();
-        let prefix = format!("[p{rank}] ");
+        let prefix = if plain { String::new() } else { format!("[p{rank}] ") };
         loop {
             line.clear();
             match reader.read_until(b'\n', &mut line) {

@@ -2,7 +2,7 @@
 //! node, channels = `num_sms / 2`, `rdma_send` / `rdma_recv`, hidden, dtype, top-k, experts,
 //! tokens, `num_qps_per_rank`), and the QP table every process of a job builds the same way.
 
-use eptwin_engine::scenario::schema::Dtype;
+use eptwin_engine::plan::Dtype;
 
 use crate::rdma::RdmaError;
 

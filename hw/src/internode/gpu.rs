@@ -21,8 +21,7 @@ use std::panic::RefUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eptwin_engine::plan::{DeepEpJob, JobPlan, Plan};
-use eptwin_engine::scenario::schema::Dtype;
+use eptwin_engine::plan::{DeepEpJob, Dtype, EpMode, JobPlan, Plan};
 
 use super::geometry::{Geometry, QpTable, TokenDtype, Traffic};
 use crate::cuda::{Gpu, PinnedHost};
@@ -40,16 +39,47 @@ use crate::wire::{
 /// process uses [`SingleProcess`].
 pub trait EndpointExchange {
     /// Every process's `bytes`, in process order, this one's included.
-    fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, HwError>;
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, HwError>;
 }
 
 /// The exchange of a job that runs in one process: nothing to swap.
 pub struct SingleProcess;
 
 impl EndpointExchange for SingleProcess {
-    fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, HwError> {
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, HwError> {
         Ok(vec![bytes.to_vec()])
     }
+}
+
+/// How long a process waits for the others' endpoints (they may still be compiling kernels
+/// or allocating buffers).
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl EndpointExchange for crate::processes::Processes {
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, HwError> {
+        self.all_gather_bytes("internode wire endpoints", bytes, EXCHANGE_TIMEOUT)
+    }
+}
+
+/// The nodes whose ranks are `local` (a process's ranks): each node's ranks must all be in
+/// `local` or none of them, because a node's regions, rings and proxy belong to one process
+/// (the kernels reach the ranks of their own node by plain stores).
+pub fn owned_nodes(geometry: &Geometry, local: &[u32]) -> Result<Vec<u32>, HwError> {
+    let mut nodes: Vec<u32> = local.iter().map(|&r| geometry.node_of(r)).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    for &node in &nodes {
+        let want = geometry.ranks_per_node as usize;
+        let have = local.iter().filter(|&&r| geometry.node_of(r) == node).count();
+        if have != want {
+            return Err(HwError::Unsupported(format!(
+                "this process runs {have} of node {node}'s {want} ranks: a job across nodes runs \
+                 each node's ranks in one process (one process per node, or one for all; \
+                 --ranks-per-process {want})"
+            )));
+        }
+    }
+    Ok(nodes)
 }
 
 /// The protocol geometry of a job whose ranks span nodes, `None` when they share one (the one
@@ -86,11 +116,7 @@ pub fn job_geometry(
         }
     };
     let (dc, cc) = (d.dispatch_config.as_ref(), d.combine_config.as_ref());
-    let traffic = if d.mode == eptwin_engine::deepep::config::EpMode::LowLatency {
-        Traffic::LowLatency
-    } else {
-        Traffic::Normal
-    };
+    let traffic = if d.mode == EpMode::LowLatency { Traffic::LowLatency } else { Traffic::Normal };
     let g = Geometry {
         num_ranks: n,
         ranks_per_node: rpn,
@@ -98,7 +124,7 @@ pub fn job_geometry(
         topk: w.topk,
         num_experts: w.experts,
         tokens_per_rank: w.tokens_per_rank,
-        max_tokens_per_rank: w.max_dispatch_tokens_per_rank(),
+        max_tokens_per_rank: w.max_dispatch_tokens_per_rank,
         dispatch_dtype,
         num_channels: dc.map_or(0, |c| c.num_channels()),
         rdma_send_tokens: dc.map_or(0, |c| c.num_max_rdma_chunked_send_tokens),
@@ -276,7 +302,7 @@ fn unpack(bytes: &[u8]) -> Result<Vec<(u32, u32, Vec<u8>)>, HwError> {
 
 /// Every process's records, flattened.
 fn gather(
-    exchange: &dyn EndpointExchange,
+    exchange: &mut dyn EndpointExchange,
     mine: &[(u32, u32, Vec<u8>)],
 ) -> Result<Vec<(u32, u32, Vec<u8>)>, HwError> {
     let mut all = Vec::new();
@@ -297,7 +323,7 @@ impl WireLinks {
         traffic: Traffic,
         sizes: AreaSizes,
         config: &WireConfig,
-        exchange: &dyn EndpointExchange,
+        exchange: &mut dyn EndpointExchange,
     ) -> Result<WireLinks, HwError> {
         let choice = crate::wire::choose(config.request).map_err(wire_error)?;
         let rpn = geometry.ranks_per_node as u64;
@@ -368,7 +394,7 @@ impl WireLinks {
         geometry: &Geometry,
         traffic: Traffic,
         config: &WireConfig,
-        exchange: &dyn EndpointExchange,
+        exchange: &mut dyn EndpointExchange,
         choice: &WireChoice,
         consumers: impl Fn(&NodeMemory) -> Result<Vec<DoorbellConsumer>, HwError>,
     ) -> Result<(Vec<NodeWire>, WireReport), HwError> {
@@ -435,7 +461,7 @@ impl WireLinks {
         geometry: &Geometry,
         traffic: Traffic,
         config: &WireConfig,
-        exchange: &dyn EndpointExchange,
+        exchange: &mut dyn EndpointExchange,
         choice: &WireChoice,
         consumers: impl Fn(&NodeMemory) -> Result<Vec<DoorbellConsumer>, HwError>,
     ) -> Result<(Vec<NodeWire>, WireReport), HwError> {
@@ -494,7 +520,7 @@ impl WireLinks {
         _: &Geometry,
         _: Traffic,
         _: &WireConfig,
-        _: &dyn EndpointExchange,
+        _: &mut dyn EndpointExchange,
         _: &WireChoice,
         _: impl Fn(&NodeMemory) -> Result<Vec<DoorbellConsumer>, HwError>,
     ) -> Result<(Vec<NodeWire>, WireReport), HwError> {
@@ -732,7 +758,7 @@ mod tests {
             Traffic::Normal,
             sizes,
             config,
-            &SingleProcess,
+            &mut SingleProcess,
         )
         .unwrap()
     }
@@ -805,6 +831,88 @@ mod tests {
         drop(links);
     }
 
+    /// A process runs whole nodes: a block of ranks that splits a node is refused with the
+    /// counts and the flag that fixes it.
+    #[test]
+    fn owned_nodes_are_whole_nodes() {
+        let g = geometry();
+        assert_eq!(owned_nodes(&g, &[0, 1, 2, 3]).unwrap(), vec![0, 1]);
+        assert_eq!(owned_nodes(&g, &[2, 3]).unwrap(), vec![1]);
+        let e = owned_nodes(&g, &[1, 2, 3]).unwrap_err().to_string();
+        assert!(e.contains("1 of node 0's 2 ranks") && e.contains("--ranks-per-process 2"), "{e}");
+    }
+
+    /// Two processes' exchange, as threads: each publishes its bytes and reads both once both
+    /// are there.
+    struct Pair {
+        me: usize,
+        slots: Arc<std::sync::Mutex<[Option<Vec<u8>>; 2]>>,
+        barrier: Arc<std::sync::Barrier>,
+    }
+
+    impl EndpointExchange for Pair {
+        fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, HwError> {
+            self.slots.lock().unwrap()[self.me] = Some(bytes.to_vec());
+            self.barrier.wait();
+            let all = self.slots.lock().unwrap().iter().map(|s| s.clone().unwrap()).collect();
+            // Nobody overwrites a slot before both have read it.
+            self.barrier.wait();
+            Ok(all)
+        }
+    }
+
+    /// One node per process (threads standing in for the processes): each connects only its
+    /// own node, the endpoints travel through the exchange, and a record from node 0's rank
+    /// reaches its rail peer on node 1.
+    #[test]
+    fn one_node_per_process_connects_through_the_exchange() {
+        let config = WireConfig::new(
+            WireRequest::Tcp,
+            QpSettings { qps_per_peer: 3, ..QpSettings::default() },
+            Duration::from_secs(20),
+        );
+        let sizes = AreaSizes { recv_area_bytes: 4096, send_area_bytes: 8192 };
+        let slots = Arc::new(std::sync::Mutex::new([None, None]));
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let mut both: Vec<WireLinks> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2u32)
+                .map(|node| {
+                    let mut ex =
+                        Pair { me: node as usize, slots: slots.clone(), barrier: barrier.clone() };
+                    let config = &config;
+                    s.spawn(move || {
+                        WireLinks::connect(
+                            &host_alloc,
+                            &[node],
+                            &geometry(),
+                            Traffic::Normal,
+                            sizes,
+                            config,
+                            &mut ex,
+                        )
+                        .unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!((both[0].owned_nodes(), both[1].owned_nodes()), (vec![0], vec![1]));
+        let (w1, w3) = (both[0].rank(1), both[1].rank(3));
+        let qp = QpTable::new(Traffic::Normal, &geometry(), 0).index(1, 1, 1, 2);
+        let mut ticket = 0;
+        kernel_push(&w1, &mut ticket, Doorbell::flag(qp, 4096 + 8, 7, 1));
+        assert_eq!(wait_for(w3.recv_area + 8, 7), 7, "the flag crossed between the processes");
+        for links in &mut both {
+            links.health().unwrap();
+        }
+        // Processes shut down at the same time (each waits for the other to close).
+        std::thread::scope(|s| {
+            for mut links in both {
+                s.spawn(move || links.shutdown().unwrap());
+            }
+        });
+    }
+
     #[test]
     fn exchange_records_round_trip_and_refuse_garbage() {
         let records = vec![(0, 1, b"abc".to_vec()), (1, 0, Vec::new()), (7, 9, vec![1; 300])];
@@ -817,12 +925,12 @@ mod tests {
         assert!(unpack(&bytes).is_err());
         struct Two;
         impl EndpointExchange for Two {
-            fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, HwError> {
+            fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, HwError> {
                 Ok(vec![bytes.to_vec(), pack(&[(5, 6, b"peer".to_vec())])])
             }
         }
-        let all = gather(&Two, &records[..1]).unwrap();
+        let all = gather(&mut Two, &records[..1]).unwrap();
         assert_eq!(all, vec![(0, 1, b"abc".to_vec()), (5, 6, b"peer".to_vec())]);
-        assert_eq!(gather(&SingleProcess, &records).unwrap(), records);
+        assert_eq!(gather(&mut SingleProcess, &records).unwrap(), records);
     }
 }

@@ -8,7 +8,7 @@
 
 use eptwin_engine::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 use eptwin_engine::deepep::config::align_up;
-use eptwin_engine::scenario::schema::Dtype;
+use eptwin_engine::plan::Dtype;
 
 use super::geometry::Geometry;
 use super::normal::AREA_ALIGN_BYTES;

@@ -4,8 +4,9 @@
 //! intranode ones (check.rs): every received row and every combined row against the routing.
 
 use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
-use eptwin_engine::plan::{DeepEpJob, JobPlan};
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use std::collections::BTreeMap;
+
+use eptwin_engine::plan::{DeepEpJob, Dtype, JobPlan, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 use rayon::prelude::*;
 use serde_json::{Value, json};
@@ -17,7 +18,9 @@ use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, Timer, dev_of, dev_of_ref, record_digest};
-use crate::internode::gpu::{AreaSizes, EndpointExchange, WireConfig, WireLinks, pinned};
+use crate::internode::gpu::{
+    AreaSizes, EndpointExchange, SingleProcess, WireConfig, WireLinks, owned_nodes, pinned,
+};
 use crate::internode::{Geometry, NormalLayout, Traffic};
 use crate::kernel_args;
 
@@ -81,26 +84,35 @@ impl ForwardingRings {
 /// A normal job whose ranks span nodes: the wire and the device state of its ranks.
 pub(super) struct AcrossNodes {
     /// Dropped first: the proxies and wire threads stop before any buffer they touch goes.
-    pub(super) links: WireLinks,
+    /// Connected by [`NormalJob::connect`] (collective with the other processes).
+    pub(super) links: Option<WireLinks>,
     pub(super) geometry: Geometry,
     pub(super) wire: NormalLayout,
     pub(super) rings: ForwardingRings,
-    /// Per GPU: every rank's `InternodeRankArgs`.
+    config: WireConfig,
+    /// Per GPU: every rank's `InternodeRankArgs` (this process's ranks; the others' are
+    /// zero: the kernels only reach ranks of their own node, which this process runs).
     args: Vec<DeviceBuffer>,
-    /// Per rank: counters kept across calls, the forwarder's log, the doorbell ticket.
-    _state: Vec<DeviceBuffer>,
-    _fwd_log: Vec<DeviceBuffer>,
-    _tickets: Vec<DeviceBuffer>,
+    /// Per local rank: counters kept across calls, the forwarder's log, the doorbell ticket.
+    state: BTreeMap<u32, DeviceBuffer>,
+    fwd_log: BTreeMap<u32, DeviceBuffer>,
+    tickets: BTreeMap<u32, DeviceBuffer>,
     fwd_log_stride: u64,
-    /// Wire bytes of one dispatch and one combine, all ranks (tokens that leave their node).
+    /// Wire bytes of one dispatch and one combine sent by this process's ranks (tokens that
+    /// leave their node).
     rdma_bytes: [u64; 2],
 }
 
-/// Tokens (summed over source ranks) that cross to another node, once per destination node.
-fn tokens_crossing(routing: &eptwin_engine::routing::RoutingTable, g: &Geometry) -> u64 {
+/// Tokens of the source ranks `sources` that cross to another node, once per destination
+/// node.
+fn tokens_crossing(
+    routing: &eptwin_engine::plan::RoutingTable,
+    g: &Geometry,
+    sources: impl Iterator<Item = u32>,
+) -> u64 {
     let mut count = 0u64;
     let mut nodes = Vec::new();
-    for s in 0..routing.num_ranks {
+    for s in sources {
         for t in 0..routing.tokens_per_rank {
             nodes.clear();
             for &e in routing.experts(s, t) {
@@ -117,9 +129,9 @@ fn tokens_crossing(routing: &eptwin_engine::routing::RoutingTable, g: &Geometry)
 }
 
 impl NormalJob {
-    /// Set a job up whose ranks span nodes: buffers, the cached receive layout, the wire
-    /// between the nodes and the kernels' argument arrays.
-    #[allow(clippy::too_many_arguments)]
+    /// Set a job up whose ranks span nodes: this process's ranks' buffers (whole nodes), the
+    /// cached receive layout and the per-rank counters. The wire between the nodes and the
+    /// kernels' argument arrays come in [`NormalJob::connect`].
     pub fn prepare_across_nodes(
         devs: &mut Devices,
         job: &JobPlan,
@@ -127,8 +139,7 @@ impl NormalJob {
         gpu_of_rank: &[u32],
         launch: NormalLaunch,
         geometry: Geometry,
-        config: &WireConfig,
-        exchange: &dyn EndpointExchange,
+        config: WireConfig,
     ) -> Result<NormalJob, HwError> {
         let n = job.num_ranks();
         let w = &d.workload;
@@ -157,7 +168,7 @@ impl NormalJob {
         }
         let channels = geometry.num_channels;
         let wire = NormalLayout::new(&geometry).map_err(|e| setup(e.to_string()))?;
-        let routing = d.routing.clone();
+        let routing = d.routing().clone();
         // Rows land by source rank, then channel, then token: DeepEP's layout, the same as
         // intranode's, given to the kernels as a cached handle.
         let expect = expectations(&routing, channels);
@@ -190,92 +201,30 @@ impl NormalJob {
             channels,
             rings.total as usize,
         )?;
-        for (r, b) in bufs.iter().enumerate() {
-            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
-            g.upload(&b.rank_prefix, &expect[r].rank_prefix)?;
-            g.upload(&b.recv_channel_offset, &expect[r].channel_offset)?;
+        for (&r, b) in &bufs {
+            let g = &dev_of_ref(devs, gpu_of_rank[r as usize]).gpu;
+            g.upload(&b.rank_prefix, &expect[r as usize].rank_prefix)?;
+            g.upload(&b.recv_channel_offset, &expect[r as usize].channel_offset)?;
         }
-        let nodes: Vec<u32> = {
-            let mut v: Vec<u32> = (0..n).map(|r| geometry.node_of(r)).collect();
-            v.dedup();
-            v
-        };
-        let sizes = AreaSizes {
-            recv_area_bytes: wire.recv_area_bytes,
-            send_area_bytes: wire.send_area_bytes,
-        };
-        let links = WireLinks::connect(
-            &pinned(&devs.list[0].gpu),
-            &nodes,
-            &geometry,
-            Traffic::Normal,
-            sizes,
-            config,
-            exchange,
-        )?;
         let fwd_log_stride = w.tokens_per_rank.div_ceil(channels.max(1)).max(1) as u64;
         let state_words = (STATE_KINDS * geometry.num_nodes() as u64 * channels as u64) as usize;
         let log_words = (geometry.num_nodes() as u64 * channels as u64 * fwd_log_stride) as usize;
-        let (mut state, mut fwd_log, mut tickets) = (Vec::new(), Vec::new(), Vec::new());
-        for &gpu in gpu_of_rank.iter().take(n as usize) {
-            let g = &dev_of(devs, gpu).gpu;
+        let (mut state, mut fwd_log, mut tickets) =
+            (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        for &r in bufs.keys() {
+            let g = &dev_of(devs, gpu_of_rank[r as usize]).gpu;
             let s = g.alloc(state_words * 8)?;
             g.memset_u8(s.ptr, 0, s.bytes)?;
             let t = g.alloc(8)?;
             g.memset_u8(t.ptr, 0, t.bytes)?;
-            state.push(s);
-            fwd_log.push(g.alloc(log_words * 8)?);
-            tickets.push(t);
+            state.insert(r, s);
+            fwd_log.insert(r, g.alloc(log_words * 8)?);
+            tickets.insert(r, t);
         }
         let t = w.tokens_per_rank as usize;
-        let all_args: Vec<InternodeRankArgs> = bufs
-            .iter()
-            .enumerate()
-            .map(|(r, b)| {
-                let rw = links.rank(r as u32);
-                InternodeRankArgs {
-                    x: b.x.ptr,
-                    x_scales: if fp8 { b.x_scales.ptr } else { 0 },
-                    topk_idx: b.topk_idx.ptr,
-                    topk_weights: b.topk_weights.ptr,
-                    is_token_in_rank: b.is_token_in_rank.ptr,
-                    recv_rank_prefix: b.rank_prefix.ptr,
-                    recv_channel_offset: b.recv_channel_offset.ptr,
-                    num_recv_tokens: b.num_recv_tokens.ptr,
-                    num_recv_tokens_per_expert: b.num_recv_tokens_per_expert.ptr,
-                    recv_x: b.recv_x.ptr,
-                    recv_x_scales: b.recv_x_scales.ptr,
-                    recv_src_idx: b.recv_src_idx.ptr,
-                    recv_topk_idx: b.recv_topk_idx.ptr,
-                    recv_topk_weights: b.recv_topk_weights.ptr,
-                    combine_x: b.combine_x.ptr,
-                    combine_topk_weights: b.recv_topk_weights.ptr,
-                    combined_x: b.combined_x.ptr,
-                    combined_topk_weights: b.combined_topk_weights.ptr,
-                    nvl: b.buffer.ptr,
-                    fwd_log: fwd_log[r].ptr,
-                    state: state[r].ptr,
-                    recv_area: rw.recv_area,
-                    send_area: rw.send_area,
-                    ring_slots: rw.ring_slots,
-                    ring_ticket: tickets[r].ptr,
-                    ring_mask: rw.ring_mask,
-                    recv_area_offset: rw.recv_area_offset,
-                    send_area_offset: rw.send_area_offset,
-                    num_tokens: t as i32,
-                    reserved: 0,
-                }
-            })
-            .collect();
-        let mut args = Vec::new();
-        for dev in &devs.list {
-            let a = dev.gpu.alloc(std::mem::size_of_val(all_args.as_slice()))?;
-            dev.gpu.upload(&a, &all_args)?;
-            args.push(a);
-        }
         let layout_args = layout_kernel_args(devs, &bufs, t)?;
         devs.sync("internode setup")?;
-        let crossing = tokens_crossing(&routing, &geometry);
+        let crossing = tokens_crossing(&routing, &geometry, bufs.keys().copied());
         let rdma_bytes = [
             crossing * normal_dispatch_token_bytes(w.hidden, w.topk, w.dispatch_dtype),
             crossing * normal_combine_token_bytes(w.hidden, w.topk),
@@ -298,32 +247,117 @@ impl NormalJob {
             bufs,
             args: Vec::new(),
             layout_args,
+            peers: None,
             epoch: 0,
             use_discard: false,
             discard_in_dispatch: false,
             dispatched: false,
             reference_digest: [None, None],
+            rank_digests: None,
             warp_times: None,
             launch,
             across: Some(Box::new(AcrossNodes {
-                links,
+                links: None,
                 geometry,
                 wire,
                 rings,
-                args,
-                _state: state,
-                _fwd_log: fwd_log,
-                _tickets: tickets,
+                config,
+                args: Vec::new(),
+                state,
+                fwd_log,
+                tickets,
                 fwd_log_stride,
                 rdma_bytes,
             })),
         })
     }
 
-    /// `hw.internode_kernels` and the wire's report for the result.
-    pub fn across_nodes_measurements(&self) -> Option<(Value, Value)> {
+    /// The wire between the nodes (endpoints swapped with the other processes through
+    /// `procs`, or within this process) and the kernels' argument arrays. Collective in a
+    /// multi-process run.
+    pub(super) fn connect_across(
+        &mut self,
+        devs: &Devices,
+        procs: Option<&mut crate::processes::Processes>,
+    ) -> Result<(), HwError> {
+        let fp8 = self.fp8;
+        let t = self.routing.tokens_per_rank as i32;
+        let a = self.across.as_mut().expect("across nodes");
+        let local: Vec<u32> = self.bufs.keys().copied().collect();
+        let owned = owned_nodes(&a.geometry, &local)?;
+        let sizes = AreaSizes {
+            recv_area_bytes: a.wire.recv_area_bytes,
+            send_area_bytes: a.wire.send_area_bytes,
+        };
+        let exchange: &mut dyn EndpointExchange = match procs {
+            Some(p) => p,
+            None => &mut SingleProcess,
+        };
+        let links = WireLinks::connect(
+            &pinned(&devs.list[0].gpu),
+            &owned,
+            &a.geometry,
+            Traffic::Normal,
+            sizes,
+            &a.config,
+            exchange,
+        )?;
+        let all_args: Vec<InternodeRankArgs> = (0..self.n)
+            .map(|r| {
+                let Some(b) = self.bufs.get(&r) else {
+                    return InternodeRankArgs { num_tokens: t, ..InternodeRankArgs::default() };
+                };
+                let rw = links.rank(r);
+                InternodeRankArgs {
+                    x: b.x.ptr,
+                    x_scales: if fp8 { b.x_scales.ptr } else { 0 },
+                    topk_idx: b.topk_idx.ptr,
+                    topk_weights: b.topk_weights.ptr,
+                    is_token_in_rank: b.is_token_in_rank.ptr,
+                    recv_rank_prefix: b.rank_prefix.ptr,
+                    recv_channel_offset: b.recv_channel_offset.ptr,
+                    num_recv_tokens: b.num_recv_tokens.ptr,
+                    num_recv_tokens_per_expert: b.num_recv_tokens_per_expert.ptr,
+                    recv_x: b.recv_x.ptr,
+                    recv_x_scales: b.recv_x_scales.ptr,
+                    recv_src_idx: b.recv_src_idx.ptr,
+                    recv_topk_idx: b.recv_topk_idx.ptr,
+                    recv_topk_weights: b.recv_topk_weights.ptr,
+                    combine_x: b.combine_x.ptr,
+                    combine_topk_weights: b.recv_topk_weights.ptr,
+                    combined_x: b.combined_x.ptr,
+                    combined_topk_weights: b.combined_topk_weights.ptr,
+                    nvl: b.buffer.ptr,
+                    fwd_log: a.fwd_log[&r].ptr,
+                    state: a.state[&r].ptr,
+                    recv_area: rw.recv_area,
+                    send_area: rw.send_area,
+                    ring_slots: rw.ring_slots,
+                    ring_ticket: a.tickets[&r].ptr,
+                    ring_mask: rw.ring_mask,
+                    recv_area_offset: rw.recv_area_offset,
+                    send_area_offset: rw.send_area_offset,
+                    num_tokens: t,
+                    reserved: 0,
+                }
+            })
+            .collect();
+        let mut args = Vec::new();
+        for dev in &devs.list {
+            let buf = dev.gpu.alloc(std::mem::size_of_val(all_args.as_slice()))?;
+            dev.gpu.upload(&buf, &all_args)?;
+            args.push(buf);
+        }
+        devs.sync("internode arguments")?;
+        a.args = args;
+        a.links = Some(links);
+        Ok(())
+    }
+
+    /// `hw.internode_kernels` for the result.
+    pub fn across_nodes_kernels(&self) -> Option<Value> {
         let a = self.across.as_ref()?;
-        let kernels = json!({
+        Some(json!({
             "threads_per_block": self.launch.threads,
             "blocks_per_rank": self.launch.blocks_per_rank,
             "channels_per_rank": self.channels,
@@ -335,14 +369,12 @@ impl NormalJob {
             "recv_area_bytes": a.wire.recv_area_bytes,
             "send_area_bytes": a.wire.send_area_bytes,
             "receive_layout": "cached (DeepEP's handle path): rows by source rank, channel, token, from the routing",
-        });
-        let report = serde_json::to_value(a.links.report()).unwrap_or(Value::Null);
-        Some((kernels, report))
+        }))
     }
 
     /// The wire's kind (`backend.wire`) when this job crosses nodes.
     pub fn wire_report(&self) -> Option<&crate::wire::WireReport> {
-        self.across.as_ref().map(|a| a.links.report())
+        self.across.as_ref()?.links.as_ref().map(|l| l.report())
     }
 
     fn across_params(&self, devs: &Devices, dev_index: usize, dispatch: bool) -> InternodeParams {
@@ -402,7 +434,12 @@ impl NormalJob {
     /// when the wire failed.
     fn finish_across(&mut self, devs: &Devices, op: &str) -> Result<(), HwError> {
         let done = devs.finish(op);
-        let health = self.across.as_mut().expect("across nodes").links.health();
+        let health = self
+            .across
+            .as_mut()
+            .and_then(|a| a.links.as_mut())
+            .expect("the wire is connected before any launch")
+            .health();
         match (done, health) {
             (Ok(()), Ok(())) => Ok(()),
             (Err(HwError::KernelTimeout { op, what }), Err(wire)) => {
@@ -422,8 +459,8 @@ impl NormalJob {
         job_id: eptwin_engine::ids::JobId,
     ) -> Result<OpSample, HwError> {
         let checked = !warmup && iteration == 0;
-        for (r, b) in self.bufs.iter().enumerate() {
-            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
+        for (&r, b) in &self.bufs {
+            let g = &dev_of_ref(devs, gpu_of_rank[r as usize]).gpu;
             for buf in [
                 &b.recv_x,
                 &b.recv_x_scales,
@@ -445,6 +482,7 @@ impl NormalJob {
         }
         devs.clear_errors()?;
         devs.flush_l2()?;
+        devs.barrier_before_launch()?;
         let mut timer = Timer::start(devs)?;
         for (i, dev) in devs.list.iter().enumerate() {
             let la = self.layout_args[i].ptr;
@@ -463,13 +501,19 @@ impl NormalJob {
             name: "layout".into(),
             latency_ns: timer.between_ns("start", "layout")?,
         }];
-        let rows: u64 = self.expect.iter().map(|e| e.rows.len() as u64).sum();
         let wire = if self.fp8 { Dtype::Fp8 } else { Dtype::Bf16 };
-        sample.nvlink_bytes = rows * normal_dispatch_token_bytes(self.hidden, self.topk, wire);
+        sample.nvlink_bytes =
+            self.local_received_rows() * normal_dispatch_token_bytes(self.hidden, self.topk, wire);
         sample.rdma_bytes = self.across.as_ref().expect("across nodes").rdma_bytes[0];
         self.dispatched = true;
-        let dg = self.digest_dispatch(devs, gpu_of_rank)?;
-        let host_check = if checked { Some(self.check_dispatch(devs, gpu_of_rank)?) } else { None };
+        let per_rank = self.digest_dispatch(devs)?;
+        let dg = per_rank.values().fold(0u64, |a, &b| a.wrapping_add(b));
+        let host_check = if checked {
+            self.rank_digests = Some(per_rank);
+            Some(self.check_dispatch(devs, gpu_of_rank)?)
+        } else {
+            None
+        };
         record_digest(&mut sample, &mut self.reference_digest[0], dg, "dispatch", host_check);
         Ok(sample)
     }
@@ -513,10 +557,10 @@ mod tests {
 
     #[test]
     fn crossing_tokens_count_each_remote_node_once() {
-        let spec: eptwin_engine::scenario::schema::WorkloadSpec = toml::from_str(
-            "tokens_per_rank = 50\nhidden = 256\ntopk = 4\nexperts = 32\nseed = 3\n",
-        )
-        .unwrap();
+        let spec = eptwin_engine::plan::Workload {
+            seed: 3,
+            ..eptwin_engine::plan::Workload::new(50, 256, 4, 32)
+        };
         let routing = eptwin_engine::routing::generate(&spec, 8);
         let g = Geometry {
             num_ranks: 8,
@@ -544,6 +588,6 @@ mod tests {
                 want += other as u64;
             }
         }
-        assert_eq!(tokens_crossing(&routing, &g), want, "two nodes: at most one remote node");
+        assert_eq!(tokens_crossing(&routing, &g, 0..8), want, "two nodes: at most one remote node");
     }
 }

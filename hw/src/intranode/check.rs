@@ -1,41 +1,31 @@
 //! The host checks of one dispatch and one combine (DeepEP `test_intranode.py`'s), and the
 //! output digests every iteration is compared with.
 
+use std::collections::BTreeMap;
+
 use rayon::prelude::*;
 
 use super::{NormalJob, payload_bytes};
 use crate::data::{self, bytes_of_u16};
 use crate::error::HwError;
-use crate::exec::{Devices, DigestRegion, Failures, bf16_close, dev_of_ref, digest};
+use crate::exec::{Devices, DigestRegion, Failures, bf16_close, dev_of_ref, digest_ranks};
 
 impl NormalJob {
-    pub(super) fn digest_dispatch(
-        &self,
-        devs: &Devices,
-        _gpu_of_rank: &[u32],
-    ) -> Result<u64, HwError> {
-        let mut total = 0u64;
+    /// Each local rank's dispatch outputs, digested (the per-iteration race check sums them).
+    pub(super) fn digest_dispatch(&self, devs: &Devices) -> Result<BTreeMap<u32, u64>, HwError> {
         let pay = payload_bytes(self.hidden, self.fp8);
-        for dev in &devs.list {
-            let mut regions = Vec::new();
-            for &r in &dev.ranks {
-                let b = &self.bufs[r as usize];
-                let rows = self.expect[r as usize].rows.len() as u64;
-                regions.push(rows_region(b.recv_x.ptr, rows, pay));
-                if self.fp8 {
-                    regions.push(rows_region(
-                        b.recv_x_scales.ptr,
-                        rows,
-                        self.hidden as u64 / 128 * 4,
-                    ));
-                }
-                regions.push(rows_region(b.recv_src_idx.ptr, rows, 4));
-                regions.push(rows_region(b.recv_topk_idx.ptr, rows, self.topk as u64 * 4));
-                regions.push(rows_region(b.recv_topk_weights.ptr, rows, self.topk as u64 * 4));
+        digest_ranks(devs, |r| {
+            let b = &self.bufs[&r];
+            let rows = self.expect[r as usize].rows.len() as u64;
+            let mut regions = vec![rows_region(b.recv_x.ptr, rows, pay)];
+            if self.fp8 {
+                regions.push(rows_region(b.recv_x_scales.ptr, rows, self.hidden as u64 / 128 * 4));
             }
-            total = total.wrapping_add(digest(dev, &regions)?);
-        }
-        Ok(total)
+            regions.push(rows_region(b.recv_src_idx.ptr, rows, 4));
+            regions.push(rows_region(b.recv_topk_idx.ptr, rows, self.topk as u64 * 4));
+            regions.push(rows_region(b.recv_topk_weights.ptr, rows, self.topk as u64 * 4));
+            regions
+        })
     }
 
     /// The full host check of one dispatch (DeepEP test_intranode.py's checks).
@@ -60,10 +50,11 @@ impl NormalJob {
             per_expert: Vec<i32>,
             chan: Vec<i32>,
         }
-        let mut got = Vec::with_capacity(n);
-        for (r, &gpu) in gpu_of_rank.iter().enumerate().take(n) {
-            let g = &dev_of_ref(devs, gpu).gpu;
-            let b = &self.bufs[r];
+        let local: Vec<usize> = self.bufs.keys().map(|&r| r as usize).collect();
+        let mut got = Vec::with_capacity(local.len());
+        for &r in &local {
+            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
+            let b = &self.bufs[&(r as u32)];
             let rows = self.expect[r].rows.len();
             let mut x = vec![0u8; rows * pay];
             g.download(b.recv_x.ptr, &mut x)?;
@@ -85,9 +76,10 @@ impl NormalJob {
             g.download(b.recv_channel_offset.ptr, &mut chan)?;
             got.push(Got { x, scales, src, topk, w, prefix, num, per_expert, chan });
         }
-        let results: Vec<_> = (0..n).into_par_iter().map(|r| {
+        let results: Vec<_> = (0..local.len()).into_par_iter().map(|i| {
+            let r = local[i];
             let e = &self.expect[r];
-            let gr = &got[r];
+            let gr = &got[i];
             let mut layout = Failures::default();
             let mut data = Failures::default();
             let mut meta = Failures::default();
@@ -190,23 +182,25 @@ impl NormalJob {
         devs: &Devices,
         gpu_of_rank: &[u32],
     ) -> Result<(Vec<String>, Vec<String>), HwError> {
-        let (n, k, h) = (self.n as usize, self.topk as usize, self.hidden as usize);
+        let (k, h) = (self.topk as usize, self.hidden as usize);
         let t = self.routing.tokens_per_rank as usize;
         let ranks_per_node = self.across.as_ref().map(|a| a.geometry.ranks_per_node);
-        let mut got = Vec::with_capacity(n);
-        for (r, &gpu) in gpu_of_rank.iter().enumerate().take(n) {
-            let g = &dev_of_ref(devs, gpu).gpu;
-            let b = &self.bufs[r];
+        let local: Vec<usize> = self.bufs.keys().map(|&r| r as usize).collect();
+        let mut got = Vec::with_capacity(local.len());
+        for &r in &local {
+            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
+            let b = &self.bufs[&(r as u32)];
             let mut x = vec![0u16; t * h];
             g.download(b.combined_x.ptr, &mut x)?;
             let mut w = vec![0f32; t * k];
             g.download(b.combined_topk_weights.ptr, &mut w)?;
             got.push((x, w));
         }
-        let results: Vec<_> = (0..n)
+        let results: Vec<_> = (0..local.len())
             .into_par_iter()
-            .map(|s| {
-                let (gx, gw) = &got[s];
+            .map(|i| {
+                let s = local[i];
+                let (gx, gw) = &got[i];
                 let tok = &self.tokens[s];
                 let mut data = Failures::default();
                 let mut weights = Failures::default();

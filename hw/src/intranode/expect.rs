@@ -68,15 +68,10 @@ pub fn expectations(routing: &RoutingTable, channels: u32) -> Vec<RecvExpectatio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eptwin_engine::scenario::schema::WorkloadSpec;
+    use eptwin_engine::plan::Workload;
 
     fn routing(n: u32, tokens: u32) -> RoutingTable {
-        let spec: WorkloadSpec = toml::from_str(&format!(
-            "tokens_per_rank = {tokens}\nhidden = 256\ntopk = 4\nexperts = {}\n",
-            n * 4
-        ))
-        .unwrap();
-        eptwin_engine::routing::generate(&spec, n)
+        eptwin_engine::routing::generate(&Workload::new(tokens, 256, 4, n * 4), n)
     }
 
     #[test]

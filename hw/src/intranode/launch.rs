@@ -3,7 +3,7 @@
 
 use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
 use eptwin_engine::deepep::config::Config;
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use super::args::NormalParams;
@@ -12,7 +12,7 @@ use super::rings::{ClusterShape, cluster_shape};
 use super::{NormalJob, payload_bytes};
 use crate::data;
 use crate::error::HwError;
-use crate::exec::{Devices, Timer, dev_of_ref, digest, record_digest};
+use crate::exec::{Devices, Timer, dev_of_ref, digest_ranks, record_digest};
 use crate::kernel_args;
 
 impl NormalJob {
@@ -64,8 +64,8 @@ impl NormalJob {
     /// Before the host-checked iteration, poison the ring slots too: earlier iterations left
     /// the same (correct) tokens there, which would hide a slot that is read but never written.
     fn poison_rings(&self, devs: &Devices, gpu_of_rank: &[u32]) -> Result<(), HwError> {
-        for (r, b) in self.bufs.iter().enumerate() {
-            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
+        for (&r, b) in &self.bufs {
+            let g = &dev_of_ref(devs, gpu_of_rank[r as usize]).gpu;
             let from = self.layout.x as usize;
             g.memset_u8(b.buffer.at(from), 0xff, self.layout.total as usize - from)?;
         }
@@ -74,8 +74,8 @@ impl NormalJob {
 
     /// Poison every dispatch output so that an unwritten element cannot pass a check.
     fn poison_dispatch(&self, devs: &Devices, gpu_of_rank: &[u32]) -> Result<(), HwError> {
-        for (r, b) in self.bufs.iter().enumerate() {
-            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
+        for (&r, b) in &self.bufs {
+            let g = &dev_of_ref(devs, gpu_of_rank[r as usize]).gpu;
             for buf in [
                 &b.recv_x,
                 &b.recv_x_scales,
@@ -113,6 +113,7 @@ impl NormalJob {
         self.epoch += 1;
         devs.clear_errors()?;
         devs.flush_l2()?;
+        devs.barrier_before_launch()?;
         let mut timer = Timer::start(devs)?;
         for (i, dev) in devs.list.iter().enumerate() {
             let la = self.layout_args[i].ptr;
@@ -137,16 +138,18 @@ impl NormalJob {
             PhaseTime { name: "layout".into(), latency_ns: timer.between_ns("start", "layout")? },
             PhaseTime { name: "notify".into(), latency_ns: timer.between_ns("layout", "notify")? },
         ];
-        let rows: u64 = self.expect.iter().map(|e| e.rows.len() as u64).sum();
         let wire = if self.fp8 { Dtype::Fp8 } else { Dtype::Bf16 };
-        sample.nvlink_bytes = rows * normal_dispatch_token_bytes(self.hidden, self.topk, wire);
+        sample.nvlink_bytes =
+            self.local_received_rows() * normal_dispatch_token_bytes(self.hidden, self.topk, wire);
         self.dispatched = true;
 
-        let dg = self.digest_dispatch(devs, gpu_of_rank)?;
+        let per_rank = self.digest_dispatch(devs)?;
+        let dg = per_rank.values().fold(0u64, |a, &b| a.wrapping_add(b));
         if !warmup && iteration == 0 && self.launch.rings.dispatch_slots.is_some() {
             self.report_warp_times(devs, "dispatch", 2 * self.n)?;
         }
         let host_check = if !warmup && iteration == 0 {
+            self.rank_digests = Some(per_rank);
             Some(self.check_dispatch(devs, gpu_of_rank)?)
         } else {
             None
@@ -232,12 +235,12 @@ impl NormalJob {
             self.dispatch(devs, gpu_of_rank, 0, true, job_id)?;
         }
         // Stand-in experts: combine input = dequantised token × a per-rank factor (untimed).
-        for (r, b) in self.bufs.iter().enumerate() {
-            let dev = dev_of_ref(devs, gpu_of_rank[r]);
-            let rows = self.expect[r].rows.len() as i32;
+        for (&r, b) in &self.bufs {
+            let dev = dev_of_ref(devs, gpu_of_rank[r as usize]);
+            let rows = self.expect[r as usize].rows.len() as i32;
             let (src, scales, out) = (b.recv_x.ptr, b.recv_x_scales.ptr, b.combine_x.ptr);
             let (hidden, fp8, factor) =
-                (self.hidden as i32, self.fp8 as i32, data::expert_factor(r as u32));
+                (self.hidden as i32, self.fp8 as i32, data::expert_factor(r));
             let mut a = kernel_args![src, scales, rows, hidden, fp8, factor, out];
             let f = dev.module("testdata")?.function("make_expert_output_normal");
             // SAFETY: recv_x holds `rows` rows; combine_x has room for them.
@@ -251,6 +254,7 @@ impl NormalJob {
         self.epoch += 1;
         devs.clear_errors()?;
         devs.flush_l2()?;
+        devs.barrier_before_launch()?;
         let (latency_ns, phases, rdma_bytes) = if self.across.is_some() {
             self.combine_across_launch(devs)?
         } else {
@@ -272,31 +276,23 @@ impl NormalJob {
         let mut sample = OpSample::new(job_id, OpKind::Combine, iteration, warmup, latency_ns);
         sample.phases = phases;
         sample.rdma_bytes = rdma_bytes;
-        let rows: u64 = self.expect.iter().map(|e| e.rows.len() as u64).sum();
-        sample.nvlink_bytes = rows * normal_combine_token_bytes(self.hidden, self.topk);
+        sample.nvlink_bytes =
+            self.local_received_rows() * normal_combine_token_bytes(self.hidden, self.topk);
 
-        let mut dg = 0u64;
-        for dev in &devs.list {
-            let mut regions = Vec::new();
-            for &r in &dev.ranks {
-                let b = &self.bufs[r as usize];
-                regions.push(rows_region(
-                    b.combined_x.ptr,
-                    self.routing.tokens_per_rank as u64,
-                    self.hidden as u64 * 2,
-                ));
-                regions.push(rows_region(
-                    b.combined_topk_weights.ptr,
-                    self.routing.tokens_per_rank as u64,
-                    self.topk as u64 * 4,
-                ));
-            }
-            dg = dg.wrapping_add(digest(dev, &regions)?);
-        }
+        let tokens = self.routing.tokens_per_rank as u64;
+        let per_rank = digest_ranks(devs, |r| {
+            let b = &self.bufs[&r];
+            vec![
+                rows_region(b.combined_x.ptr, tokens, self.hidden as u64 * 2),
+                rows_region(b.combined_topk_weights.ptr, tokens, self.topk as u64 * 4),
+            ]
+        })?;
+        let dg = per_rank.values().fold(0u64, |a, &b| a.wrapping_add(b));
         if !warmup && iteration == 0 && self.launch.rings.combine_slots.is_some() {
             self.report_warp_times(devs, "combine", 4 * self.n)?;
         }
         let host_check = if !warmup && iteration == 0 {
+            self.rank_digests = Some(per_rank);
             Some(self.check_combine(devs, gpu_of_rank)?)
         } else {
             None

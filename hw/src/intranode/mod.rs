@@ -17,6 +17,8 @@ mod prepare;
 mod rings;
 mod warp_times;
 
+use std::collections::BTreeMap;
+
 use eptwin_engine::deepep::config::Config;
 use eptwin_engine::routing::RoutingTable;
 
@@ -26,6 +28,7 @@ pub use rings::{ClusterRings, ClusterShape, MAX_DYNAMIC_SMEM_BYTES, RingInputs, 
 
 use crate::cuda::DeviceBuffer;
 use crate::data::RankTokens;
+use crate::processes::SharedBuffers;
 
 /// Device buffers of one rank.
 struct RankBuffers {
@@ -80,10 +83,13 @@ pub struct NormalJob {
     tokens: Vec<RankTokens>,
     routing: RoutingTable,
     expect: Vec<RecvExpectation>,
-    bufs: Vec<RankBuffers>,
-    /// Per GPU: device array of every rank's args (peer pointers included).
+    /// This process's ranks (every rank in a single-process run), by job rank.
+    bufs: BTreeMap<u32, RankBuffers>,
+    /// Per GPU: device array of every rank's args (peer pointers included); set by `connect`.
     args: Vec<DeviceBuffer>,
     layout_args: Vec<DeviceBuffer>,
+    /// Other processes' NVL buffers mapped here (kept alive while the kernels use them).
+    peers: Option<SharedBuffers>,
     epoch: i32,
     /// Drop consumed ring lines from L2 in combine (`HwOptions::l2_discard`) and in dispatch
     /// (`HwOptions::discard_in_dispatch`).
@@ -91,6 +97,8 @@ pub struct NormalJob {
     discard_in_dispatch: bool,
     dispatched: bool,
     reference_digest: [Option<u64>; 2],
+    /// Each local rank's output digest of the host-checked iteration of the last op.
+    rank_digests: Option<BTreeMap<u32, u64>>,
     pub launch: NormalLaunch,
     /// `EPTWIN_CLUSTER_TIMES=1`: per block of the cluster kernels, its start and every warp's
     /// finish (globaltimer ns), reported after the host-checked iteration.
@@ -119,5 +127,15 @@ impl NormalJob {
 
     pub fn received_rows(&self) -> u64 {
         self.expect.iter().map(|e| e.rows.len() as u64).sum()
+    }
+
+    /// Rows this process's ranks receive in dispatch (and send back in combine).
+    fn local_received_rows(&self) -> u64 {
+        self.bufs.keys().map(|&r| self.expect[r as usize].rows.len() as u64).sum()
+    }
+
+    /// The output digest of each local rank on the last op's host-checked iteration, once.
+    pub fn take_rank_digests(&mut self) -> Option<BTreeMap<u32, u64>> {
+        self.rank_digests.take()
     }
 }

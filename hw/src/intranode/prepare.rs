@@ -1,9 +1,11 @@
-//! Setting up a normal job: the configs and shapes it needs, the test tokens, every rank's
-//! device buffers, and the argument arrays the kernels read (peer pointers included).
+//! Setting up a normal job: the configs and shapes it needs, the test tokens, this process's
+//! ranks' device buffers, and the argument arrays the kernels read (peer pointers included,
+//! mapped from other processes in a multi-process run).
 
-use eptwin_engine::plan::{DeepEpJob, JobPlan};
-use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::{Dtype, WorkloadSpec};
+use std::collections::BTreeMap;
+
+use eptwin_engine::plan::Dtype;
+use eptwin_engine::plan::{DeepEpJob, JobPlan, RoutingTable, Workload};
 use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};
@@ -16,8 +18,12 @@ use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
 use crate::options::HwOptions;
+use crate::processes::share_buffers;
 
 impl NormalJob {
+    /// Everything this process does alone: tokens, its ranks' buffers (`devs` holds exactly
+    /// its ranks), the layout kernel's arguments. [`NormalJob::connect`] then builds the
+    /// arguments that reach the peers.
     pub fn prepare(
         devs: &mut Devices,
         job: &JobPlan,
@@ -73,7 +79,7 @@ impl NormalJob {
                 layout.src_idx - layout.x
             )));
         }
-        let routing = d.routing.clone();
+        let routing = d.routing().clone();
         let expect = expectations(&routing, channels);
         let tokens: Vec<RankTokens> = (0..n as usize)
             .into_par_iter()
@@ -94,42 +100,6 @@ impl NormalJob {
             channels,
             layout.total as usize,
         )?;
-        let all_args: Vec<NormalRankArgs> = bufs
-            .iter()
-            .map(|b| NormalRankArgs {
-                x: b.x.ptr,
-                x_scales: if fp8 { b.x_scales.ptr } else { 0 },
-                topk_idx: b.topk_idx.ptr,
-                topk_weights: b.topk_weights.ptr,
-                is_token_in_rank: b.is_token_in_rank.ptr,
-                num_tokens_per_rank: b.num_tokens_per_rank.ptr,
-                num_tokens_per_expert: b.num_tokens_per_expert.ptr,
-                channel_prefix_matrix: b.channel_prefix_matrix.ptr,
-                send_head: b.send_head.ptr,
-                rank_prefix: b.rank_prefix.ptr,
-                num_recv_tokens_per_expert: b.num_recv_tokens_per_expert.ptr,
-                num_recv_tokens: b.num_recv_tokens.ptr,
-                recv_x: b.recv_x.ptr,
-                recv_x_scales: b.recv_x_scales.ptr,
-                recv_src_idx: b.recv_src_idx.ptr,
-                recv_topk_idx: b.recv_topk_idx.ptr,
-                recv_topk_weights: b.recv_topk_weights.ptr,
-                recv_channel_offset: b.recv_channel_offset.ptr,
-                combine_x: b.combine_x.ptr,
-                combine_topk_weights: b.recv_topk_weights.ptr,
-                combined_x: b.combined_x.ptr,
-                combined_topk_weights: b.combined_topk_weights.ptr,
-                buffer: b.buffer.ptr,
-                num_tokens: t as i32,
-                reserved: 0,
-            })
-            .collect();
-        let mut args = Vec::new();
-        for dev in &devs.list {
-            let a = dev.gpu.alloc(std::mem::size_of_val(all_args.as_slice()))?;
-            dev.gpu.upload(&a, &all_args)?;
-            args.push(a);
-        }
         let layout_args = layout_kernel_args(devs, &bufs, t)?;
         devs.sync("normal setup")?;
         Ok(NormalJob {
@@ -146,13 +116,15 @@ impl NormalJob {
             routing,
             expect,
             bufs,
-            args,
+            args: Vec::new(),
             layout_args,
+            peers: None,
             epoch: 0,
             use_discard: options.l2_discard,
             discard_in_dispatch: options.discard_in_dispatch(),
             dispatched: false,
             reference_digest: [None, None],
+            rank_digests: None,
             warp_times: if options.cluster_times && launch.rings.any() {
                 // Up to 4 warps per rank per block (the combine) plus the start, and the
                 // combine's per-token stamps, per block.
@@ -168,29 +140,94 @@ impl NormalJob {
             across: None,
         })
     }
+
+    /// The per-GPU argument arrays the kernels read: this process's ranks' buffers, and the
+    /// peers' NVL buffers (the only field the kernels read of another rank) mapped from other
+    /// processes. Collective in a multi-process run.
+    pub fn connect(
+        &mut self,
+        devs: &Devices,
+        mut procs: Option<&mut crate::processes::Processes>,
+    ) -> Result<(), HwError> {
+        if self.across.is_some() {
+            return self.connect_across(devs, procs.as_deref_mut());
+        }
+        let exported: BTreeMap<u32, Vec<&DeviceBuffer>> =
+            self.bufs.iter().map(|(&r, b)| (r, vec![&b.buffer])).collect();
+        let peers = share_buffers(procs, devs, self.n, &exported, "NVL buffers")?;
+        let (fp8, t) = (self.fp8, self.routing.tokens_per_rank as i32);
+        let mut args = Vec::with_capacity(devs.list.len());
+        for (i, dev) in devs.list.iter().enumerate() {
+            let all: Vec<NormalRankArgs> = (0..self.n)
+                .map(|r| match self.bufs.get(&r) {
+                    Some(b) => NormalRankArgs {
+                        x: b.x.ptr,
+                        x_scales: if fp8 { b.x_scales.ptr } else { 0 },
+                        topk_idx: b.topk_idx.ptr,
+                        topk_weights: b.topk_weights.ptr,
+                        is_token_in_rank: b.is_token_in_rank.ptr,
+                        num_tokens_per_rank: b.num_tokens_per_rank.ptr,
+                        num_tokens_per_expert: b.num_tokens_per_expert.ptr,
+                        channel_prefix_matrix: b.channel_prefix_matrix.ptr,
+                        send_head: b.send_head.ptr,
+                        rank_prefix: b.rank_prefix.ptr,
+                        num_recv_tokens_per_expert: b.num_recv_tokens_per_expert.ptr,
+                        num_recv_tokens: b.num_recv_tokens.ptr,
+                        recv_x: b.recv_x.ptr,
+                        recv_x_scales: b.recv_x_scales.ptr,
+                        recv_src_idx: b.recv_src_idx.ptr,
+                        recv_topk_idx: b.recv_topk_idx.ptr,
+                        recv_topk_weights: b.recv_topk_weights.ptr,
+                        recv_channel_offset: b.recv_channel_offset.ptr,
+                        combine_x: b.combine_x.ptr,
+                        combine_topk_weights: b.recv_topk_weights.ptr,
+                        combined_x: b.combined_x.ptr,
+                        combined_topk_weights: b.combined_topk_weights.ptr,
+                        buffer: b.buffer.ptr,
+                        num_tokens: t,
+                        reserved: 0,
+                    },
+                    None => NormalRankArgs {
+                        buffer: peers.ptr(i, r, 0),
+                        num_tokens: t,
+                        ..NormalRankArgs::default()
+                    },
+                })
+                .collect();
+            let a = dev.gpu.alloc(std::mem::size_of_val(all.as_slice()))?;
+            dev.gpu.upload(&a, &all)?;
+            args.push(a);
+        }
+        devs.sync("normal arguments")?;
+        self.args = args;
+        self.peers = Some(peers);
+        Ok(())
+    }
 }
 
-/// Every rank's device buffers, inputs uploaded (tokens, top-k), the NVL buffer (`nvl_bytes`)
-/// zeroed once: its counters only grow.
+/// This process's ranks' device buffers (the ranks `devs` holds), inputs uploaded (tokens,
+/// top-k), the NVL buffer (`nvl_bytes`) zeroed once: its counters only grow.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn alloc_rank_buffers(
     devs: &mut Devices,
     gpu_of_rank: &[u32],
-    w: &WorkloadSpec,
+    w: &Workload,
     routing: &RoutingTable,
     tokens: &[RankTokens],
     expect: &[RecvExpectation],
     fp8: bool,
     channels: u32,
     nvl_bytes: usize,
-) -> Result<Vec<RankBuffers>, HwError> {
+) -> Result<BTreeMap<u32, RankBuffers>, HwError> {
     let n = routing.num_ranks;
     let l = w.experts / n;
     let t = w.tokens_per_rank as usize;
     let (h, k, nn, e) = (w.hidden as usize, w.topk as usize, n as usize, w.experts as usize);
     let pay = payload_bytes(w.hidden, fp8) as usize;
-    let mut bufs = Vec::with_capacity(nn);
-    for r in 0..nn {
+    let local: Vec<u32> = devs.list.iter().flat_map(|d| d.ranks.iter().copied()).collect();
+    let mut bufs = BTreeMap::new();
+    for &rank in &local {
+        let r = rank as usize;
         let dev = dev_of(devs, gpu_of_rank[r]);
         let g = &dev.gpu;
         let recv = expect[r].rows.len().max(1);
@@ -230,7 +267,7 @@ pub(super) fn alloc_rank_buffers(
         g.upload(&b.topk_weights, &routing.topk_weights[base..base + t * k])?;
         // Its counters (the barrier, the internode rings') only grow: zero it once.
         g.memset_u8(b.buffer.ptr, 0, nvl_bytes)?;
-        bufs.push(b);
+        bufs.insert(rank, b);
     }
     Ok(bufs)
 }
@@ -239,27 +276,30 @@ pub(super) fn alloc_rank_buffers(
 /// rank).
 pub(super) fn layout_kernel_args(
     devs: &Devices,
-    bufs: &[RankBuffers],
+    bufs: &BTreeMap<u32, RankBuffers>,
     t: usize,
 ) -> Result<Vec<DeviceBuffer>, HwError> {
-    let layout_rank_args: Vec<LayoutRankArgs> = bufs
+    devs.list
         .iter()
-        .map(|b| LayoutRankArgs {
-            topk_idx: b.topk_idx.ptr,
-            num_tokens_per_rank: b.num_tokens_per_rank.ptr,
-            num_tokens_per_expert: b.num_tokens_per_expert.ptr,
-            is_token_in_rank: b.is_token_in_rank.ptr,
-            num_tokens: t as i32,
-            reserved: 0,
+        .map(|dev| {
+            let local: Vec<LayoutRankArgs> = dev
+                .ranks
+                .iter()
+                .map(|r| {
+                    let b = &bufs[r];
+                    LayoutRankArgs {
+                        topk_idx: b.topk_idx.ptr,
+                        num_tokens_per_rank: b.num_tokens_per_rank.ptr,
+                        num_tokens_per_expert: b.num_tokens_per_expert.ptr,
+                        is_token_in_rank: b.is_token_in_rank.ptr,
+                        num_tokens: t as i32,
+                        reserved: 0,
+                    }
+                })
+                .collect();
+            let la = dev.gpu.alloc(std::mem::size_of_val(local.as_slice()))?;
+            dev.gpu.upload(&la, &local)?;
+            Ok(la)
         })
-        .collect();
-    let mut layout_args = Vec::new();
-    for dev in &devs.list {
-        let local: Vec<LayoutRankArgs> =
-            dev.ranks.iter().map(|&r| layout_rank_args[r as usize]).collect();
-        let la = dev.gpu.alloc(std::mem::size_of_val(local.as_slice()))?;
-        dev.gpu.upload(&la, &local)?;
-        layout_args.push(la);
-    }
-    Ok(layout_args)
+        .collect()
 }

@@ -1,7 +1,8 @@
 //! Where the normal kernels' rings live (thread-block cluster shared memory or global memory)
 //! and the launch shape of the cluster kernels.
 
-use super::payload_bytes;
+use eptwin_engine::plan::{ClusterSlot, Dtype, cluster_ring_slots};
+
 use crate::error::HwError;
 use crate::options::{HwOptions, RingsWanted};
 
@@ -22,8 +23,8 @@ pub struct ClusterRings {
 #[derive(Debug, Clone, Copy)]
 pub struct RingInputs {
     pub ranks: u32,
-    /// Every rank of the job on the one GPU in use.
-    pub one_gpu: bool,
+    /// Every rank of the job in one launch: on one GPU, in one process.
+    pub one_launch: bool,
     pub compute_major: i32,
     pub hidden: u32,
     pub fp8: bool,
@@ -81,8 +82,8 @@ impl ClusterRings {
 
 /// Why cluster rings cannot run for this job (common to both kernels).
 fn cluster_precondition(i: &RingInputs) -> Result<(), String> {
-    if !i.one_gpu {
-        return Err("needs every rank on one GPU".into());
+    if !i.one_launch {
+        return Err("needs every rank of the job in one launch (one GPU, one process)".into());
     }
     if i.ranks > 8 {
         return Err(format!("{} ranks > 8 (one portable cluster per channel)", i.ranks));
@@ -93,41 +94,42 @@ fn cluster_precondition(i: &RingInputs) -> Result<(), String> {
     Ok(())
 }
 
+/// The cluster kernel's ring slot (engine `cluster_ring`, which the simulator models too), or
+/// why bulk copies cannot move it.
+fn cluster_slot(dispatch: bool, hidden: u32, fp8: bool, topk: u32) -> Result<ClusterSlot, String> {
+    if dispatch {
+        ClusterSlot::dispatch(hidden, topk, if fp8 { Dtype::Fp8 } else { Dtype::Bf16 })
+    } else {
+        ClusterSlot::combine(hidden, topk)
+    }
+}
+
 /// Dispatch slots per source: the Config's ring size, capped by `cap` and by shared memory.
 fn dispatch_slots(i: &RingInputs, cap: Option<u32>) -> Result<u32, String> {
     cluster_precondition(i)?;
-    let scales = if i.fp8 { (i.hidden / 128) as u64 } else { 0 };
-    if !(scales * 4).is_multiple_of(16) || !(i.topk as u64 * 4).is_multiple_of(16) {
-        return Err(format!(
-            "{scales} scales or top-{} per row are not 16-byte multiples (bulk copies)",
-            i.topk
-        ));
-    }
-    let slot = cluster_slot_bytes(payload_bytes(i.hidden, i.fp8), scales, i.topk as u64);
+    let slot = cluster_slot(true, i.hidden, i.fp8, i.topk)?;
     let want = i.dispatch_recv_tokens.min(cap.unwrap_or(u32::MAX)).max(1);
-    most_slots(want, |s| cluster_dispatch_smem(i.ranks as u64, s, slot))
+    most_slots(&slot, want, i.ranks)
 }
 
 /// Combine slots per source (BF16 rows and their top-k weights).
 fn combine_slots(i: &RingInputs) -> Result<u32, String> {
     cluster_precondition(i)?;
-    if !(i.topk as u64 * 4).is_multiple_of(16) {
-        return Err(format!("top-{} weights per row are not a 16-byte multiple", i.topk));
-    }
-    let slot = 2 * i.hidden as u64 + 4 * i.topk as u64;
-    most_slots(i.combine_recv_tokens.max(1), |s| cluster_combine_smem(i.ranks as u64, s, slot))
+    let slot = cluster_slot(false, i.hidden, i.fp8, i.topk)?;
+    most_slots(&slot, i.combine_recv_tokens.max(1), i.ranks)
 }
 
 /// The most slots up to `want` whose layout fits a block's shared memory (at least one).
-fn most_slots(want: u32, smem: impl Fn(u64) -> u64) -> Result<u32, String> {
-    (1..=want).rev().find(|&s| smem(s as u64) <= MAX_DYNAMIC_SMEM_BYTES).ok_or_else(|| {
-        format!(
+fn most_slots(slot: &ClusterSlot, want: u32, ranks: u32) -> Result<u32, String> {
+    match cluster_ring_slots(slot, want, ranks, MAX_DYNAMIC_SMEM_BYTES) {
+        0 => Err(format!(
             "one slot per source takes {} bytes of shared memory, more than the {} a block \
                  may have",
-            smem(1),
+            slot.smem_bytes(ranks, 1),
             MAX_DYNAMIC_SMEM_BYTES
-        )
-    })
+        )),
+        slots => Ok(slots),
+    }
 }
 
 /// How a cluster kernel is launched: its name, ring slots per source and their bytes, dynamic
@@ -150,46 +152,16 @@ pub fn cluster_shape(
     topk: u32,
     slots: u32,
 ) -> ClusterShape {
-    let (n, k) = (ranks as u64, topk as u64);
-    if dispatch {
-        let scales = if fp8 { (hidden / 128) as u64 } else { 0 };
-        let slot_bytes = cluster_slot_bytes(payload_bytes(hidden, fp8), scales, k);
-        ClusterShape {
-            kernel: "intranode_dispatch_cluster",
-            slots,
-            slot_bytes,
-            smem_bytes: cluster_dispatch_smem(n, slots as u64, slot_bytes) as u32,
-            // A sender and a receiver warp per rank (kClusterThreads).
-            threads: 64 * ranks,
-        }
-    } else {
-        let slot_bytes = 2 * hidden as u64 + 4 * k;
-        ClusterShape {
-            kernel: "intranode_combine_cluster",
-            slots,
-            slot_bytes,
-            smem_bytes: cluster_combine_smem(n, slots as u64, slot_bytes) as u32,
-            // A sender warp and three reducer warps per rank (kCombineClusterThreads).
-            threads: 128 * ranks,
-        }
+    let slot = cluster_slot(dispatch, hidden, fp8, topk).expect("ClusterRings::choose checked it");
+    ClusterShape {
+        kernel: if dispatch { "intranode_dispatch_cluster" } else { "intranode_combine_cluster" },
+        slots,
+        slot_bytes: slot.slot_bytes,
+        smem_bytes: slot.smem_bytes(ranks, slots) as u32,
+        // A sender and a receiver warp per rank (kClusterThreads); combine: a sender warp and
+        // three reducer warps per rank (kCombineClusterThreads).
+        threads: if dispatch { 64 } else { 128 } * ranks,
     }
-}
-
-/// Bytes of one shared-memory slot of the cluster dispatch: row, scales, top-k experts, top-k
-/// weights (each copied in bulk, so each a 16-byte multiple) and a 16-byte source index.
-fn cluster_slot_bytes(row_bytes: u64, scales: u64, topk: u64) -> u64 {
-    row_bytes + scales * 4 + 8 * topk + 16
-}
-
-/// Dynamic shared memory of the cluster dispatch: rings, their mbarriers, the heads, the
-/// sender's token-index staging (16 bytes per slot).
-fn cluster_dispatch_smem(ranks: u64, slots: u64, slot_bytes: u64) -> u64 {
-    ranks * slots * (slot_bytes + 8 + 16) + ranks * 4
-}
-
-/// Dynamic shared memory of the cluster combine: rings, their mbarriers, the heads.
-fn cluster_combine_smem(ranks: u64, slots: u64, slot_bytes: u64) -> u64 {
-    ranks * slots * (slot_bytes + 8) + ranks * 4
 }
 
 /// What a block may have on sm_90 (227 KiB).
@@ -202,14 +174,18 @@ mod tests {
     #[test]
     fn cluster_rings_fit_shared_memory_at_deepseek_shapes() {
         // FP8 dispatch of 7,168 channels with 56 scales and top-8; BF16 combine of the same.
-        let d = cluster_slot_bytes(7168, 56, 8);
-        assert_eq!(d, 7472);
-        assert_eq!(d % 16, 0, "bulk copies move 16-byte multiples");
+        let d = cluster_slot(true, 7168, true, 8).unwrap();
+        assert_eq!(d.slot_bytes, 7472);
+        assert_eq!(d.slot_bytes % 16, 0, "bulk copies move 16-byte multiples");
         let i = deepseek_inputs();
         assert_eq!(dispatch_slots(&i, None), Ok(3), "three 7,472-byte slots per source fit");
-        assert!(cluster_dispatch_smem(8, 4, d) > MAX_DYNAMIC_SMEM_BYTES);
+        assert!(d.smem_bytes(8, 4) > MAX_DYNAMIC_SMEM_BYTES);
         assert_eq!(combine_slots(&i), Ok(2), "two 14,368-byte slots per source fit");
-        assert!(cluster_combine_smem(8, 3, 7168 * 2 + 32) > MAX_DYNAMIC_SMEM_BYTES);
+        let c = cluster_slot(false, 7168, true, 8).unwrap();
+        assert!(c.smem_bytes(8, 3) > MAX_DYNAMIC_SMEM_BYTES);
+        // The launch shape: dynamic shared memory of the slots, heads and mbarriers.
+        let shape = cluster_shape(true, 8, 7168, true, 8, 3);
+        assert_eq!((shape.slot_bytes, shape.smem_bytes, shape.threads), (7472, 179_936, 512));
         // The Config's ring size and the measurement cap bound the slots too.
         assert_eq!(dispatch_slots(&RingInputs { dispatch_recv_tokens: 2, ..i }, None), Ok(2));
         assert_eq!(dispatch_slots(&i, Some(1)), Ok(1));
@@ -220,7 +196,7 @@ mod tests {
     fn deepseek_inputs() -> RingInputs {
         RingInputs {
             ranks: 8,
-            one_gpu: true,
+            one_launch: true,
             compute_major: 9,
             hidden: 7168,
             fp8: true,
@@ -234,7 +210,7 @@ mod tests {
     fn cluster_rings_only_where_they_can_run() {
         let i = deepseek_inputs();
         for bad in [
-            RingInputs { one_gpu: false, ..i },
+            RingInputs { one_launch: false, ..i },
             RingInputs { ranks: 16, ..i },
             RingInputs { compute_major: 8, ..i },
             // 16,384 BF16 channels: one 32 KB slot per source is more than a block may have.

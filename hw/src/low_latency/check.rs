@@ -26,10 +26,11 @@ impl LlJob {
             x: Vec<u8>,
             scales: Vec<f32>,
         }
-        let mut got = Vec::with_capacity(n);
-        for (r, &gpu) in gpu_of_rank.iter().enumerate().take(n) {
-            let g = &dev_of_ref(devs, gpu).gpu;
-            let b = &self.bufs[r];
+        let local: Vec<usize> = self.bufs.keys().map(|&r| r as usize).collect();
+        let mut got = Vec::with_capacity(local.len());
+        for &r in &local {
+            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
+            let b = &self.bufs[&(r as u32)];
             let mut count = vec![0i32; l];
             g.download(b.packed_recv_count.ptr, &mut count)?;
             let mut range = vec![0i64; l * n];
@@ -45,8 +46,9 @@ impl LlJob {
             got.push(Got { count, range, src, slot, x, scales });
         }
         let rpn = self.ranks_per_node();
-        let results: Vec<_> = (0..n).into_par_iter().map(|r| {
-            let gr = &got[r];
+        let results: Vec<_> = (0..local.len()).into_par_iter().map(|i| {
+            let r = local[i];
+            let gr = &got[i];
             let (mut counts, mut data) = (Failures::default(), Failures::default());
             for le in 0..l {
                 let ex = &self.expect[r][le];
@@ -145,18 +147,20 @@ impl LlJob {
         devs: &Devices,
         gpu_of_rank: &[u32],
     ) -> Result<(Vec<String>, Vec<String>), HwError> {
-        let (n, h, k) = (self.n as usize, self.hidden as usize, self.topk as usize);
+        let (h, k) = (self.hidden as usize, self.topk as usize);
         let tt = self.routing.tokens_per_rank as usize;
-        let mut got = Vec::with_capacity(n);
-        for (r, &gpu) in gpu_of_rank.iter().enumerate().take(n) {
-            let g = &dev_of_ref(devs, gpu).gpu;
+        let local: Vec<usize> = self.bufs.keys().map(|&r| r as usize).collect();
+        let mut got = Vec::with_capacity(local.len());
+        for &r in &local {
+            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
             let mut x = vec![0u16; tt * h];
-            g.download(self.bufs[r].combined_x.ptr, &mut x)?;
+            g.download(self.bufs[&(r as u32)].combined_x.ptr, &mut x)?;
             got.push(x);
         }
-        let results: Vec<_> = (0..n)
+        let results: Vec<_> = (0..local.len())
             .into_par_iter()
-            .map(|s| {
+            .map(|i| {
+                let s = local[i];
                 let tok = &self.tokens[s];
                 let mut f = Failures::default();
                 let mut worst = 0f64;
@@ -182,7 +186,7 @@ impl LlJob {
                             mag += (weights[j] * out).abs();
                         }
                         let want = data::bf16_to_f32(data::f32_to_bf16(acc));
-                        let have = data::bf16_to_f32(got[s][t * h + hi]);
+                        let have = data::bf16_to_f32(got[i][t * h + hi]);
                         gv.push(have);
                         wv.push(want);
                         if !bf16_close(have, want, mag) {

@@ -38,14 +38,11 @@ pub fn expectations(routing: &RoutingTable) -> Vec<Vec<ExpertExpectation>> {
 mod tests {
     use super::*;
     use crate::low_latency::LlJob;
-    use eptwin_engine::scenario::schema::WorkloadSpec;
+    use eptwin_engine::plan::Workload;
 
     #[test]
     fn expectations_cover_every_selection() {
-        let spec: WorkloadSpec = toml::from_str(
-            "tokens_per_rank = 64\nhidden = 256\ntopk = 8\nexperts = 64\nmasked_selections = 10\n",
-        )
-        .unwrap();
+        let spec = Workload { masked_selections: 10, ..Workload::new(64, 256, 8, 64) };
         let rt = eptwin_engine::routing::generate(&spec, 8);
         let ex = expectations(&rt);
         let total: usize = ex.iter().flatten().map(|e| e.count()).sum();

@@ -2,13 +2,13 @@
 //! phases apart in hook mode), CUDA-event timing, digests and the host-checked iteration.
 
 use eptwin_engine::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use super::args::LlParams;
 use super::{LlJob, PHASE_RECV, PHASE_SEND, WARPS_PER_GROUP};
 use crate::error::HwError;
-use crate::exec::{Devices, DigestRegion, Timer, dev_of_ref, digest, record_digest};
+use crate::exec::{Devices, DigestRegion, Timer, dev_of_ref, digest_ranks, record_digest};
 use crate::kernel_args;
 
 impl LlJob {
@@ -57,13 +57,14 @@ impl LlJob {
         devs.sync(&format!("{what} setup"))?;
         devs.clear_errors()?;
         devs.flush_l2()?;
+        devs.barrier_before_launch()?;
         let mut timer = Timer::start(devs)?;
         self.launch(devs, kernel, &mut timer)?;
         let done = devs.finish(what);
         if let Some(a) = self.across.as_mut() {
             a.calls[(op != OpKind::Dispatch) as usize] += 1;
             // A kernel that gave up waiting on the wire is explained by the wire's failure.
-            match (done, a.links.health()) {
+            match (done, a.links_mut().health()) {
                 (Err(HwError::KernelTimeout { op, what }), Err(wire)) => {
                     return Err(HwError::KernelTimeout { op, what: format!("{what}; {wire}") });
                 }
@@ -121,8 +122,8 @@ impl LlJob {
     ) -> Result<OpSample, HwError> {
         // Counters start at zero (DeepEP's kernels clean them for the next call; here the host
         // does it before the timed region) and outputs are poisoned.
-        for (r, b) in self.bufs.iter().enumerate() {
-            let g = &dev_of_ref(devs, gpu_of_rank[r]).gpu;
+        for (&r, b) in &self.bufs {
+            let g = &dev_of_ref(devs, gpu_of_rank[r as usize]).gpu;
             for buf in [&b.atomic_counter, &b.finish_counter, &b.recv_count] {
                 g.memset_u8(buf.ptr, 0, buf.bytes)?;
             }
@@ -144,20 +145,20 @@ impl LlJob {
         }
         let mut sample =
             self.timed_launch(devs, "ll_dispatch", OpKind::Dispatch, job_id, iteration, warmup)?;
-        let msgs = self.selections();
         let dtype = if self.fp8 { Dtype::Fp8 } else { Dtype::Bf16 };
         // Messages to another node cross the wire, the others stay on "NVLink".
         sample.rdma_bytes = self.across.as_ref().map_or(0, |a| a.rdma_bytes[0]);
-        sample.nvlink_bytes = msgs * ll_dispatch_msg_bytes(self.hidden, dtype) - sample.rdma_bytes;
+        sample.nvlink_bytes = self.local_dispatch_messages()
+            * ll_dispatch_msg_bytes(self.hidden, dtype)
+            - sample.rdma_bytes;
         self.dispatched = true;
 
         let pay = if self.fp8 { self.hidden as u64 } else { 2 * self.hidden as u64 };
         let l = (self.experts / self.n) as u64;
-        let mut dg = 0u64;
-        for dev in &devs.list {
+        let per_rank = digest_ranks(devs, |r| {
             let mut regions = Vec::new();
-            for &r in &dev.ranks {
-                let b = &self.bufs[r as usize];
+            {
+                let b = &self.bufs[&r];
                 let counts = b.packed_recv_count.ptr;
                 let packed = |ptr: u64, row_bytes: u64| DigestRegion {
                     ptr,
@@ -180,9 +181,11 @@ impl LlJob {
                     rows_per_group: 1,
                 });
             }
-            dg = dg.wrapping_add(digest(dev, &regions)?);
-        }
+            regions
+        })?;
+        let dg = per_rank.values().fold(0u64, |a, &b| a.wrapping_add(b));
         let host_check = if !warmup && iteration == 0 {
+            self.rank_digests = Some(per_rank);
             Some(self.check_dispatch(devs, gpu_of_rank)?)
         } else {
             None
@@ -209,8 +212,8 @@ impl LlJob {
             self.dispatch(devs, gpu_of_rank, 0, true, job_id)?;
         }
         let l = (self.experts / self.n) as i32;
-        for (r, b) in self.bufs.iter().enumerate() {
-            let dev = dev_of_ref(devs, gpu_of_rank[r]);
+        for (&r, b) in &self.bufs {
+            let dev = dev_of_ref(devs, gpu_of_rank[r as usize]);
             let (px, ps, pc, out) = (
                 b.packed_recv_x.ptr,
                 b.packed_recv_scales.ptr,
@@ -232,27 +235,24 @@ impl LlJob {
         let mut sample =
             self.timed_launch(devs, "ll_combine", OpKind::Combine, job_id, iteration, warmup)?;
         sample.rdma_bytes = self.across.as_ref().map_or(0, |a| a.rdma_bytes[1]);
-        sample.nvlink_bytes =
-            self.selections() * ll_combine_msg_bytes(self.hidden, Dtype::Bf16) - sample.rdma_bytes;
+        sample.nvlink_bytes = self.local_combine_messages()
+            * ll_combine_msg_bytes(self.hidden, Dtype::Bf16)
+            - sample.rdma_bytes;
 
-        let mut dg = 0u64;
         let tt = self.routing.tokens_per_rank as u64;
-        for dev in &devs.list {
-            let regions: Vec<DigestRegion> = dev
-                .ranks
-                .iter()
-                .map(|&r| DigestRegion {
-                    ptr: self.bufs[r as usize].combined_x.ptr,
-                    num_rows: tt,
-                    row_words: (self.hidden / 2) as i32,
-                    row_stride_words: self.hidden as u64 / 2,
-                    row_counts: 0,
-                    rows_per_group: 1,
-                })
-                .collect();
-            dg = dg.wrapping_add(digest(dev, &regions)?);
-        }
+        let per_rank = digest_ranks(devs, |r| {
+            vec![DigestRegion {
+                ptr: self.bufs[&r].combined_x.ptr,
+                num_rows: tt,
+                row_words: (self.hidden / 2) as i32,
+                row_stride_words: self.hidden as u64 / 2,
+                row_counts: 0,
+                rows_per_group: 1,
+            }]
+        })?;
+        let dg = per_rank.values().fold(0u64, |a, &b| a.wrapping_add(b));
         let host_check = if !warmup && iteration == 0 {
+            self.rank_digests = Some(per_rank);
             Some(self.check_combine(devs, gpu_of_rank)?)
         } else {
             None

@@ -13,12 +13,15 @@ mod expect;
 mod launch;
 mod prepare;
 
+use std::collections::BTreeMap;
+
 use eptwin_engine::routing::RoutingTable;
 
 pub use expect::{ExpertExpectation, expectations};
 
 use crate::cuda::DeviceBuffer;
 use crate::data::RankTokens;
+use crate::processes::SharedBuffers;
 
 const PHASE_SEND: i32 = 1;
 const PHASE_RECV: i32 = 2;
@@ -72,14 +75,20 @@ pub struct LlJob {
     tokens: Vec<RankTokens>,
     routing: RoutingTable,
     expect: Vec<Vec<ExpertExpectation>>,
-    bufs: Vec<RankBuffers>,
+    /// This process's ranks (every rank in a single-process run), by job rank.
+    bufs: BTreeMap<u32, RankBuffers>,
+    /// Per GPU: device array of every rank's args; set by `connect`.
     args: Vec<DeviceBuffer>,
+    /// Other processes' receive buffers mapped here (kept alive while the kernels use them).
+    peers: Option<SharedBuffers>,
     /// Drop consumed ring lines from L2 in combine (`HwOptions::l2_discard`) and in dispatch
     /// (`HwOptions::discard_in_dispatch`).
     use_discard: bool,
     discard_in_dispatch: bool,
     dispatched: bool,
     reference_digest: [Option<u64>; 2],
+    /// Each local rank's output digest of the host-checked iteration of the last op.
+    rank_digests: Option<BTreeMap<u32, u64>>,
     pub launch: LlLaunch,
     /// Ranks on several nodes: remote destinations through the wire.
     across: Option<Box<across_nodes::LlAcross>>,
@@ -88,7 +97,7 @@ pub struct LlJob {
 impl LlJob {
     /// The wire's report when this job crosses nodes (`backend.wire`).
     pub fn wire_report(&self) -> Option<&crate::wire::WireReport> {
-        self.across.as_ref().map(|a| a.links.report())
+        self.across.as_ref()?.links.as_ref().map(|l| l.report())
     }
 
     /// Ranks per node when this job crosses nodes.
@@ -99,6 +108,29 @@ impl LlJob {
     /// Valid (token, expert) selections over all ranks: DeepEP's LL byte counts use these.
     pub fn selections(&self) -> u64 {
         self.routing.topk_idx.iter().filter(|&&e| e >= 0).count() as u64
+    }
+
+    /// Messages this process's ranks send in dispatch (their valid selections).
+    fn local_dispatch_messages(&self) -> u64 {
+        let per_rank = self.routing.tokens_per_rank as usize * self.topk as usize;
+        self.bufs
+            .keys()
+            .map(|&r| {
+                let from = r as usize * per_rank;
+                self.routing.topk_idx[from..from + per_rank].iter().filter(|&&e| e >= 0).count()
+                    as u64
+            })
+            .sum()
+    }
+
+    /// Messages this process's ranks send in combine: one per token their experts received.
+    fn local_combine_messages(&self) -> u64 {
+        self.bufs.keys().flat_map(|&r| &self.expect[r as usize]).map(|e| e.count() as u64).sum()
+    }
+
+    /// The output digest of each local rank on the last op's host-checked iteration, once.
+    pub fn take_rank_digests(&mut self) -> Option<BTreeMap<u32, u64>> {
+        self.rank_digests.take()
     }
 
     /// Selections from each source rank to each destination rank (NCCL baseline volumes).

@@ -1,8 +1,11 @@
 //! Setting up a low-latency job: what it needs per GPU, the packed-row capacity, the test
-//! tokens, every rank's device buffers and the argument arrays the kernels read.
+//! tokens, this process's ranks' device buffers and the argument arrays the kernels read
+//! (other processes' buffers mapped through CUDA IPC in a multi-process run).
 
+use std::collections::BTreeMap;
+
+use eptwin_engine::plan::Dtype;
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
-use eptwin_engine::scenario::schema::Dtype;
 use rayon::prelude::*;
 
 use super::across_nodes::LlAcross;
@@ -11,20 +14,22 @@ use super::{
     ExpertExpectation, LlJob, LlLaunch, MAX_ITEMS_PER_BLOCK, RankBuffers, combine_slot,
     expectations, msg_stride,
 };
+use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
 use crate::internode::Geometry;
-use crate::internode::gpu::{EndpointExchange, WireConfig};
+use crate::internode::gpu::{EndpointExchange, SingleProcess, WireConfig};
 use crate::options::HwOptions;
+use crate::processes::{Processes, share_buffers};
 
 impl LlJob {
     /// Bytes this job needs on each GPU (to refuse plans that do not fit before allocating).
     pub fn bytes_needed(d: &DeepEpJob, ranks_on_gpu: u64, capacity: u64) -> u64 {
         let w = &d.workload;
-        let (t, h, k) = (w.max_dispatch_tokens_per_rank() as u64, w.hidden as u64, w.topk as u64);
+        let (t, h, k) = (w.max_dispatch_tokens_per_rank as u64, w.hidden as u64, w.topk as u64);
         let l = d.num_local_experts as u64;
-        let n = d.routing.num_ranks as u64;
+        let n = d.routing().num_ranks as u64;
         let msg = msg_stride(w.hidden, w.dispatch_dtype == Dtype::Fp8);
         let per_rank = t * h * 2          // x
             + t * msg                      // send_buf
@@ -51,7 +56,7 @@ impl LlJob {
         gpu_of_rank: &[u32],
         options: &HwOptions,
         launch: LlLaunch,
-        across: Option<(Geometry, &WireConfig, &dyn EndpointExchange)>,
+        across: Option<(Geometry, WireConfig)>,
     ) -> Result<LlJob, HwError> {
         let n = job.num_ranks();
         let w = &d.workload;
@@ -81,8 +86,8 @@ impl LlJob {
                 "{n} low-latency ranks: the co-located kernels track at most 32 ranks per GPU"
             )));
         }
-        let max_tokens = w.max_dispatch_tokens_per_rank();
-        let routing = d.routing.clone();
+        let max_tokens = w.max_dispatch_tokens_per_rank;
+        let routing = d.routing().clone();
         let expect = expectations(&routing);
         let capacity = Self::capacity(&expect);
         for (i, dev) in devs.list.iter().enumerate() {
@@ -118,8 +123,10 @@ impl LlJob {
         let msg = msg_stride(w.hidden, fp8) as usize;
         let cslot = combine_slot(w.hidden) as usize;
         let pay = if fp8 { h } else { 2 * h };
-        let mut bufs = Vec::with_capacity(nn);
-        for r in 0..nn {
+        let local: Vec<u32> = devs.list.iter().flat_map(|d| d.ranks.iter().copied()).collect();
+        let mut bufs = BTreeMap::new();
+        for &rank in &local {
+            let r = rank as usize;
             let g = &dev_of(devs, gpu_of_rank[r]).gpu;
             let b = RankBuffers {
                 x: g.alloc(tt * h * 2)?,
@@ -148,52 +155,19 @@ impl LlJob {
             // Poison the receive slots once: a message that never arrives cannot look valid.
             g.memset_u8(b.recv_buf.ptr, 0xff, b.recv_buf.bytes)?;
             g.memset_u8(b.combine_recv_buf.ptr, 0xff, b.combine_recv_buf.bytes)?;
-            bufs.push(b);
+            bufs.insert(rank, b);
         }
         let across = match across {
-            Some((geometry, config, exchange)) => Some(Box::new(LlAcross::connect(
+            Some((geometry, config)) => Some(Box::new(LlAcross::prepare(
                 devs,
                 gpu_of_rank,
                 &routing,
+                &local,
                 geometry,
                 config,
-                exchange,
             )?)),
             None => None,
         };
-        let all: Vec<LlRankArgs> = bufs
-            .iter()
-            .enumerate()
-            .map(|(r, b)| LlRankArgs {
-                x: b.x.ptr,
-                topk_idx: b.topk_idx.ptr,
-                topk_weights: b.topk_weights.ptr,
-                send_buf: b.send_buf.ptr,
-                atomic_counter: b.atomic_counter.ptr,
-                finish_counter: b.finish_counter.ptr,
-                recv_buf: b.recv_buf.ptr,
-                recv_count: b.recv_count.ptr,
-                packed_recv_x: b.packed_recv_x.ptr,
-                packed_recv_scales: b.packed_recv_scales.ptr,
-                packed_recv_src_info: b.packed_recv_src_info.ptr,
-                packed_recv_slot: b.packed_recv_slot.ptr,
-                packed_recv_layout_range: b.packed_recv_layout_range.ptr,
-                packed_recv_count: b.packed_recv_count.ptr,
-                combine_x: b.combine_x.ptr,
-                combine_recv_buf: b.combine_recv_buf.ptr,
-                combine_recv_flag: b.combine_recv_flag.ptr,
-                combined_x: b.combined_x.ptr,
-                num_tokens: tt as i32,
-                reserved: 0,
-                ..wire_args(across.as_deref(), r)
-            })
-            .collect();
-        let mut args = Vec::new();
-        for dev in &devs.list {
-            let a = dev.gpu.alloc(std::mem::size_of_val(all.as_slice()))?;
-            dev.gpu.upload(&a, &all)?;
-            args.push(a);
-        }
         devs.sync("low-latency setup")?;
         Ok(LlJob {
             n,
@@ -210,27 +184,101 @@ impl LlJob {
             routing,
             expect,
             bufs,
-            args,
+            args: Vec::new(),
+            peers: None,
             use_discard: options.l2_discard,
             discard_in_dispatch: options.discard_in_dispatch(),
             dispatched: false,
             reference_digest: [None, None],
+            rank_digests: None,
             launch,
             across,
         })
     }
+
+    /// The per-GPU argument arrays the kernels read: this process's ranks' buffers, and of the
+    /// other ranks the four the kernels write into (receive slots and counts, combine slots
+    /// and flags), mapped from other processes. Collective in a multi-process run.
+    pub fn connect(
+        &mut self,
+        devs: &Devices,
+        mut procs: Option<&mut Processes>,
+    ) -> Result<(), HwError> {
+        // The wire first: its endpoints travel through the same process group.
+        if let Some(a) = self.across.as_mut() {
+            let exchange: &mut dyn EndpointExchange = match procs.as_deref_mut() {
+                Some(p) => p,
+                None => &mut SingleProcess,
+            };
+            a.connect_wire(devs, exchange)?;
+        }
+        let exported: BTreeMap<u32, Vec<&DeviceBuffer>> = self
+            .bufs
+            .iter()
+            .map(|(&r, b)| {
+                (r, vec![&b.recv_buf, &b.recv_count, &b.combine_recv_buf, &b.combine_recv_flag])
+            })
+            .collect();
+        let peers = share_buffers(procs, devs, self.n, &exported, "low-latency receive buffers")?;
+        let t = self.routing.tokens_per_rank as i32;
+        let mut args = Vec::with_capacity(devs.list.len());
+        for (i, dev) in devs.list.iter().enumerate() {
+            let all: Vec<LlRankArgs> = (0..self.n)
+                .map(|r| match self.bufs.get(&r) {
+                    Some(b) => LlRankArgs {
+                        x: b.x.ptr,
+                        topk_idx: b.topk_idx.ptr,
+                        topk_weights: b.topk_weights.ptr,
+                        send_buf: b.send_buf.ptr,
+                        atomic_counter: b.atomic_counter.ptr,
+                        finish_counter: b.finish_counter.ptr,
+                        recv_buf: b.recv_buf.ptr,
+                        recv_count: b.recv_count.ptr,
+                        packed_recv_x: b.packed_recv_x.ptr,
+                        packed_recv_scales: b.packed_recv_scales.ptr,
+                        packed_recv_src_info: b.packed_recv_src_info.ptr,
+                        packed_recv_slot: b.packed_recv_slot.ptr,
+                        packed_recv_layout_range: b.packed_recv_layout_range.ptr,
+                        packed_recv_count: b.packed_recv_count.ptr,
+                        combine_x: b.combine_x.ptr,
+                        combine_recv_buf: b.combine_recv_buf.ptr,
+                        combine_recv_flag: b.combine_recv_flag.ptr,
+                        combined_x: b.combined_x.ptr,
+                        num_tokens: t,
+                        reserved: 0,
+                        ..wire_args(self.across.as_deref(), r)
+                    },
+                    None => LlRankArgs {
+                        recv_buf: peers.ptr(i, r, 0),
+                        recv_count: peers.ptr(i, r, 1),
+                        combine_recv_buf: peers.ptr(i, r, 2),
+                        combine_recv_flag: peers.ptr(i, r, 3),
+                        num_tokens: t,
+                        ..LlRankArgs::default()
+                    },
+                })
+                .collect();
+            let a = dev.gpu.alloc(std::mem::size_of_val(all.as_slice()))?;
+            dev.gpu.upload(&a, &all)?;
+            args.push(a);
+        }
+        devs.sync("low-latency arguments")?;
+        self.args = args;
+        self.peers = Some(peers);
+        Ok(())
+    }
 }
 
-/// A rank's wire fields of `LlRankArgs` (zero when the job stays on one node).
-fn wire_args(across: Option<&LlAcross>, rank: usize) -> LlRankArgs {
+/// A local rank's wire fields of `LlRankArgs` (zero when the job stays on one node).
+fn wire_args(across: Option<&LlAcross>, rank: u32) -> LlRankArgs {
     let Some(a) = across else { return LlRankArgs::default() };
-    let w = a.links.rank(rank as u32);
+    let w = a.links().rank(rank);
     LlRankArgs {
         wire_recv_area: w.recv_area,
         wire_send_area: w.send_area,
         ring_slots: w.ring_slots,
-        ring_ticket: a.tickets[rank].ptr,
-        count_seen: a.count_seen[rank].ptr,
+        ring_ticket: a.tickets[&rank].ptr,
+        count_seen: a.count_seen[&rank].ptr,
         ring_mask: w.ring_mask,
         recv_area_offset: w.recv_area_offset,
         send_area_offset: w.send_area_offset,

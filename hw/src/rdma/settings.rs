@@ -58,19 +58,13 @@ impl Default for QpSettings {
 impl QpSettings {
     /// The settings one job's QPs are created with.
     pub fn for_job(plan: &Plan, job: &JobPlan) -> Self {
-        let explicit_tc = job.env.contains_key("NVSHMEM_IB_TRAFFIC_CLASS");
-        let gid_index = job
-            .env
-            .get("NVSHMEM_IB_GID_INDEX")
-            .and_then(|v| v.value.trim().parse::<i64>().ok())
-            .and_then(|v| u32::try_from(v).ok());
         QpSettings {
             sl: job.nvshmem.ib_sl,
-            traffic_class: explicit_tc.then_some(job.nvshmem.traffic_class),
+            traffic_class: job.nvshmem.traffic_class,
             depth: job.nvshmem.qp_depth,
             path_mtu_bytes: plan.qos.mtu,
             qps_per_peer: job.deepep().map_or(1, |d| d.buffer.num_qps_per_rank.max(1)),
-            gid_index,
+            gid_index: job.nvshmem.gid_index,
             ..QpSettings::default()
         }
     }

@@ -10,9 +10,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use eptwin_engine::plan::Dtype;
 use eptwin_engine::plan::{JobPlan, Plan};
 use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::Dtype;
 use eptwin_hw::internode::{
     Geometry, HostLinks, HostStats, LlLayout, NormalLayout, QpTable, TokenDtype, Traffic,
     run_low_latency, run_normal,
@@ -51,7 +51,7 @@ pub fn geometry(plan: &Plan, job: &JobPlan) -> (Geometry, Traffic) {
         topk: w.topk,
         num_experts: w.experts,
         tokens_per_rank: w.tokens_per_rank,
-        max_tokens_per_rank: w.max_dispatch_tokens_per_rank(),
+        max_tokens_per_rank: w.max_dispatch_tokens_per_rank,
         dispatch_dtype: dtype,
         num_channels: dc.map_or(0, |c| c.num_channels()),
         rdma_send_tokens: dc.map_or(0, |c| c.num_max_rdma_chunked_send_tokens),
@@ -64,7 +64,7 @@ pub fn geometry(plan: &Plan, job: &JobPlan) -> (Geometry, Traffic) {
 }
 
 pub fn routing(job: &JobPlan) -> &RoutingTable {
-    &job.deepep().expect("a DeepEP job").routing
+    job.deepep().expect("a DeepEP job").routing()
 }
 
 /// Tokens and rows the host reference must check over all nodes in `calls` calls: normal,

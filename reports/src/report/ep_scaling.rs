@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use eptwin_engine::result::{JobResult, RunResult};
+use eptwin_engine::result::{JobResult, RunResult, is_measured_kind};
 
 use super::{ChartSpec, Planned, op_rank, unique};
 use crate::charts::figure::{Figure, Panel, SeriesStyle, Ticks, XySeries};
@@ -70,7 +70,7 @@ pub(super) fn ep_scaling(results: &[Loaded<RunResult>]) -> Result<Planned, Strin
                     g.sim_hw.push(describe::hardware(doc));
                     &mut g.sim
                 }
-                "hw" => {
+                k if is_measured_kind(k) => {
                     g.meas_hw.push(describe::hardware(doc));
                     &mut g.meas
                 }

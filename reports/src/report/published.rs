@@ -1,6 +1,6 @@
 //! Latency and bandwidth against the numbers DeepEP publishes for the same shapes.
 
-use eptwin_engine::result::RunResult;
+use eptwin_engine::result::{RunResult, is_measured_kind};
 
 use super::{ChartSpec, Planned, name_list, natural_key, unique};
 use crate::charts::bars::{BarRow, BarSeries, GroupedBars};
@@ -72,7 +72,7 @@ pub(super) fn vs_published(
                         row.sim = Some((value, error, within));
                         sim_names.push(describe::hardware(doc));
                     }
-                    "hw" if row.meas.is_none() => {
+                    k if is_measured_kind(k) && row.meas.is_none() => {
                         row.meas = Some((value, error, within));
                         hw_names.push(describe::hardware(doc));
                     }

@@ -43,7 +43,8 @@ pub(super) fn sim_vs_measured(comparisons: &[Comparison]) -> Result<Planned, Str
     }
     if rows.is_empty() {
         return Err(
-            "needs a simulator result and a measured (hw) result of the same scenario".into()
+            "needs a simulator result and a measured (hw or deepep) result of the same scenario"
+                .into(),
         );
     }
     let scenarios = unique(scenarios);
@@ -103,6 +104,9 @@ mod tests {
             assert!(row.note.is_some(), "the simulator's error is the label: {row:?}");
         }
         let alone = sim_vs_measured(&pair_all(&[sim])).unwrap_err();
-        assert!(alone.contains("needs a simulator result and a measured (hw) result"), "{alone}");
+        assert!(
+            alone.contains("needs a simulator result and a measured (hw or deepep) result"),
+            "{alone}"
+        );
     }
 }

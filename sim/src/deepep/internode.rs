@@ -19,20 +19,19 @@
 //! Timing follows `test_internode.py` (`bench_kineto`): the kernel's time, notify excluded
 //! (reported as a phase).
 
-use eptwin_engine::Plan;
-use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
-use eptwin_engine::deepep::config::Config;
-use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::OpKind;
-use eptwin_engine::topology::NUM_MAX_NVL_PEERS;
+use eptwin_engine::plan::{
+    Config, NUM_MAX_NVL_PEERS, OpKind, Plan, RoutingTable, normal_combine_token_bytes,
+    normal_dispatch_token_bytes,
+};
 use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
-use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path, mix};
+use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path};
+use crate::core::time::{Rate, Time, ns};
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use crate::time::{Rate, Time, ns};
-use crate::world::Program;
+use eptwin_engine::rng::mix;
 
 const P: u32 = NUM_MAX_NVL_PEERS;
 /// Channel meta message: (NUM_MAX_NVL_PEERS · 2 + 2) ints.
@@ -185,7 +184,7 @@ impl InternodeProgram {
             combine_recv_rate: warps(8),
             costs,
             ranks: Ranks::new(n),
-            routing: d.routing.clone(),
+            routing: d.routing().clone(),
             masks: Vec::new(),
             rdma: Vec::new(),
             nvl: Vec::new(),
@@ -1137,10 +1136,6 @@ impl InternodeProgram {
 impl Program for InternodeProgram {
     fn num_ranks(&self) -> u32 {
         self.n
-    }
-
-    fn take_finished(&mut self) -> Vec<(u32, Time)> {
-        std::mem::take(&mut self.ranks.newly_finished)
     }
 
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {

@@ -10,19 +10,18 @@
 //! Timing follows `test_intranode.py` (`bench`, CUDA events with a cached layout): launch +
 //! the cached-notify barrier + the kernel, per rank, averaged.
 
-use eptwin_engine::Plan;
-use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
-use eptwin_engine::deepep::config::Config;
-use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::plan::{
+    Config, OpKind, Plan, RoutingTable, normal_combine_token_bytes, normal_dispatch_token_bytes,
+};
 use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
-use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path, mix};
+use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path};
+use crate::core::time::{Rate, Time};
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use crate::time::{Rate, Time};
-use crate::world::Program;
+use eptwin_engine::rng::mix;
 
 /// Threads per block of the intranode kernels (768 = 24 warps).
 const WARPS_PER_BLOCK: u32 = 24;
@@ -107,7 +106,7 @@ impl IntranodeProgram {
             global: core.jobs[meta.job.index()].ranks.iter().map(|r| r.0).collect(),
             costs,
             ranks: Ranks::new(n),
-            routing: d.routing.clone(),
+            routing: d.routing().clone(),
             rings: Vec::new(),
             streams: Vec::new(),
             pos: Vec::new(),
@@ -367,10 +366,6 @@ impl IntranodeProgram {
 impl Program for IntranodeProgram {
     fn num_ranks(&self) -> u32 {
         self.n
-    }
-
-    fn take_finished(&mut self) -> Vec<(u32, Time)> {
-        std::mem::take(&mut self.ranks.newly_finished)
     }
 
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {

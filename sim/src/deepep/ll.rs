@@ -13,17 +13,17 @@
 //! flags, then reduce the top-k partials with the weights. Hook mode times the send phase and
 //! a receive-phase kernel launched after everything arrived.
 
-use eptwin_engine::Plan;
-use eptwin_engine::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
-use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::plan::{
+    OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes,
+};
 use eptwin_engine::transport::OpSample;
 
-use super::{GpuCosts, Meta, Ranks, Route, deepep_job, ll_route, mix};
+use super::{GpuCosts, Meta, Ranks, Route, deepep_job, ll_route};
+use crate::core::time::Time;
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use crate::time::Time;
-use crate::world::Program;
+use eptwin_engine::rng::mix;
 
 /// DeepEP's doorbell batching for LL puts (`kNumRequestInBatch`).
 const DOORBELL_BATCH: u32 = 4;
@@ -135,7 +135,7 @@ impl LlProgram {
             }
         }
         let job = meta.job.index();
-        let routing = d.routing.clone();
+        let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
         let ne = (n * experts) as usize;
         let mut p = LlProgram {
@@ -635,10 +635,6 @@ impl LlProgram {
 impl Program for LlProgram {
     fn num_ranks(&self) -> u32 {
         self.n
-    }
-
-    fn take_finished(&mut self) -> Vec<(u32, Time)> {
-        std::mem::take(&mut self.ranks.newly_finished)
     }
 
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {

@@ -5,22 +5,17 @@
 pub mod internode;
 pub mod intranode;
 pub mod ll;
-pub mod one_gpu;
-pub mod one_gpu_cluster;
 pub mod ring;
 
-use eptwin_engine::Plan;
-use eptwin_engine::deepep::config::EpMode;
 use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::DeepEpJob;
-use eptwin_engine::scenario::schema::OpKind;
-use eptwin_engine::topology::PeerPath;
+use eptwin_engine::plan::{DeepEpJob, EpMode, OpKind, PeerPath, Plan};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use crate::core::Core;
+use crate::core::time::{Rate, Time};
+use crate::core::world::Program;
 use crate::gpu::PathKind;
-use crate::time::{Rate, Time};
-use crate::world::Program;
+use crate::hwkernels;
 
 pub fn program(
     plan: &Plan,
@@ -33,14 +28,14 @@ pub fn program(
     let d = plan.job(job).deepep().expect("a DeepEP job");
     let meta = Meta { job, op, iteration, warmup };
     // Ranks sharing one GPU run the hardware backend's one-GPU kernels (DeepEP has none).
-    if one_gpu::applies(plan, core, &meta) {
+    if hwkernels::applies(plan, core, &meta) {
         match d.mode {
-            EpMode::LowLatency => return Box::new(one_gpu::LlProgram::new(plan, core, meta)),
+            EpMode::LowLatency => return Box::new(hwkernels::LlProgram::new(plan, core, meta)),
             // At most 8 ranks on a GPU with thread-block clusters: the rings in shared memory.
-            EpMode::Intranode if one_gpu_cluster::applies(plan, core, &meta) => {
-                return Box::new(one_gpu_cluster::ClusterProgram::new(plan, core, meta));
+            EpMode::Intranode if hwkernels::cluster::applies(plan, core, &meta) => {
+                return Box::new(hwkernels::cluster::ClusterProgram::new(plan, core, meta));
             }
-            EpMode::Intranode => return Box::new(one_gpu::NormalProgram::new(plan, core, meta)),
+            EpMode::Intranode => return Box::new(hwkernels::NormalProgram::new(plan, core, meta)),
             EpMode::Internode => {}
         }
     }
@@ -141,12 +136,12 @@ impl GpuCosts {
             warp: Rate::from_gbps(prof.gpu.warp_copy_bw_gbps),
             launch: p.kernel_launch,
             flag: p.flag_latency,
-            grid_sync: crate::time::ns(prof.gpu.grid_sync_ns),
-            per_token: crate::time::ns(prof.deepep.per_token_issue_ns),
-            ll_signal: crate::time::ns(prof.deepep.ll_signal_ns),
-            ll_recv_per_msg: crate::time::ns(prof.deepep.ll_recv_per_msg_ns),
+            grid_sync: crate::core::time::ns(prof.gpu.grid_sync_ns),
+            per_token: crate::core::time::ns(prof.deepep.per_token_issue_ns),
+            ll_signal: crate::core::time::ns(prof.deepep.ll_signal_ns),
+            ll_recv_per_msg: crate::core::time::ns(prof.deepep.ll_recv_per_msg_ns),
             wqe_post: p.wqe_post,
-            notify: crate::time::ns(prof.deepep.notify_host_roundtrip_ns),
+            notify: crate::core::time::ns(prof.deepep.notify_host_roundtrip_ns),
             sm_share: 1.0,
             ranks_per_gpu: ranks_per_gpu as u32,
             sm_count: p.sm_count.max(1),
@@ -181,12 +176,9 @@ impl GpuCosts {
 /// Per-rank kernel bookkeeping shared by the programs: start, end, the sample.
 #[derive(Debug, Clone)]
 pub struct Ranks {
-    /// When each rank's kernel started (ranks start together, or when their previous kernel
-    /// on the same stream ended).
+    /// When each rank's kernel started.
     pub start: Vec<Time>,
     pub end: Vec<Option<Time>>,
-    /// Ranks finished since the world last asked (it chains the next kernel on them).
-    pub newly_finished: Vec<(u32, Time)>,
     /// The latest time any work of the rank finishes (the kernel ends there).
     pub last: Vec<Time>,
     pub left: u32,
@@ -200,7 +192,6 @@ impl Ranks {
         Ranks {
             start: vec![0; n as usize],
             end: vec![None; n as usize],
-            newly_finished: Vec::new(),
             last: vec![0; n as usize],
             left: n,
             phases: Vec::new(),
@@ -223,7 +214,6 @@ impl Ranks {
         if self.end[r as usize].is_none() {
             let end = t.max(self.last[r as usize]);
             self.end[r as usize] = Some(end);
-            self.newly_finished.push((r, end));
             self.left -= 1;
         }
     }
@@ -286,15 +276,6 @@ pub fn deepep_job(plan: &Plan, job: JobId) -> &DeepEpJob {
     plan.job(job).deepep().expect("a DeepEP job")
 }
 
-/// A 64-bit mix of (source rank, token, expert) for identity checks.
-#[inline]
-pub fn mix(a: u32, b: u32, c: u32) -> u64 {
-    let mut z = ((a as u64) << 42) ^ ((b as u64) << 21) ^ c as u64;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Tokens `[start, end)` of channel `c` when `tokens` are split into `channels` contiguous
 /// ranges, as DeepEP's normal kernels split them (`get_channel_task_range`).
 #[inline]
@@ -305,7 +286,7 @@ pub fn channel_range(tokens: u32, channels: u32, c: u32) -> (u32, u32) {
 }
 
 /// What every rank must end up holding against what it did: per rank a count and a wrapping
-/// sum of [`mix`] keys, so "each (token, rank) pair arrives exactly once" is checked without
+/// sum of `eptwin_engine::rng::mix` keys, so "each (token, rank) pair arrives exactly once" is checked without
 /// storing the pairs, whatever the arrival order.
 #[derive(Clone, Debug)]
 pub struct Ledger {
@@ -358,6 +339,8 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
+    use eptwin_engine::rng::mix;
+
     use super::*;
 
     #[test]

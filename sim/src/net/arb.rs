@@ -7,8 +7,7 @@
 //! RoCE: strict-priority traffic classes first (highest first), then deficit round robin over
 //! the ETS shares (fabric.md §5); a class with a 0 % share only gets otherwise idle time.
 
-use eptwin_engine::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, VlArbEntry};
-use eptwin_engine::scenario::schema::FabricKind;
+use eptwin_engine::plan::{FabricKind, FabricQos, HIGH_LIMIT_UNBOUNDED, VlArbEntry};
 
 /// Lanes a port arbitrates between (IB data VLs 0..=14, RoCE priorities 0..=7).
 pub const MAX_LANES: usize = 15;

@@ -2,12 +2,12 @@
 //! streams for concurrent sessions, and the end-of-run checks (byte conservation, deadlock).
 
 use eptwin_engine::ids::JobId;
-use eptwin_engine::scenario::schema::OpKind;
+use eptwin_engine::plan::OpKind;
 use eptwin_engine::transport::OpSample;
 
+use crate::core::queue::EventQueue;
+use crate::core::time::{Time, fmt_us};
 use crate::core::{Core, ProgId};
-use crate::queue::EventQueue;
-use crate::time::{Time, fmt_us};
 
 /// An op instance running on the simulated machine: a DeepEP kernel (with its notify phase) or
 /// a round of background traffic.
@@ -17,10 +17,6 @@ pub trait Program {
     /// Start rank `r`'s kernel at `t` (≥ now).
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time);
     fn num_ranks(&self) -> u32;
-    /// Ranks that finished since the last call, with their end times.
-    fn take_finished(&mut self) -> Vec<(u32, Time)> {
-        Vec::new()
-    }
     /// An actor's wait is over (a counter reached its threshold, a delay elapsed).
     fn wake(&mut self, core: &mut Core, me: ProgId, actor: u32);
     fn is_done(&self) -> bool;
@@ -48,9 +44,6 @@ struct Stream {
     /// Op instances to run in all (rounds × ops), and created so far.
     total: u32,
     created: u32,
-    /// Per-rank chaining: each rank starts its next kernel when its previous one ended (same
-    /// CUDA stream, launches queued ahead). Otherwise the next op starts when all ranks ended.
-    chained: bool,
 }
 
 /// How many events after the next one the loop fetches the records an event names itself
@@ -65,8 +58,6 @@ pub struct World {
     pub core: Core,
     progs: Vec<Option<Box<dyn Program>>>,
     stream_of: Vec<Option<usize>>,
-    /// Chained streams: each program's successor (created when its first rank is free).
-    succ: Vec<Option<ProgId>>,
     streams: Vec<Stream>,
     pub samples: Vec<OpSample>,
     finished: Vec<bool>,
@@ -87,7 +78,6 @@ impl World {
             core,
             progs: Vec::new(),
             stream_of: Vec::new(),
-            succ: Vec::new(),
             streams: Vec::new(),
             samples: Vec::new(),
             finished: Vec::new(),
@@ -102,7 +92,6 @@ impl World {
         prog.start(&mut self.core, id);
         self.progs.push(Some(prog));
         self.stream_of.push(stream);
-        self.succ.push(None);
         self.finished.push(false);
         id
     }
@@ -130,13 +119,14 @@ impl World {
     }
 
     /// Run every stream (job) back to back, all starting now: (job, ops, warmup rounds,
-    /// measured rounds, per-rank chaining).
+    /// measured rounds). Each op of a stream starts on all its ranks when the previous one
+    /// ended on all of them (DESIGN.md).
     pub fn run_streams(
         &mut self,
         factory: &mut Factory,
-        streams: &[(JobId, Vec<OpKind>, u32, u32, bool)],
+        streams: &[(JobId, Vec<OpKind>, u32, u32)],
     ) -> Result<(), RunError> {
-        for (job, ops, warmup, iterations, chained) in streams {
+        for (job, ops, warmup, iterations) in streams {
             if ops.is_empty() || warmup + iterations == 0 {
                 continue;
             }
@@ -146,7 +136,6 @@ impl World {
                 warmup: *warmup,
                 total: (warmup + iterations) * ops.len() as u32,
                 created: 0,
-                chained: *chained,
             });
         }
         for s in 0..self.streams.len() {
@@ -215,8 +204,7 @@ impl World {
         Ok(())
     }
 
-    /// Run pending wakes (in the order they were raised), chain ranks that finished into the
-    /// next op, and finish programs that completed.
+    /// Run pending wakes (in the order they were raised) and finish programs that completed.
     fn drain_all(&mut self, factory: &mut Factory) {
         let mut touched = std::mem::take(&mut self.touched);
         loop {
@@ -233,7 +221,7 @@ impl World {
             }
             self.core.pending_wakes.clear();
             for &p in &touched {
-                self.after_wake(factory, p);
+                self.check_finished(factory, p);
             }
             touched.clear();
             if self.core.pending_wakes.is_empty() {
@@ -241,25 +229,6 @@ impl World {
             }
         }
         self.touched = touched;
-    }
-
-    fn after_wake(&mut self, factory: &mut Factory, p: ProgId) {
-        let Some(prog) = self.progs[p as usize].as_mut() else { return };
-        let newly = prog.take_finished();
-        if let Some(s) = self.stream_of[p as usize]
-            && self.streams[s].chained
-        {
-            for (r, t) in newly {
-                if self.succ[p as usize].is_none() {
-                    self.succ[p as usize] = self.create_stream_op(factory, s);
-                }
-                if let Some(q) = self.succ[p as usize] {
-                    let prog = self.progs[q as usize].as_mut().expect("live program");
-                    prog.start_rank(&mut self.core, q, r, t);
-                }
-            }
-        }
-        self.check_finished(factory, p);
     }
 
     fn check_finished(&mut self, factory: &mut Factory, p: ProgId) {
@@ -291,7 +260,6 @@ impl World {
         }
         self.samples.push(sample);
         if let Some(s) = self.stream_of[p as usize]
-            && !self.streams[s].chained
             && let Some(q) = self.create_stream_op(factory, s)
         {
             self.start_all(q, self.core.now);
@@ -376,7 +344,7 @@ mod tests {
     use eptwin_engine::ids::JobId;
 
     use super::*;
-    use crate::time::PS_PER_US;
+    use crate::core::time::PS_PER_US;
 
     /// Rank `r` waits for counter `base + r`; only even ranks' counters are ever bumped.
     struct Waiter {
@@ -443,24 +411,21 @@ mod tests {
     }
 
     #[test]
-    fn streams_run_ops_back_to_back_aligned_or_chained() {
-        // Every rank's counter is bumped: each op ends 1 us after it starts.
-        struct Quick(u32, Vec<(u32, Time)>);
+    fn stream_ops_start_when_the_previous_ended_on_every_rank() {
+        // Rank r takes (r + 1) us: the slow rank paces the stream, the fast one waits for it.
+        type Starts = std::rc::Rc<std::cell::RefCell<Vec<(u32, Time)>>>;
+        struct Quick(u32, Starts);
         impl Program for Quick {
             fn start(&mut self, _core: &mut Core, _me: ProgId) {}
             fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
-                // Rank r takes (r + 1) us.
+                self.1.borrow_mut().push((r, t));
                 core.wake_at(t + (r as Time + 1) * PS_PER_US, me, r);
             }
             fn num_ranks(&self) -> u32 {
                 2
             }
-            fn wake(&mut self, core: &mut Core, _me: ProgId, r: u32) {
+            fn wake(&mut self, _core: &mut Core, _me: ProgId, _r: u32) {
                 self.0 += 1;
-                self.1.push((r, core.now));
-            }
-            fn take_finished(&mut self) -> Vec<(u32, Time)> {
-                std::mem::take(&mut self.1)
             }
             fn is_done(&self) -> bool {
                 self.0 == 2
@@ -472,18 +437,19 @@ mod tests {
                 String::new()
             }
         }
-        for chained in [false, true] {
-            let mut w = world();
-            let mut factory =
-                |_: &mut Core, _: JobId, _: OpKind, _: u32, _: bool| -> Box<dyn Program> {
-                    Box::new(Quick(0, Vec::new()))
-                };
-            w.run_streams(&mut factory, &[(JobId(0), vec![OpKind::Barrier], 0, 3, chained)])
-                .expect("run");
-            let ends: Vec<f64> = w.samples.iter().map(|s| s.latency_ns / 1e3).collect();
-            // Aligned: each op starts when both ranks ended (2 us per op). Chained: rank 0
-            // starts its next op at 1 us, rank 1 (the slow one) still paces the stream.
-            assert_eq!(ends, vec![2.0, 4.0, 6.0], "chained={chained}");
-        }
+        let starts = Starts::default();
+        let mut w = world();
+        let mut factory =
+            |_: &mut Core, _: JobId, _: OpKind, _: u32, _: bool| -> Box<dyn Program> {
+                Box::new(Quick(0, starts.clone()))
+            };
+        w.run_streams(&mut factory, &[(JobId(0), vec![OpKind::Barrier], 0, 3)]).expect("run");
+        let ends: Vec<f64> = w.samples.iter().map(|s| s.latency_ns / 1e3).collect();
+        assert_eq!(ends, vec![2.0, 4.0, 6.0]);
+        let us = PS_PER_US;
+        assert_eq!(
+            *starts.borrow(),
+            vec![(0, 0), (1, 0), (0, 2 * us), (1, 2 * us), (0, 4 * us), (1, 4 * us)]
+        );
     }
 }

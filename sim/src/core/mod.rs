@@ -5,13 +5,19 @@
 //! Events are a 16-byte enum (with the 16-byte key a queue entry is 32 bytes, the size
 //! fabric.md §10 measured as fast); all state lives in `Vec`s indexed by `u32` ids.
 
+pub mod queue;
+pub mod ring;
+pub mod slab;
+pub mod time;
+pub mod world;
+
 use std::fmt::Write as _;
 
-use crate::fabric::Net;
+use crate::core::queue::{CalendarQueue, EventQueue, HeapQueue, Queue, RadixQueue};
+use crate::core::time::{Time, fmt_us};
 use crate::gpu::Gpus;
+use crate::net::Net;
 use crate::params::Params;
-use crate::queue::{CalendarQueue, EventQueue, HeapQueue, Queue, RadixQueue};
-use crate::time::{Time, fmt_us};
 use crate::trace::Trace;
 
 /// Program (op instance) index.
@@ -47,7 +53,7 @@ pub enum Ev {
         pkt: u32,
         dst: u32,
         wire: u16,
-        /// The lane, with [`crate::fabric::LAST_HOP`] set when the switch delivers to the NIC.
+        /// The lane, with [`crate::net::LAST_HOP`] set when the switch delivers to the NIC.
         lane: u8,
     },
     /// A packet that completes something at a NIC (last packet of a message, ACK) is in.
@@ -320,7 +326,7 @@ impl Core {
         // Switch hops (over half the events) are tested first, by a conditional branch,
         // before the jump table takes the rest.
         if let Ev::SwitchArrive { from, pkt, dst, wire, lane } = ev {
-            self.switch_arrive(from, pkt, dst, wire as u32, lane & !crate::fabric::LAST_HOP);
+            self.switch_arrive(from, pkt, dst, wire as u32, lane & !crate::net::LAST_HOP);
             self.events_by_kind[2] += 1;
             return;
         }
@@ -379,14 +385,14 @@ mod tests {
     #[test]
     fn hot_record_sizes() {
         assert_eq!(std::mem::size_of::<Ev>(), 16);
-        assert_eq!(std::mem::size_of::<crate::fabric::Port>(), 64);
-        assert_eq!(std::mem::size_of::<crate::fabric::QEntry>(), 16);
-        assert_eq!(std::mem::size_of::<crate::fabric::Lane>(), 40);
-        assert_eq!(std::mem::size_of::<crate::fabric::CreditReturn>(), 8);
-        assert_eq!(std::mem::size_of::<crate::nic::QpTx>(), 32);
-        assert_eq!(std::mem::size_of::<crate::nic::Qp>(), 64);
-        assert_eq!(std::mem::size_of::<crate::fabric::Pkt>(), 16);
-        assert_eq!(std::mem::size_of::<crate::nic::MsgSend>(), 16);
-        assert_eq!(std::mem::size_of::<crate::nic::MsgDone>(), 16);
+        assert_eq!(std::mem::size_of::<crate::net::Port>(), 64);
+        assert_eq!(std::mem::size_of::<crate::net::QEntry>(), 16);
+        assert_eq!(std::mem::size_of::<crate::net::Lane>(), 40);
+        assert_eq!(std::mem::size_of::<crate::net::CreditReturn>(), 8);
+        assert_eq!(std::mem::size_of::<crate::net::nic::QpTx>(), 32);
+        assert_eq!(std::mem::size_of::<crate::net::nic::Qp>(), 64);
+        assert_eq!(std::mem::size_of::<crate::net::Pkt>(), 16);
+        assert_eq!(std::mem::size_of::<crate::net::nic::MsgSend>(), 16);
+        assert_eq!(std::mem::size_of::<crate::net::nic::MsgDone>(), 16);
     }
 }

@@ -9,7 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::time::Time;
+use crate::core::time::Time;
 
 /// What the simulation loop needs from a queue (the radix heap, or the baseline heap).
 pub trait EventQueue<T> {

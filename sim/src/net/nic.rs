@@ -8,10 +8,10 @@
 //! reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
+use crate::core::slab::{NONE, Slab};
+use crate::core::time::Time;
 use crate::core::{Action, Core, Ev, ProgId, prefetch_at};
-use crate::fabric::{Pkt, PktKind, QEntry, QP_ITEM};
-use crate::slab::{NONE, Slab};
-use crate::time::Time;
+use crate::net::{Pkt, PktKind, QEntry, QP_ITEM};
 
 #[derive(Debug, Clone)]
 pub struct Nic {
@@ -39,7 +39,7 @@ pub struct QpLabel {
 
 /// A queue pair's hot state (one cache line: every message touches it at post, doorbell,
 /// execution and completion, at random among tens of thousands of QPs). Who it belongs to
-/// lives apart, in [`Net::qp_labels`](crate::fabric::Net::qp_labels): only messages read it.
+/// lives apart, in [`Net::qp_labels`](crate::net::Net::qp_labels): only messages read it.
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 pub struct Qp {
@@ -61,7 +61,7 @@ pub struct Qp {
     /// Messages fully arrived and not yet executed: while none is, the next one to execute
     /// has not arrived, without a look at its record.
     pub arrived: u32,
-    /// That ACK's position in its NIC port lane's queue (counted as [`Lane::popped`](crate::fabric::Lane::popped)
+    /// That ACK's position in its NIC port lane's queue (counted as [`Lane::popped`](crate::net::Lane::popped)
     /// counts): it is still queued while the lane has popped no more than this.
     pub ack_pos: u64,
     /// The responder's last ACK for this QP (NONE: none). While it still waits in its NIC
@@ -104,12 +104,12 @@ pub struct QpTx {
 /// to a cache line. A message is touched at random among the hundreds of thousands in flight,
 /// and each phase reads only its own part: the doorbell and the send engine this one, the
 /// responder's execution and the requester's completion [`MsgDone`]. Its post time is kept
-/// apart, and only when tracing ([`Net::msg_posted_at`](crate::fabric::Net::msg_posted_at)).
+/// apart, and only when tracing ([`Net::msg_posted_at`](crate::net::Net::msg_posted_at)).
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(16))]
 pub struct MsgSend {
     /// When it may start sending (doorbell, WQE processing, tx latency) above its program in
-    /// the low 16 bits, one word (as [`CreditReturn`](crate::fabric::CreditReturn) packs its
+    /// the low 16 bits, one word (as [`CreditReturn`](crate::net::CreditReturn) packs its
     /// due time): times stay below 2^48 ps ≈ 281 s, past the run limit; all ones above the
     /// program: not rung yet.
     ready_prog: u64,
@@ -221,7 +221,7 @@ impl Msgs {
     pub fn with_capacity(n: usize) -> Msgs {
         Msgs {
             done: Slab::with_capacity(n),
-            send: crate::slab::with_capacity_huge(n),
+            send: crate::core::slab::with_capacity_huge(n),
             side: Vec::new(),
             arrived: Vec::new(),
         }
@@ -250,7 +250,7 @@ impl Msgs {
         // The slab hands out a fresh id exactly at the end of its array, which the parallel
         // arrays follow.
         if m as usize == self.send.len() {
-            crate::slab::push_huge(&mut self.send, send);
+            crate::core::slab::push_huge(&mut self.send, send);
         } else {
             self.send[m as usize] = send;
         }
@@ -359,7 +359,7 @@ impl Core {
             // Ports skip arbitration when the jobs use a single lane: a QP elsewhere breaks it.
             self.violation(format!("QP {nic} -> {peer_nic} on lane {lane}, not a job's lane"));
         }
-        crate::slab::push_huge(
+        crate::core::slab::push_huge(
             &mut self.net.qps,
             Qp {
                 nic,
@@ -382,7 +382,7 @@ impl Core {
             },
         );
         self.net.qp_labels.push(label);
-        crate::slab::push_huge(
+        crate::core::slab::push_huge(
             &mut self.net.qp_tx,
             QpTx {
                 send_ready: Time::MAX,
@@ -850,10 +850,10 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::EventQueue;
+    use crate::core::queue::EventQueue;
 
     /// A fresh two-node `h800-cx7` machine (8 NICs per node, one rail leaf each).
-    fn world() -> crate::world::World {
+    fn world() -> crate::core::world::World {
         let text = "schema = 1\nname = \"n\"\n[cluster]\nprofile = \"h800-cx7\"\nnodes = 2\n[[job]]\nname = \"t\"\n[job.traffic]\npattern = \"ring\"\nbytes_per_rank = 1024\n";
         let loaded = eptwin_engine::parse("n", text).expect("parse");
         let plan = eptwin_engine::Plan::build(&loaded).expect("plan");

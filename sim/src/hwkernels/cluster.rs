@@ -1,7 +1,7 @@
 //! The hardware backend's normal kernels with their rings in thread-block-cluster shared memory
 //! (`kernels/cuda/intranode_cluster.cu`: `intranode_dispatch_cluster`,
 //! `intranode_combine_cluster`), which run when every rank of a job (at most 8) shares one
-//! sm_90+ GPU. Same protocol as the global-ring kernels (`one_gpu::NormalProgram`): per
+//! sm_90+ GPU. Same protocol as the global-ring kernels (`hwkernels::NormalProgram`): per
 //! (channel, source, destination) a ring in the receiver's memory, filled in order, drained in
 //! order, slots handed back with a head counter; but each channel is one cluster of one block
 //! per rank, a ring lives in the receiving block's shared memory, and every slot is filled by a
@@ -24,7 +24,7 @@
 //!   server: `cluster_ingest_chunk_ns` plus the bytes at `cluster_sm_ingest_gbps`.
 //! * **The GPU's handoff rate.** Every bulk copy into a peer block's shared memory crosses one
 //!   FIFO server at `cluster_handoff_bw_gbps` (a lower bound from the whole-wave probe shapes).
-//! * **L2 and HBM** as in the global-ring model (`one_gpu`): the fills' global reads (from HBM
+//! * **L2 and HBM** as in the global-ring model (`hwkernels`): the fills' global reads (from HBM
 //!   the first time a token is read, from L2 after), the outputs' stores (written back), the
 //!   timing's flushed L2; the L2 also spends `cluster_transfer_l2_ns` per bulk transfer of a
 //!   chunk (each fill, each slot stored out): the whole-wave probe shapes move the same bytes
@@ -38,20 +38,21 @@
 
 use std::collections::VecDeque;
 
-use eptwin_engine::Plan;
-use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
-use eptwin_engine::routing::RoutingTable;
-use eptwin_engine::scenario::schema::{Dtype, OpKind};
+use eptwin_engine::plan::{
+    CLUSTER_INDEX_BYTES, ClusterSlot, OpKind, Plan, RoutingTable, Workload, cluster_ring_slots,
+    normal_combine_token_bytes, normal_dispatch_token_bytes,
+};
 use eptwin_engine::transport::OpSample;
 
-use super::one_gpu::{FlushedL2, MemSnap, NormalSetup, normal_setup};
-use super::ring::Ring;
-use super::{Ledger, Meta, Ranks, channel_range, deepep_job, mix};
+use super::{FlushedL2, MemSnap, NormalSetup, normal_setup};
+use crate::core::time::Time;
+use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
+use crate::deepep::ring::Ring;
+use crate::deepep::{Ledger, Meta, Ranks, channel_range, deepep_job};
 use crate::gpu::Server;
 use crate::params::{ClusterRings, OneGpu};
-use crate::time::Time;
-use crate::world::Program;
+use eptwin_engine::rng::mix;
 
 /// Ranks of a portable cluster: one block per rank per channel.
 const MAX_CLUSTER_RANKS: u32 = 8;
@@ -59,35 +60,14 @@ const MAX_CLUSTER_RANKS: u32 = 8;
 const PROBE_CLUSTER_BLOCKS: u32 = 8;
 /// Tokens whose routing row a dispatch sender warp loads at once (one per lane).
 const WINDOW_TOKENS: u32 = 32;
-/// Dispatch shared memory besides a slot's bytes: its mbarrier and the sender's 16-byte
-/// token-index staging; combine: the mbarrier (hw/src/intranode.rs `cluster_*_smem`).
-const DISPATCH_SLOT_EXTRA: u64 = 8 + 16;
-const COMBINE_SLOT_EXTRA: u64 = 8;
-/// The dispatch slot's token index, bulk-copied from the sender's shared memory (no L2).
-const INDEX_BYTES: u64 = 16;
-
-/// Bytes of a dispatch slot: row, scales, top-k experts and weights, a 16-byte token index
-/// (hw/src/intranode.rs `cluster_slot_bytes`): 7,472 B for FP8 hidden 7,168 top-8.
-fn dispatch_slot_bytes(hidden: u32, topk: u32, dtype: Dtype) -> (u64, u64) {
-    let (row, scales) = match dtype {
-        Dtype::Fp8 => (hidden as u64, (hidden as u64).div_ceil(128) * 4),
-        _ => (2 * hidden as u64, 0),
-    };
-    (row + scales + 8 * topk as u64 + INDEX_BYTES, row + scales)
-}
-
-/// Bytes of a combine slot: the BF16 row and its top-k weights (14,368 B at hidden 7,168).
-fn combine_slot_bytes(hidden: u32, topk: u32) -> u64 {
-    2 * hidden as u64 + 4 * topk as u64
-}
-
-/// Ring slots per (channel, source): what the scenario's ring asks
-/// (`num_max_nvl_chunked_recv_tokens`) or what fits one block's shared memory next to the
-/// other sources' rings and the heads, whichever is less.
-fn ring_slots(recv_tokens: u32, ranks: u32, slot_bytes: u64, extra: u64, smem: u64) -> u32 {
-    let n = ranks.max(1) as u64;
-    let fit = smem.saturating_sub(4 * n) / (n * (slot_bytes + extra));
-    recv_tokens.min(fit.min(u32::MAX as u64) as u32)
+/// The op's ring slot (engine `cluster_ring`, as the backend sizes it), or `None` where bulk
+/// copies cannot move it.
+fn slot_of(w: &Workload, dispatch: bool) -> Option<ClusterSlot> {
+    if dispatch {
+        ClusterSlot::dispatch(w.hidden, w.topk, w.dispatch_dtype).ok()
+    } else {
+        ClusterSlot::combine(w.hidden, w.topk).ok()
+    }
 }
 
 /// Steady-state time per chunk of one producer/consumer pair handing `bytes` chunks over
@@ -119,7 +99,7 @@ fn fill_at(c: &ClusterRings, resident: u32, blocks: u32) -> Time {
     }
 }
 
-/// Whether job `meta` runs the cluster kernels: the one-GPU model applies (`one_gpu::applies`,
+/// Whether job `meta` runs the cluster kernels: the one-GPU model applies (`hwkernels::applies`,
 /// checked by the caller), the profile has the cluster keys, at most 8 ranks, every part of a
 /// slot is a 16-byte multiple (bulk copies: the backend refuses other shapes), and the op's
 /// ring gets at least two slots in shared memory (with one the protocol cannot proceed).
@@ -131,28 +111,11 @@ pub fn applies(plan: &Plan, core: &Core, meta: &Meta) -> bool {
         return false;
     }
     let d = deepep_job(plan, meta.job);
-    let w = &d.workload;
-    let scale_bytes = match w.dispatch_dtype {
-        Dtype::Fp8 => (w.hidden as u64).div_ceil(128) * 4,
-        _ => 0,
-    };
-    if !(4 * w.topk as u64).is_multiple_of(16)
-        || !scale_bytes.is_multiple_of(16)
-        || !(w.hidden as u64).is_multiple_of(16)
-    {
-        return false;
-    }
-    let (cfg, slot, extra) = if meta.op == OpKind::Dispatch {
-        (
-            d.dispatch_config,
-            dispatch_slot_bytes(w.hidden, w.topk, w.dispatch_dtype).0,
-            DISPATCH_SLOT_EXTRA,
-        )
-    } else {
-        (d.combine_config, combine_slot_bytes(w.hidden, w.topk), COMBINE_SLOT_EXTRA)
-    };
+    let dispatch = meta.op == OpKind::Dispatch;
+    let Some(slot) = slot_of(&d.workload, dispatch) else { return false };
+    let cfg = if dispatch { d.dispatch_config } else { d.combine_config };
     let Some(cfg) = cfg else { return false };
-    ring_slots(cfg.num_max_nvl_chunked_recv_tokens, n, slot, extra, c.smem_bytes) >= 2
+    cluster_ring_slots(&slot, cfg.num_max_nvl_chunked_recv_tokens, n, c.smem_bytes) >= 2
 }
 
 pub struct ClusterProgram {
@@ -224,21 +187,20 @@ impl ClusterProgram {
         let NormalSetup { d, n, dispatch, cfg, channels, m, gpu } = normal_setup(plan, core, meta);
         let w = &d.workload;
         let c = m.cluster.expect("cluster keys");
-        let (slot_bytes, read_bytes, store_bytes, out_bytes, wire_bytes, extra) = if dispatch {
-            let (slot, store) = dispatch_slot_bytes(w.hidden, w.topk, w.dispatch_dtype);
+        let slot = slot_of(w, dispatch).expect("applies() checked the slot");
+        let (read_bytes, store_bytes, out_bytes, wire_bytes) = if dispatch {
             // The receiver bulk-stores row and scales, and stores the source index (4 B) and
             // the top-k experts and weights (8 B each) itself.
-            let out = store + 4 + 8 * w.topk as u64;
+            let out = slot.row_bytes + 4 + 8 * w.topk as u64;
             let wire = normal_dispatch_token_bytes(w.hidden, w.topk, w.dispatch_dtype);
-            (slot, slot - INDEX_BYTES, store, out, wire, DISPATCH_SLOT_EXTRA)
+            (slot.slot_bytes - CLUSTER_INDEX_BYTES, slot.row_bytes, out, wire)
         } else {
-            let slot = combine_slot_bytes(w.hidden, w.topk);
             let wire = normal_combine_token_bytes(w.hidden, w.topk);
-            (slot, slot, 0, slot, wire, COMBINE_SLOT_EXTRA)
+            (slot.slot_bytes, 0, slot.slot_bytes, wire)
         };
+        let slot_bytes = slot.slot_bytes;
         let slots =
-            ring_slots(cfg.num_max_nvl_chunked_recv_tokens, n, slot_bytes, extra, c.smem_bytes)
-                .max(2);
+            cluster_ring_slots(&slot, cfg.num_max_nvl_chunked_recv_tokens, n, c.smem_bytes).max(2);
         let resident = (c.max_active_clusters * PROBE_CLUSTER_BLOCKS / n.max(1)).clamp(1, channels);
         let rings = (channels * n * n) as usize;
         let mut p = ClusterProgram {
@@ -254,7 +216,7 @@ impl ClusterProgram {
             c,
             launch: core.params.kernel_launch,
             ranks: Ranks::new(n),
-            routing: d.routing.clone(),
+            routing: d.routing().clone(),
             ledger: Ledger::new(n),
             slot_bytes,
             read_bytes,
@@ -643,10 +605,6 @@ impl Program for ClusterProgram {
         self.n
     }
 
-    fn take_finished(&mut self) -> Vec<(u32, Time)> {
-        std::mem::take(&mut self.ranks.newly_finished)
-    }
-
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
         self.me = me;
         self.ranks.begin(r, t);
@@ -736,21 +694,7 @@ mod tests {
     use eptwin_engine::result::{RunResult, Verdict};
 
     use super::*;
-    use crate::time::{PS_PER_US, Rate, ns};
-
-    #[test]
-    fn slots_follow_the_backend() {
-        // hw/src/intranode.rs: dispatch slots of 7,472 B (7,392 B bulk-stored), combine 14,368 B;
-        // in 227 KiB next to 7 other sources' rings: 3 and 2 slots.
-        assert_eq!(dispatch_slot_bytes(7168, 8, Dtype::Fp8), (7472, 7392));
-        assert_eq!(combine_slot_bytes(7168, 8), 14368);
-        assert_eq!(ring_slots(12, 8, 7472, DISPATCH_SLOT_EXTRA, 232_448), 3);
-        assert_eq!(ring_slots(8, 8, 14368, COMBINE_SLOT_EXTRA, 232_448), 2);
-        // The scenario's ring is the limit when it is smaller; fewer ranks leave room for more.
-        assert_eq!(ring_slots(2, 8, 7472, DISPATCH_SLOT_EXTRA, 232_448), 2);
-        assert_eq!(ring_slots(12, 4, 7472, DISPATCH_SLOT_EXTRA, 232_448), 7);
-        assert_eq!(ring_slots(12, 8, 7472, DISPATCH_SLOT_EXTRA, 1000), 0);
-    }
+    use crate::core::time::{PS_PER_US, Rate, ns};
 
     fn rings(fill_ns: u64, bulk_gbps: f64) -> ClusterRings {
         ClusterRings {

@@ -1,0 +1,551 @@
+//! The backend's low-latency kernels on one GPU (`kernels/cuda/low_latency.cu`): one
+//! 1,024-thread block per SM, the items of every rank interleaved over them (the model:
+//! `hwkernels`).
+
+use eptwin_engine::plan::{
+    OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes,
+};
+use eptwin_engine::rng::mix;
+use eptwin_engine::transport::OpSample;
+
+use super::{FlushedL2, MemSnap, memory_servers, warp_copy};
+use crate::core::time::Time;
+use crate::core::world::Program;
+use crate::core::{Action, Core, ProgId};
+use crate::deepep::{Meta, Ranks, deepep_job};
+use crate::params::OneGpu;
+
+/// Low-latency kernels: 1,024 threads (`LL_THREADS`), receive groups of 4 warps
+/// (`WARPS_PER_GROUP`, hw/src/low_latency.rs): 8 groups per block.
+const LL_GROUPS: u32 = 8;
+const LL_WARPS_PER_GROUP: u32 = 4;
+/// Low-latency dispatch: threads that cast a token to FP8 (all warps but the counting warp).
+const LL_CAST_THREADS: u64 = 31 * 32;
+/// Where a low-latency block is in its kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LlStage {
+    Send,
+    Signal,
+    Recv,
+    Done,
+}
+
+pub struct LlProgram {
+    meta: Meta,
+    me: ProgId,
+    dispatch: bool,
+    n: u32,
+    tokens: u32,
+    topk: u32,
+    experts: u32,
+    local: u32,
+    hidden: u64,
+    msg_bytes: u64,
+    blocks: u32,
+    sm_count: u32,
+    gpu: u32,
+    global: Vec<u32>,
+    m: OneGpu,
+    launch: Time,
+    flag: Time,
+    ranks: Ranks,
+    routing: RoutingTable,
+    /// Per block: stage, next item (send loop or receive loop).
+    stage: Vec<LlStage>,
+    item: Vec<u32>,
+    /// Per (block, group): next receive item (dispatch) or send item (combine).
+    group_item: Vec<u32>,
+    groups_left: Vec<u32>,
+    /// (source rank, expert): messages routing selects, and their identity hash.
+    want: Vec<u32>,
+    want_hash: Vec<u64>,
+    sent_hash: Vec<u64>,
+    /// Counters: puts done per (source rank, expert); messages delivered and the count signal
+    /// per (receiver, source, local expert) (dispatch); flags per rank and messages delivered
+    /// per rank (combine).
+    fin_ctr: u32,
+    data_ctr: u32,
+    cnt_ctr: u32,
+    flag_ctr: u32,
+    /// Combine: per block, the ranks whose flags it has seen.
+    verified: Vec<u64>,
+    expected_msgs: Vec<u64>,
+    blocks_left: u32,
+    send_end: Time,
+    t0: Time,
+    started: u32,
+    end: Time,
+    mem0: MemSnap,
+    flushed: FlushedL2,
+}
+
+impl LlProgram {
+    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LlProgram {
+        let d = deepep_job(plan, meta.job);
+        let w = &d.workload;
+        let n = plan.job(meta.job).num_ranks();
+        let dispatch = meta.op == OpKind::Dispatch;
+        let m = core.params.one_gpu.expect("one-GPU model");
+        let gpu = core.jobs[meta.job.index()].gpu[0];
+        memory_servers(core, gpu, &m);
+        let experts = w.experts;
+        let msg_bytes = if dispatch {
+            ll_dispatch_msg_bytes(w.hidden, w.dispatch_dtype)
+        } else {
+            ll_combine_msg_bytes(w.hidden, w.combine_dtype)
+        };
+        // One 1,024-thread block per SM (`__launch_bounds__(LL_THREADS, 1)`, sized by the
+        // occupancy API on the hardware).
+        let blocks = core.params.sm_count.max(1);
+        let ne = (n * experts) as usize;
+        let mut p = LlProgram {
+            meta,
+            me: 0,
+            dispatch,
+            n,
+            tokens: w.tokens_per_rank,
+            topk: w.topk,
+            experts,
+            local: (experts / n).max(1),
+            hidden: w.hidden as u64,
+            msg_bytes,
+            blocks,
+            sm_count: core.params.sm_count.max(1),
+            gpu,
+            global: core.jobs[meta.job.index()].ranks.iter().map(|r| r.0).collect(),
+            m,
+            launch: core.params.kernel_launch,
+            flag: core.params.flag_latency,
+            ranks: Ranks::new(n),
+            routing: d.routing().clone(),
+            stage: vec![LlStage::Send; blocks as usize],
+            item: vec![0; blocks as usize],
+            group_item: vec![0; (blocks * LL_GROUPS) as usize],
+            groups_left: vec![LL_GROUPS; blocks as usize],
+            want: vec![0; ne],
+            want_hash: vec![0; ne],
+            sent_hash: vec![0; ne],
+            fin_ctr: 0,
+            data_ctr: 0,
+            cnt_ctr: 0,
+            flag_ctr: 0,
+            verified: vec![0; blocks as usize],
+            expected_msgs: vec![0; n as usize],
+            blocks_left: blocks,
+            send_end: 0,
+            t0: 0,
+            started: 0,
+            end: 0,
+            mem0: MemSnap::of(core, gpu),
+            flushed: FlushedL2 { dirty: m.l2_bytes },
+        };
+        for r in 0..n {
+            for t in 0..p.tokens {
+                for &e in p.routing.experts(r, t) {
+                    if e >= 0 {
+                        let i = (r * experts + e as u32) as usize;
+                        p.want[i] += 1;
+                        p.want_hash[i] = p.want_hash[i].wrapping_add(mix(r, t, e as u32));
+                        p.expected_msgs[r as usize] += 1;
+                    }
+                }
+            }
+        }
+        let cells = (n * n * p.local) as usize;
+        p.fin_ctr = core.counters(ne);
+        p.data_ctr = core.counters(cells);
+        p.cnt_ctr = core.counters(cells);
+        p.flag_ctr = core.counters(2 * n as usize);
+        p
+    }
+
+    /// Counter cell of (receiver, source, local expert).
+    #[inline]
+    fn rsl(&self, recv: u32, src: u32, le: u32) -> u32 {
+        (recv * self.n + src) * self.local + le
+    }
+
+    fn a_group(&self, b: u32, g: u32) -> u32 {
+        self.blocks + b * LL_GROUPS + g
+    }
+
+    /// Receive items (dispatch) / send items (combine): (local rank, peer, local expert).
+    fn peer_items(&self) -> u32 {
+        self.n * self.local * self.n
+    }
+
+    fn peer_item(&self, item: u32) -> (u32, u32, u32) {
+        let (lr, rest) = (item % self.n, item / self.n);
+        (lr, rest % self.n, rest / self.n)
+    }
+
+    /// Send/receive items over (token, rank), ranks interleaved.
+    fn token_items(&self) -> u32 {
+        self.n * self.tokens
+    }
+
+    fn block_done(&mut self, core: &mut Core, b: u32) {
+        if self.stage[b as usize] == LlStage::Done {
+            return;
+        }
+        self.stage[b as usize] = LlStage::Done;
+        self.blocks_left -= 1;
+        if self.blocks_left == 0 {
+            self.end = core.now;
+            for r in 0..self.n {
+                self.ranks.touch(r, core.now);
+                self.ranks.phase("send", r, self.send_end.saturating_sub(self.t0), self.n);
+                self.ranks.finish(r, core.now);
+            }
+        }
+    }
+
+    // ---- dispatch ---------------------------------------------------------------------------
+
+    /// Block `b` of the dispatch: the next (token, rank) of its send loop — the FP8 cast of the
+    /// token by 31 warps (one 16-byte load each from HBM, every SM loading), then one warp per
+    /// selected expert: slot atomic, copy of the message from the staging buffer (L2) into the
+    /// expert's receive slot, release add to the expert's finish counter.
+    fn dispatch_block(&mut self, core: &mut Core, b: u32) {
+        match self.stage[b as usize] {
+            LlStage::Send => {}
+            LlStage::Signal => return self.dispatch_signal(core, b),
+            _ => return,
+        }
+        let it = b + self.item[b as usize] * self.blocks;
+        if it >= self.token_items() {
+            self.send_end = self.send_end.max(core.now);
+            self.stage[b as usize] = LlStage::Signal;
+            // Groups 1.. have no count to signal: they start receiving at once.
+            for g in 1..LL_GROUPS {
+                core.wake_at(core.now, self.me, self.a_group(b, g));
+            }
+            return self.dispatch_signal(core, b);
+        }
+        self.item[b as usize] += 1;
+        let (lr, t) = (it % self.n, it / self.n);
+        let bf16_int4 = self.hidden * 2 / 16;
+        let steps = self.m.ll_send;
+        let cast = steps
+            .cast
+            .unwrap_or_else(|| bf16_int4.div_ceil(LL_CAST_THREADS) * self.m.load_hbm_busy);
+        let experts: Vec<i32> = self.routing.experts(lr, t).to_vec();
+        let valid = experts.iter().filter(|&&e| e >= 0).count() as u64;
+        let x = 2 * self.hidden;
+        let sm = b % self.sm_count;
+        // The cast (the BF16 row from HBM, the staged message stored), then each send warp's
+        // copy of it: data flows, which overlap with the wait for bandwidth. The slot atomic
+        // before the copy and the release after it add to them.
+        let (copy, sync) = if valid > 0 {
+            (
+                steps.copy.unwrap_or_else(|| warp_copy(self.msg_bytes / 16 - 1, self.m.row_l2)),
+                steps.slot.unwrap_or(self.m.atomic) + steps.release.unwrap_or(self.m.release),
+            )
+        } else {
+            (0, 0)
+        };
+        let end = sync
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                sm,
+                x + self.msg_bytes + valid * 2 * self.msg_bytes,
+                x + valid * self.msg_bytes + self.flushed.take(x + (valid + 1) * self.msg_bytes),
+                0,
+                cast + copy,
+                Action::None,
+                self.me,
+                valid * self.msg_bytes,
+            );
+        for &e in &experts {
+            if e < 0 {
+                continue;
+            }
+            let e = e as u32;
+            let (d, le) = (e / self.local, e % self.local);
+            let i = (lr * self.experts + e) as usize;
+            self.sent_hash[i] = self.sent_hash[i].wrapping_add(mix(lr, t, e));
+            let cell = self.rsl(d, lr, le);
+            core.act_at(end, Action::Add { counter: self.data_ctr + cell, delta: 1 });
+            core.act_at(end, Action::Add { counter: self.fin_ctr + i as u32, delta: 1 });
+        }
+        core.wake_at(end, self.me, b);
+    }
+
+    /// After its send loop, block `b`'s first warp signals the counts of the (rank, expert)
+    /// pairs it owns, each once every put to it is done (release, then a flag to the owner).
+    fn dispatch_signal(&mut self, core: &mut Core, b: u32) {
+        let pairs = self.n * self.experts;
+        let per = pairs.div_ceil(self.blocks);
+        let (lo, hi) = ((b * per).min(pairs), ((b + 1) * per).min(pairs));
+        for j in lo..hi {
+            let want = self.want[j as usize] as u64;
+            if !core.wait(self.fin_ctr + j, want, self.me, b) {
+                return;
+            }
+        }
+        // Every pair's puts are in: the poller sees the finish counters, the owners the counts.
+        for j in lo..hi {
+            let (lr, e) = (j / self.experts, j % self.experts);
+            let (d, le) = (e / self.local, e % self.local);
+            let cell = self.rsl(d, lr, le);
+            let count = self.want[j as usize];
+            let at = core.now + self.m.load_l2 + self.flag;
+            core.act_at(at, Action::Add { counter: self.cnt_ctr + cell, delta: count + 1 });
+        }
+        self.stage[b as usize] = LlStage::Recv;
+        core.wake_at(core.now + self.m.load_l2, self.me, self.a_group(b, 0));
+    }
+
+    /// Receive group (b, g): its next (rank, source, local expert): poll the counts of sources
+    /// 0..=source (the packed position is the prefix of lower sources' counts), then 4 warps
+    /// copy the messages (header, payload, scales: HBM) into the packed output.
+    fn dispatch_group(&mut self, core: &mut Core, b: u32, g: u32) {
+        let gi = (b * LL_GROUPS + g) as usize;
+        let actor = self.a_group(b, g);
+        let item = b * LL_GROUPS + g + self.group_item[gi] * self.blocks * LL_GROUPS;
+        if item >= self.peer_items() {
+            if self.group_item[gi] != u32::MAX {
+                self.group_item[gi] = u32::MAX;
+                self.groups_left[b as usize] -= 1;
+                if self.groups_left[b as usize] == 0 {
+                    self.block_done(core, b);
+                }
+            }
+            return;
+        }
+        let (lr, src, le) = self.peer_item(item);
+        for s in 0..=src {
+            let c = self.cnt_ctr + self.rsl(lr, s, le);
+            if !core.wait(c, 1, self.me, actor) {
+                return;
+            }
+        }
+        self.group_item[gi] += 1;
+        let cell = self.rsl(lr, src, le);
+        let count = core.value(self.cnt_ctr + cell).saturating_sub(1);
+        let delivered = core.value(self.data_ctr + cell);
+        let e = lr * self.local + le;
+        let i = (src * self.experts + e) as usize;
+        if delivered != count {
+            self.ranks.fail(format!(
+                "rank {lr} local expert {le}: count from rank {src} says {count} tokens but {delivered} arrived before it"
+            ));
+        }
+        if count != self.want[i] as u64 || self.sent_hash[i] != self.want_hash[i] {
+            self.ranks.fail(format!(
+                "rank {lr} local expert {le}: received {count} tokens from rank {src}, routing selects {} (or a different set)",
+                self.want[i]
+            ));
+        }
+        // One acquire load per source, each waiting for the last (measured with every SM
+        // receiving where the profile has it).
+        let polls = (src + 1) as u64 * self.m.ll_recv_poll.unwrap_or(self.m.load_l2);
+        // Header, payload (the warps' copy loop), scales: the header load comes first (its
+        // source index is stored before the copy) and the scales after it.
+        let payload =
+            if self.msg_bytes - 16 >= 2 * self.hidden { 2 * self.hidden } else { self.hidden };
+        let per_msg = 2 * self.m.load_hbm + warp_copy(payload / 16, self.m.row_hbm);
+        let issue = count.div_ceil(LL_WARPS_PER_GROUP as u64) * per_msg;
+        let bytes = count * self.msg_bytes;
+        // The copies start once the counts are read.
+        let end = polls
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                b % self.sm_count,
+                bytes + count * payload,
+                bytes + count * payload + self.flushed.take(bytes + count * payload),
+                // Each consumed message is discarded (the same instruction the handoff probe
+                // measured on L2-resident lines).
+                self.m.l2_extra(0, bytes),
+                issue,
+                Action::None,
+                self.me,
+                0,
+            );
+        core.wake_at(end, self.me, actor);
+    }
+
+    // ---- combine ----------------------------------------------------------------------------
+
+    /// Send group (b, g): its next (rank, destination, local expert): 4 warps send each row
+    /// back (its source index and slot: a dependent HBM load; the BF16 row from HBM into the
+    /// destination's receive slot), then a release add on the destination's flag.
+    fn combine_group(&mut self, core: &mut Core, b: u32, g: u32) {
+        let gi = (b * LL_GROUPS + g) as usize;
+        let actor = self.a_group(b, g);
+        let item = b * LL_GROUPS + g + self.group_item[gi] * self.blocks * LL_GROUPS;
+        if item >= self.peer_items() {
+            if self.group_item[gi] != u32::MAX {
+                self.group_item[gi] = u32::MAX;
+                self.groups_left[b as usize] -= 1;
+                if self.groups_left[b as usize] == 0 {
+                    // The block's receive loop starts once all its groups are through.
+                    self.send_end = self.send_end.max(core.now);
+                    self.stage[b as usize] = LlStage::Recv;
+                    core.wake_at(core.now, self.me, b);
+                }
+            }
+            return;
+        }
+        self.group_item[gi] += 1;
+        let (lr, dst, le) = self.peer_item(item);
+        let e = lr * self.local + le;
+        let rows = self.want[(dst * self.experts + e) as usize] as u64;
+        let per_row = self.m.load_hbm + warp_copy(self.msg_bytes / 16, self.m.row_hbm);
+        let issue = rows.div_ceil(LL_WARPS_PER_GROUP as u64) * per_row;
+        let bytes = rows * self.msg_bytes;
+        // The flag is a release after the group's stores.
+        let end = self.m.release
+            + core.sm_traffic(
+                core.now,
+                self.gpu,
+                b % self.sm_count,
+                2 * bytes,
+                2 * bytes + self.flushed.take(2 * bytes),
+                0,
+                issue,
+                Action::None,
+                self.me,
+                bytes,
+            );
+        core.act_at(end, Action::Add { counter: self.flag_ctr + self.n + dst, delta: rows as u32 });
+        core.act_at(end + self.flag, Action::Add { counter: self.flag_ctr + dst, delta: 1 });
+        core.wake_at(end, self.me, actor);
+    }
+
+    /// Block `b`'s receive loop: its next (token, rank): wait (once per rank) for every
+    /// expert's flag, then each thread sums the top-k partials of its 16 bytes, one dependent
+    /// HBM load per selected expert (every SM loading), and stores the row.
+    fn combine_block(&mut self, core: &mut Core, b: u32) {
+        if self.stage[b as usize] != LlStage::Recv {
+            return;
+        }
+        let it = b + self.item[b as usize] * self.blocks;
+        if it >= self.token_items() {
+            return self.block_done(core, b);
+        }
+        let (lr, t) = (it % self.n, it / self.n);
+        let mut start = core.now;
+        if (self.verified[b as usize] >> lr) & 1 == 0 {
+            if !core.wait(self.flag_ctr + lr, self.experts as u64, self.me, b) {
+                return;
+            }
+            let delivered = core.value(self.flag_ctr + self.n + lr);
+            if delivered != self.expected_msgs[lr as usize] {
+                self.ranks.fail(format!(
+                    "rank {lr}: all flags arrived but {delivered} of {} combine messages",
+                    self.expected_msgs[lr as usize]
+                ));
+            }
+            self.verified[b as usize] |= 1 << lr;
+            start += self.m.load_l2;
+        }
+        self.item[b as usize] += 1;
+        let valid = self.routing.experts(lr, t).iter().filter(|&&e| e >= 0).count() as u64;
+        let issue = valid * self.m.load_hbm_busy;
+        let row = self.msg_bytes;
+        let end = core.sm_traffic(
+            start,
+            self.gpu,
+            b % self.sm_count,
+            (valid + 1) * row,
+            (valid + 1) * row + self.flushed.take((valid + 1) * row),
+            // Each consumed slot is discarded.
+            self.m.l2_extra(0, valid * row),
+            issue,
+            Action::None,
+            self.me,
+            0,
+        );
+        core.wake_at(end, self.me, b);
+    }
+}
+
+impl Program for LlProgram {
+    fn num_ranks(&self) -> u32 {
+        self.n
+    }
+
+    fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
+        self.ranks.begin(r, t);
+        self.started += 1;
+        self.t0 = self.t0.max(t);
+        if self.started < self.n {
+            return;
+        }
+        // One launch for all ranks once all have started: the launch cost as CUDA events see
+        // it, then every block.
+        let t0 = self.t0 + self.launch;
+        for b in 0..self.blocks {
+            if self.dispatch {
+                core.wake_at(t0, me, b);
+            } else {
+                for g in 0..LL_GROUPS {
+                    core.wake_at(t0, me, self.a_group(b, g));
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, _core: &mut Core, me: ProgId) {
+        self.me = me;
+        self.ranks.checks.push(if self.dispatch {
+            "one-GPU low-latency dispatch: every (token, expert) message arrives exactly once, before its count".into()
+        } else {
+            "one-GPU low-latency combine: every expert output arrives back once, before the flags"
+                .into()
+        });
+    }
+
+    fn wake(&mut self, core: &mut Core, _me: ProgId, actor: u32) {
+        if actor < self.blocks {
+            if self.dispatch {
+                self.dispatch_block(core, actor);
+            } else {
+                self.combine_block(core, actor);
+            }
+        } else {
+            let i = actor - self.blocks;
+            let (b, g) = (i / LL_GROUPS, i % LL_GROUPS);
+            if self.dispatch {
+                if self.stage[b as usize] == LlStage::Send {
+                    return;
+                }
+                if g == 0 && self.stage[b as usize] == LlStage::Signal {
+                    return;
+                }
+                self.dispatch_group(core, b, g);
+            } else {
+                self.combine_group(core, b, g);
+            }
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.ranks.left == 0
+    }
+
+    fn finish(&mut self, core: &Core) -> OpSample {
+        let _ = self.topk;
+        let mut s = self.ranks.sample(&self.meta, 0.0);
+        s.checks.push(self.mem0.report(core, self.gpu, self.end - self.t0));
+        s
+    }
+
+    fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
+        let gpus = vec![self.gpu; self.n as usize];
+        self.ranks.spans(&gpus, &self.global)
+    }
+
+    fn describe(&self, actor: u32) -> String {
+        let op = if self.dispatch { "dispatch" } else { "combine" };
+        if actor < self.blocks {
+            format!("one-GPU LL {op} block {actor} ({:?})", self.stage[actor as usize])
+        } else {
+            let i = actor - self.blocks;
+            format!("one-GPU LL {op} block {} group {}", i / LL_GROUPS, i % LL_GROUPS)
+        }
+    }
+}
