@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One scenario of 8 ranks on the one H200 as 1 process, as 8 processes and as 2 processes of 4
 # ranks (eptwin's --spawn, torchrun and Open MPI's mpirun), for a low-latency and a normal
-# scenario; every run's per-rank output digests compared with the single-process run's; then
+# scenario, and the two internode scenarios over the TCP wire as 1 process and as 2 (one per
+# node); every run's per-rank output digests compared with the single-process run's; then
 # one process killed mid-run to show that the others end within the documented bound.
 #
 # Runs on the GPU machine (the device tool's `run`) with a release binary built elsewhere:
@@ -83,6 +84,15 @@ for s in "${scenarios[@]}"; do
     run "$s.spawn2x4" -- "$BIN" run "$f" --backend hw --spawn 2 --ranks-per-process 4
     run "$s.mpirun2x4" -- "$MPIRUN" --allow-run-as-root -np 2 \
         "$BIN" run "$f" --backend hw --ranks-per-process 4
+done
+
+echo
+echo "== internode over the TCP wire: both nodes in one process, then one process per node"
+for pair in h200-2node-ep16-normal:8 h200-2node-ep8-ll:4; do
+    s=${pair%:*} per_node=${pair#*:}
+    f=scenarios/$s.toml
+    run "$s.single" -- "$BIN" run "$f" --backend hw --wire tcp
+    run "$s.spawn2" -- "$BIN" run "$f" --backend hw --wire tcp --spawn 2 --ranks-per-process "$per_node"
 done
 
 echo

@@ -70,8 +70,8 @@ run_step() {
 
 step "eptwin-hw unit tests (NVRTC compiles every kernel for this GPU)"
 run_step 120 .devbin/hw-unit --include-ignored --test-threads=1
-step "eptwin-hw GPU tests and the conformance suite's hardware arm (ignored without a GPU)"
-run_step 240 .devbin/hw-it --ignored --test-threads=1 --nocapture
+step "eptwin-hw GPU tests and the conformance suite's hardware arm, internode over the TCP wire (ignored without a GPU)"
+run_step 480 .devbin/hw-it --ignored --test-threads=1 --nocapture
 step "eptwin-hw multi-process tests (processes sharing the GPU through MPS, digests against one process)"
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/eptwin-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/eptwin-mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -82,7 +82,10 @@ unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 step "eptwin topo (NVML)"
 run_step 60 .devbin/eptwin topo
 
-scenarios=(scenarios/h200-ep8-normal-128.toml scenarios/h200-ep8-ll-128.toml)
+# The two-node scenarios run both "nodes" on the one GPU over the TCP wire (EPTWIN_WIRE
+# defaults to auto, which is TCP without an ACTIVE RDMA port): their results say `wire: tcp`.
+scenarios=(scenarios/h200-ep8-normal-128.toml scenarios/h200-ep8-ll-128.toml
+    scenarios/h200-2node-ep16-normal.toml scenarios/h200-2node-ep8-ll.toml)
 [[ "$mode" == full ]] && scenarios+=(scenarios/h200-ep8-normal-4096.toml scenarios/h200-ep8-ll-4096.toml)
 for s in "${scenarios[@]}"; do
     step "eptwin run $s --backend hw"

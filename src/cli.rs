@@ -30,6 +30,27 @@ pub enum BackendArg {
     Hw,
 }
 
+/// How the hardware backend moves internode bytes (`EPTWIN_WIRE` otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WireArg {
+    /// Verbs where an RDMA port is ACTIVE, else TCP.
+    Auto,
+    /// TCP sockets between the nodes' processes: runs anywhere; not a fabric measurement.
+    Tcp,
+    /// RDMA through ibverbs (build with `--features rdma`), or waived saying why not.
+    Verbs,
+}
+
+impl WireArg {
+    pub fn request(self) -> eptwin_hw::wire::WireRequest {
+        match self {
+            WireArg::Auto => eptwin_hw::wire::WireRequest::Auto,
+            WireArg::Tcp => eptwin_hw::wire::WireRequest::Tcp,
+            WireArg::Verbs => eptwin_hw::wire::WireRequest::Verbs,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run scenarios, print an nccl-tests-style table, write one result JSON per scenario.
@@ -53,6 +74,9 @@ pub enum Command {
         /// (one scenario only).
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,
+        /// Hardware: how bytes between nodes move (default: `EPTWIN_WIRE`, else auto).
+        #[arg(long, value_enum)]
+        wire: Option<WireArg>,
         /// Hardware: start N processes of this command on this machine (eptwin's own launcher,
         /// like `torchrun --nproc-per-node N`) and exit with their verdict's code.
         #[arg(long, value_name = "N")]

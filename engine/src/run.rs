@@ -62,6 +62,13 @@ pub fn run_observed(
         return Ok(result);
     }
     let outcome = transport.prepare(plan).and_then(|()| execute_all(plan, transport, progress));
+    // A backend learns some of its identity only from the plan (the wire that carried a
+    // job's internode bytes, `backend.wire`): read it again once the plan ran.
+    for (key, value) in transport.capabilities().identity {
+        if key != "kind" {
+            result.backend.insert(key, value);
+        }
+    }
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(TransportError::Unsupported(reason)) => {

@@ -160,6 +160,33 @@ impl Gpu {
         Ok(DeviceBuffer { ptr, bytes, gpu: self.ordinal, ctx: self.ctx })
     }
 
+    /// `bytes` of pinned host memory mapped into the GPU's address space (`cuMemHostAlloc`
+    /// with `DEVICEMAP | PORTABLE`), zeroed: the internode wire's regions and doorbell rings,
+    /// which kernels write and read through the mapping while CPU threads (the proxy, the
+    /// TCP receivers) and NICs use the host address.
+    pub fn alloc_mapped_host(&self, bytes: usize) -> Result<PinnedHost, HwError> {
+        self.bind()?;
+        let bytes = bytes.max(64);
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: writes one pointer; freed in PinnedHost's Drop.
+        unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) }.result().map_err(|e| {
+            let mut h = driver_error(self.ordinal, "cuMemHostAlloc", e);
+            if let HwError::Cuda { message, .. } = &mut h {
+                message.push_str(&format!(" allocating {bytes} pinned bytes"));
+            }
+            h
+        })?;
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated with DEVICEMAP; writes one device pointer.
+        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }.result();
+        let mem = PinnedHost { host: host.cast(), device, bytes, gpu: self.ordinal, ctx: self.ctx };
+        mapped.map_err(self.err("cuMemHostGetDevicePointer"))?;
+        // SAFETY: `bytes` bytes at `host` are ours; pinned memory is not zeroed by the driver.
+        unsafe { std::ptr::write_bytes(mem.host, 0, bytes) };
+        Ok(mem)
+    }
+
     pub fn mem_free_bytes(&self) -> Result<u64, HwError> {
         self.bind()?;
         let (free, _) = result::mem_get_info().map_err(self.err("cuMemGetInfo"))?;
@@ -538,6 +565,48 @@ impl Drop for DeviceBuffer {
         unsafe {
             let _ = result::ctx::set_current(self.ctx);
             let _ = result::free_sync(self.ptr);
+        }
+    }
+}
+
+/// Pinned, GPU-mapped host memory ([`Gpu::alloc_mapped_host`]); freed on drop. Kernels use
+/// [`PinnedHost::device`], CPU threads [`PinnedHost::host`]. The memory is shared with agents
+/// outside Rust's view (the GPU, a NIC), so it is only handed out as raw pointers.
+pub struct PinnedHost {
+    host: *mut u8,
+    device: u64,
+    bytes: usize,
+    pub gpu: usize,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: two addresses of one pinned allocation; no references into it are handed out, and
+// the driver frees it from any thread once its context is made current.
+unsafe impl Send for PinnedHost {}
+unsafe impl Sync for PinnedHost {}
+
+impl PinnedHost {
+    /// The address CPU threads use.
+    pub fn host(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// The address kernels use.
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in this context; freed once.
+        unsafe {
+            let _ = result::ctx::set_current(self.ctx);
+            let _ = sys::cuMemFreeHost(self.host.cast());
         }
     }
 }

@@ -31,6 +31,10 @@ pub enum HwError {
     Setup { context: String, message: String },
     #[error("writing the kernel cache {path}: {message}")]
     Cache { path: String, message: String },
+    /// The internode wire failed (a proxy, a TCP link, a verbs QP), with the coordinates its
+    /// error names (node, peer, QP, tag, offset).
+    #[error("internode wire: {0}")]
+    Wire(String),
     /// Another process of a multi-process run failed (the line names it, or is the same in
     /// every process that failed).
     #[error("{0}")]
@@ -62,6 +66,15 @@ pub enum WaitKind {
     LlRecvCount,
     LlCombineFlag,
     ProbeFlag,
+    DoorbellSlot,
+    RdmaCredit,
+    RdmaCount,
+    RdmaTail,
+    NvlSpace,
+    NvlTail,
+    ForwardStall,
+    UnexpectedToken,
+    WrongToken,
     ProcessBarrier,
     Unknown(i32),
 }
@@ -80,6 +93,15 @@ impl WaitKind {
             9 => WaitKind::LlCombineFlag,
             10 => WaitKind::ProbeFlag,
             11 => WaitKind::ProcessBarrier,
+            12 => WaitKind::DoorbellSlot,
+            13 => WaitKind::RdmaCredit,
+            14 => WaitKind::RdmaCount,
+            15 => WaitKind::RdmaTail,
+            16 => WaitKind::NvlSpace,
+            17 => WaitKind::NvlTail,
+            18 => WaitKind::ForwardStall,
+            19 => WaitKind::UnexpectedToken,
+            20 => WaitKind::WrongToken,
             other => WaitKind::Unknown(other),
         }
     }
@@ -138,6 +160,39 @@ impl ErrorRecord {
                 self.expert, self.peer
             ),
             WaitKind::ProbeFlag => format!("waited for the flag of probe side {}", self.peer),
+            WaitKind::DoorbellSlot => {
+                "waited for a free doorbell slot (the proxy stopped consuming)".to_string()
+            }
+            WaitKind::RdmaCredit => {
+                format!("waited for RDMA ring credits from rank {}", self.peer)
+            }
+            WaitKind::RdmaCount => {
+                format!("waited for the token count over the wire from rank {}", self.peer)
+            }
+            WaitKind::RdmaTail => match self.peer {
+                p if p >= 0 => format!("waited for the RDMA ring tail of rank {p}"),
+                _ => "waited for tokens over the wire to forward".to_string(),
+            },
+            WaitKind::NvlSpace => format!("waited for forwarding ring space on rank {}", self.peer),
+            WaitKind::NvlTail => {
+                format!("waited for the forwarding ring tail of rank {}", self.peer)
+            }
+            WaitKind::ForwardStall => {
+                format!("waited for its forwarders to pass the tokens from rank {}", self.peer)
+            }
+            WaitKind::UnexpectedToken => {
+                return format!(
+                    "{who} received more tokens from rank {} than its layout allows ({} expected, \
+                     token {} arrived)",
+                    self.peer, self.expected, self.observed
+                );
+            }
+            WaitKind::WrongToken => {
+                return format!(
+                    "{who} found token {} in the slot of token {} from rank {}",
+                    self.observed, self.expected, self.peer
+                );
+            }
             WaitKind::ProcessBarrier => format!(
                 "waited at the barrier before the timed launch for the other processes ({} of \
                  {} arrivals in)",
@@ -189,6 +244,14 @@ mod tests {
         assert!(line.contains("2000 ms"));
         let e: TransportError = HwError::KernelTimeout { op: "dispatch".into(), what: line }.into();
         assert!(matches!(e, TransportError::Timeout(_)));
+        let wrong =
+            ErrorRecord { kind: 20, rank: 1, channel: 0, peer: 9, expected: 4, observed: 6, ..rec };
+        assert_eq!(
+            wrong.describe(10),
+            "rank 1 channel 0 found token 6 in the slot of token 4 from rank 9"
+        );
+        let credit = ErrorRecord { kind: 13, ..rec };
+        assert!(credit.describe(10).contains("RDMA ring credits from rank 2"));
         let w: TransportError = HwError::Unavailable("no GPU".into()).into();
         assert_eq!(w, TransportError::Unsupported("no GPU".into()));
     }

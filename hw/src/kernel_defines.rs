@@ -80,6 +80,19 @@ pub fn low_latency(hidden: u32, threads: u32, scope: FlagScope) -> Vec<(&'static
     vec![("HIDDEN", hidden.to_string()), ("LL_THREADS", threads.to_string()), scope.define()]
 }
 
+/// The normal internode kernels: ranks per node (the NVL peers of a forwarder), 512 threads.
+pub fn internode(ranks_per_node: u32, scope: FlagScope) -> Vec<(&'static str, String)> {
+    vec![
+        ("RANKS_PER_NODE", ranks_per_node.to_string()),
+        ("NUM_THREADS", INTERNODE_THREADS.to_string()),
+        scope.define(),
+    ]
+}
+
+/// Threads per block of the normal internode kernels (internode.cu lays its roles out for 16
+/// warps).
+pub const INTERNODE_THREADS: u32 = 512;
+
 /// The cluster handoff probe at `threads` per block: 16-byte loads in flight per lane chosen so
 /// that the registers fit one block of that size per SM (64 per thread at 1,024 threads).
 pub fn cluster(threads: u32) -> Vec<(&'static str, String)> {
@@ -104,6 +117,13 @@ pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
         }
         ModuleId::Cluster => vec![cluster(512), cluster(1024)],
         ModuleId::IntranodeCluster => vec![vec![("NUM_RANKS", "8".to_string())]],
+        ModuleId::Internode => {
+            vec![
+                internode(8, FlagScope::Gpu),
+                internode(4, FlagScope::Sys),
+                internode(1, FlagScope::Gpu),
+            ]
+        }
         _ => vec![Vec::new()],
     }
 }

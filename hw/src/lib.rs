@@ -74,10 +74,12 @@ enum Runtime {
 }
 
 struct State {
+    /// First: dropping it stops the wire's threads and frees the buffers while the GPUs'
+    /// contexts (in `devs`) are still alive.
+    runtime: Runtime,
     devs: Devices,
     placement: Placement,
     job: JobId,
-    runtime: Runtime,
     /// Measured (non-warmup) latencies per op.
     latencies_ns: BTreeMap<OpKind, Vec<f64>>,
     /// Bytes DeepEP's tests count, summed over ranks, per op.
@@ -94,6 +96,9 @@ struct State {
 pub struct HwTransport {
     options: HwOptions,
     env: Result<Environment, String>,
+    /// The machine's identity, taken when it was detected (prepare takes the GPUs it uses out
+    /// of the environment).
+    identity: BTreeMap<String, Value>,
     state: Option<State>,
     measurements: BTreeMap<String, Value>,
     /// The other processes of a multi-process run; `None`: this process runs every rank.
@@ -113,9 +118,11 @@ impl HwTransport {
 
     /// Every rank in this process, started by `launcher` (a launch of one process).
     pub fn single(options: HwOptions, launcher: Launcher) -> Self {
+        let env = detect();
         HwTransport {
             options,
-            env: detect(),
+            identity: env.as_ref().map(identity).unwrap_or_default(),
+            env,
             state: None,
             measurements: BTreeMap::new(),
             procs: None,
@@ -137,6 +144,7 @@ impl HwTransport {
         };
         Ok(HwTransport {
             options,
+            identity: env.as_ref().map(identity).unwrap_or_default(),
             env,
             state: None,
             measurements: BTreeMap::new(),
@@ -161,14 +169,20 @@ impl HwTransport {
     }
 
     /// The process-group keys of `backend` (docs/results.md): processes, launcher, hosts and
-    /// how internode bytes moved (no internode traffic on this backend yet).
-    fn process_identity(&self) -> [(String, Value); 4] {
-        [
+    /// how internode bytes moved: `wire` is "none" until a job's bytes crossed nodes, then the
+    /// wire, with what it was set up with in `wire_report`.
+    fn process_identity(&self) -> Vec<(String, Value)> {
+        let report = self.state.as_ref().and_then(State::wire_report);
+        let mut keys = vec![
             ("processes".into(), json!(self.hosts.len())),
             ("launcher".into(), json!(self.launcher.as_str())),
             ("hosts".into(), json!(self.hosts)),
-            ("wire".into(), json!("none")),
-        ]
+            ("wire".into(), json!(report.map_or("none", |r| r.wire.as_str()))),
+        ];
+        if let Some(r) = report {
+            keys.push(("wire_report".into(), json!(r)));
+        }
+        keys
     }
 
     /// The job's one op on this process's ranks, and on the host-checked iteration their
@@ -279,15 +293,20 @@ impl GpuInventory for Inventory<'_> {
     }
 }
 
-/// Why this machine cannot run scenarios that span nodes: the RDMA probe's answer (no device,
-/// or built without the `rdma` feature), else the missing piece of the hardware backend.
-fn internode_reason() -> String {
-    match rdma::internode_waiver() {
-        Some(reason) => reason,
-        None => "an RDMA port is up, but the hardware backend does not run DeepEP's internode \
-                 kernels over it yet (the wires, the CPU proxy and the protocol's host \
-                 reference exist in hw::wire and hw::internode)"
-            .into(),
+/// The wire scenarios that span nodes would use here, or why there is none (an invalid
+/// `EPTWIN_WIRE`, verbs asked for without an ACTIVE port). TCP is always there.
+fn wire_choice(options: &HwOptions) -> Result<wire::WireChoice, String> {
+    let request = options.wire.clone()?;
+    wire::choose(request).map_err(|e| e.to_string())
+}
+
+impl State {
+    /// The wire that carried this job's internode bytes, if any.
+    fn wire_report(&self) -> Option<&wire::WireReport> {
+        match &self.runtime {
+            Runtime::Normal(j) => j.wire_report(),
+            Runtime::LowLatency(j) => j.wire_report(),
+        }
     }
 }
 
@@ -305,17 +324,25 @@ impl Transport for HwTransport {
                 rdma: false,
                 rdma_reason: None,
             },
-            Ok(env) => Capabilities {
-                backend: BackendKind::Hw,
-                identity: identity(env).into_iter().chain(self.process_identity()).collect(),
-                unavailable: None,
-                modes: vec![EpMode::Intranode, EpMode::LowLatency],
-                traffic: false,
-                concurrent_jobs: false,
-                max_ranks: None,
-                rdma: false,
-                rdma_reason: Some(internode_reason()),
-            },
+            Ok(_) => {
+                let wire = wire_choice(&self.options);
+                Capabilities {
+                    backend: BackendKind::Hw,
+                    identity: self
+                        .identity
+                        .clone()
+                        .into_iter()
+                        .chain(self.process_identity())
+                        .collect(),
+                    unavailable: None,
+                    modes: vec![EpMode::Intranode, EpMode::Internode, EpMode::LowLatency],
+                    traffic: false,
+                    concurrent_jobs: false,
+                    max_ranks: None,
+                    rdma: wire.is_ok(),
+                    rdma_reason: wire.err(),
+                }
+            }
         }
     }
 
@@ -480,9 +507,30 @@ fn prepare_local(
         m.insert("hw.num_sms_override".into(), json!(sms));
     }
     let d: &DeepEpJob = &d;
-    if d.mode == EpMode::Internode {
-        return Err(HwError::Unsupported(format!("job {:?}: {}", job.name, internode_reason())));
+    // Ranks on several nodes: their bytes cross the wire (internode::gpu).
+    let across = internode::gpu::job_geometry(plan, job, d)?;
+    if d.mode == EpMode::Internode && across.is_none() {
+        return Err(HwError::Unsupported(format!(
+            "job {:?}: normal internode kernels on one node (the scenario's topology puts all \
+             {} ranks on one node)",
+            job.name,
+            job.num_ranks()
+        )));
     }
+    let wire_config = match &across {
+        Some(_) => {
+            let request = options.wire.clone().map_err(HwError::Unsupported)?;
+            let timeout = std::time::Duration::from_millis(options.kernel_timeout_ms * 4 + 30_000);
+            let mut c = internode::gpu::WireConfig::new(
+                request,
+                rdma::QpSettings::for_job(plan, job),
+                timeout,
+            );
+            c.rdma_device = options.rdma_device.clone();
+            Some(c)
+        }
+        None => None,
+    };
     let n = job.num_ranks();
     // The job's ranks this process runs (all of them in a single-process run).
     let mine: Vec<u32> = match view {
@@ -497,9 +545,16 @@ fn prepare_local(
             message: "this process runs none of the job's ranks".into(),
         });
     }
-    // Every process places the whole job the same way and opens the GPUs of its own ranks.
-    let placement = placement::place(n, plan.topology.ranks_per_gpu, &Inventory(&env.gpus))
-        .map_err(|e| HwError::Unsupported(e.to_string()))?;
+    // A node's regions, rings and proxy belong to one process: a process runs whole nodes.
+    if let Some((geometry, _)) = &across {
+        internode::gpu::owned_nodes(geometry, &mine)?;
+    }
+    // Every process places the whole job the same way and opens the GPUs of its own ranks; the
+    // plan's nodes are stacked onto this machine's GPUs.
+    let nodes = across.as_ref().map_or(1, |(g, _)| g.num_nodes());
+    let placement =
+        placement::place_nodes(n, plan.topology.ranks_per_gpu, nodes, &Inventory(&env.gpus))
+            .map_err(|e| HwError::Unsupported(e.to_string()))?;
     // Take the GPUs in use out of the environment; the rest stay closed to this job.
     let mut taken: Vec<Option<Gpu>> = std::mem::take(&mut env.gpus).into_iter().map(Some).collect();
     let mut list = Vec::new();
@@ -661,7 +716,33 @@ fn prepare_local(
                 });
             }
         }
-        _ => {
+        EpMode::Internode => {
+            let (geometry, _) = across.as_ref().expect("checked above");
+            let defines = kernel_defines::internode(geometry.ranks_per_node, scope);
+            load(&compiler, &mut devs, ModuleId::Internode, "internode", &defines)?;
+            let threads = kernel_defines::INTERNODE_THREADS;
+            let blocks_per_rank = 2 * geometry.num_channels;
+            // Every process's blocks on the GPU wait on each other: all must be resident.
+            let per_gpu = max_local * blocks_per_rank;
+            let dev0 = &devs.list[0];
+            let module = dev0.module("internode")?;
+            let mut resident = u32::MAX;
+            for k in ["internode_dispatch", "internode_combine"] {
+                resident = resident.min(dev0.gpu.occupancy(module.function(k), threads)?);
+            }
+            if resident * sm_count < per_gpu {
+                return Err(HwError::Setup {
+                    context: format!("job {:?}", job.name),
+                    message: format!(
+                        "{per_gpu} internode blocks per GPU ({max_local} ranks x {blocks_per_rank}) \
+                         cannot all be resident on {sm_count} SMs at {resident} per SM (they \
+                         wait on each other)"
+                    ),
+                });
+            }
+            normal_shape = Some((threads, 1, resident));
+        }
+        EpMode::LowLatency => {
             let defines = kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS, scope);
             load(&compiler, &mut devs, ModuleId::LowLatency, "low_latency", &defines)?;
         }
@@ -756,7 +837,47 @@ fn prepare_local(
             );
             Runtime::Normal(NormalJob::prepare(&mut devs, job, d, &gpu_of_rank, options, launch)?)
         }
-        _ => {
+        EpMode::Internode => {
+            let (geometry, _) = across.clone().expect("checked above");
+            let (threads, _, resident) = normal_shape.expect("set for internode mode above");
+            let dev0 = &devs.list[0];
+            let module = dev0.module("internode")?;
+            let (mut regs, mut local) = (0, 0);
+            for k in ["internode_dispatch", "internode_combine"] {
+                let (r, l) = dev0.gpu.function_resources(module.function(k))?;
+                regs = regs.max(r);
+                local = local.max(l);
+            }
+            let blocks_per_rank = 2 * geometry.num_channels;
+            let launch = NormalLaunch {
+                threads,
+                min_blocks: 1,
+                blocks_per_rank,
+                blocks_per_gpu: max_local * blocks_per_rank,
+                resident_blocks_per_sm: resident,
+                registers: regs,
+                local_bytes: local,
+                rings: intranode::ClusterRings::default(),
+            };
+            let config = wire_config.clone().expect("set with the geometry");
+            let job_rt = NormalJob::prepare_across_nodes(
+                &mut devs,
+                job,
+                d,
+                &gpu_of_rank,
+                launch,
+                geometry,
+                config,
+            )?;
+            let mut kernels = job_rt.across_nodes_kernels().expect("a job across nodes");
+            kernels["registers_per_thread"] = json!(regs);
+            kernels["local_memory_bytes_per_thread"] = json!(local);
+            kernels["resident_blocks_per_sm"] = json!(resident);
+            kernels["effective_sms_per_rank"] = json!(round3(sm_count as f64 / max_local as f64));
+            m.insert("hw.internode_kernels".into(), kernels);
+            Runtime::Normal(job_rt)
+        }
+        EpMode::LowLatency => {
             let mut dispatch_blocks = Vec::new();
             let mut combine_blocks = Vec::new();
             let (mut regs, mut local) = ((0, 0), (0, 0));
@@ -803,7 +924,16 @@ fn prepare_local(
                     "warps_per_receive_group": low_latency::WARPS_PER_GROUP,
                 }),
             );
-            Runtime::LowLatency(LlJob::prepare(&mut devs, job, d, &gpu_of_rank, options, launch)?)
+            let wire = across.clone().map(|(g, _)| (g, wire_config.clone().expect("with it")));
+            Runtime::LowLatency(LlJob::prepare(
+                &mut devs,
+                job,
+                d,
+                &gpu_of_rank,
+                options,
+                launch,
+                wire,
+            )?)
         }
     };
 
@@ -867,6 +997,7 @@ fn connect(
         if options.probes {
             p.barrier("copy probes in process 0", PROBES_TIMEOUT)?;
         }
+        let across_nodes = state.wire_report().is_some();
         m.insert(
             "hw.processes".into(),
             json!({
@@ -876,7 +1007,11 @@ fn connect(
                     _ => format!("{}..{}", b.start, b.end - 1),
                 }).collect::<Vec<_>>(),
                 "hosts": p.hosts(),
-                "normal_kernels": "global-memory rings (intranode.cu): the cluster kernels need every rank in one launch",
+                "normal_kernels": if across_nodes {
+                    "internode.cu: each process runs whole nodes, the wire (backend.wire) between them"
+                } else {
+                    "global-memory rings (intranode.cu): the cluster kernels need every rank in one launch"
+                },
                 "peer_buffers": "CUDA IPC handles (cuIpcGetMemHandle / cuIpcOpenMemHandle)",
                 "before_each_timed_launch": "a GPU-side barrier across processes (untimed)",
                 "probes": if options.probes { "measured by process 0 while the others waited" } else { "off" },

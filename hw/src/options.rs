@@ -20,6 +20,7 @@
 //! | `EPTWIN_CLUSTER_PROBE_ONLY` | all | `warp`, `tma` (comma-separated) or `load` shapes |
 //! | `EPTWIN_KERNEL_CACHE` | see below | compiled-kernel cache directory |
 //! | `EPTWIN_RDMA_DEVICE` | first ACTIVE | `name` or `name:port` of the RDMA device |
+//! | `EPTWIN_WIRE` | `auto` | internode wire: `auto`, `tcp` or `verbs` (`eptwin run --wire`) |
 //!
 //! The kernel cache defaults to `$XDG_CACHE_HOME/eptwin/kernels`, else
 //! `~/.cache/eptwin/kernels`.
@@ -30,6 +31,8 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+
+use crate::wire::WireRequest;
 
 /// Where `EPTWIN_NORMAL_DISPATCH` / `EPTWIN_NORMAL_COMBINE` put a normal kernel's rings.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -101,6 +104,10 @@ pub struct HwOptions {
     /// `EPTWIN_RDMA_DEVICE` (`name` or `name:port`): the RDMA device to use; unset, the first
     /// with an ACTIVE port.
     pub rdma_device: Option<String>,
+    /// `EPTWIN_WIRE` (or `eptwin run --wire`): how internode bytes move, `auto` (verbs where a
+    /// port is ACTIVE, else TCP), `tcp` or `verbs`. Another value is kept as the error, so
+    /// that a scenario that would use the wire is waived naming it.
+    pub wire: Result<WireRequest, String>,
 }
 
 impl Default for HwOptions {
@@ -146,6 +153,9 @@ impl HwOptions {
             cluster_probe_only: text("EPTWIN_CLUSTER_PROBE_ONLY").unwrap_or_default(),
             kernel_cache_dir,
             rdma_device: text("EPTWIN_RDMA_DEVICE"),
+            wire: text("EPTWIN_WIRE").map_or(Ok(WireRequest::Auto), |v| {
+                v.parse().map_err(|e| format!("EPTWIN_WIRE: {e}"))
+            }),
         }
     }
 
@@ -175,6 +185,7 @@ mod tests {
         assert_eq!((o.normal_sms, o.cluster_slots, o.combine_group_warps), (None, None, None));
         assert_eq!(o.normal_dispatch_rings, RingsWanted::Default);
         assert_eq!((o.kernel_cache_dir, o.rdma_device), (None, None));
+        assert_eq!(o.wire, Ok(WireRequest::Auto));
     }
 
     #[test]
@@ -197,6 +208,7 @@ mod tests {
             ("EPTWIN_CLUSTER_PROBE_ONLY", "load"),
             ("EPTWIN_KERNEL_CACHE", "/tmp/k"),
             ("EPTWIN_RDMA_DEVICE", "mlx5_0:1"),
+            ("EPTWIN_WIRE", "tcp"),
         ]);
         assert_eq!(o.kernel_timeout_ms, 500);
         assert!(!o.l2_discard && !o.l2_discard_dispatch && !o.probes && !o.nccl_baseline);
@@ -208,6 +220,7 @@ mod tests {
         assert_eq!(o.cluster_probe_only, "load");
         assert_eq!(o.kernel_cache_dir, Some(PathBuf::from("/tmp/k")));
         assert_eq!(o.rdma_device.as_deref(), Some("mlx5_0:1"));
+        assert_eq!(o.wire, Ok(WireRequest::Tcp));
     }
 
     #[test]
@@ -219,6 +232,7 @@ mod tests {
             ("EPTWIN_NORMAL_DISPATCH", "shared"),
             ("EPTWIN_NORMAL_COMBINE", ""),
             ("EPTWIN_CLUSTER_TIMES", "yes"),
+            ("EPTWIN_WIRE", "ib"),
         ]);
         assert_eq!(o.kernel_timeout_ms, 10_000, "an unparsable number is the default");
         assert!(o.l2_discard, "only 0 turns a default-on knob off");
@@ -226,6 +240,8 @@ mod tests {
         assert_eq!(o.normal_dispatch_rings, RingsWanted::Invalid("shared".into()));
         assert_eq!(o.normal_combine_rings, RingsWanted::Default);
         assert!(!o.cluster_times, "only 1 turns a default-off knob on");
+        let wire = o.wire.unwrap_err();
+        assert!(wire.contains("EPTWIN_WIRE") && wire.contains("auto, verbs or tcp"), "{wire}");
     }
 
     #[test]

@@ -121,6 +121,27 @@ pub fn place(
     Ok(Placement { mode, ranks_per_gpu: per_gpu, gpu_of_rank, gpus: used })
 }
 
+/// [`place`] for a plan whose ranks span `nodes` nodes. A machine with fewer GPUs than the
+/// plan runs the nodes on its own GPUs: `ranks_per_gpu · ceil(plan GPUs / GPUs here)` ranks per
+/// GPU, nodes kept whole and in order (the one-GPU internode scenarios: both "nodes" on the
+/// one H200, their traffic between them on the internode wire all the same).
+pub fn place_nodes(
+    num_ranks: u32,
+    declared_ranks_per_gpu: u32,
+    nodes: u32,
+    inv: &dyn GpuInventory,
+) -> Result<Placement, PlacementError> {
+    match place(num_ranks, declared_ranks_per_gpu, inv) {
+        Err(PlacementError::NotEnoughGpus { needed, gpus, .. })
+            if nodes > 1 && gpus > 0 && declared_ranks_per_gpu > 1 =>
+        {
+            let stacked = declared_ranks_per_gpu * needed.div_ceil(gpus);
+            place(num_ranks, stacked, inv)
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +205,23 @@ mod tests {
         inv.expect_can_access_peer().returning(|a, b| !(a == 1 && b == 0));
         let e = place(2, 1, &inv).unwrap_err();
         assert_eq!(e, PlacementError::NoPeerAccess { a: 1, b: 0 });
+    }
+
+    #[test]
+    fn nodes_stack_onto_the_gpus_there_are() {
+        // Two nodes of 8 ranks (one GPU each in the plan) on the one H200: all 16 there.
+        let p = place_nodes(16, 8, 2, &inventory(1, true)).unwrap();
+        assert_eq!((p.gpu_of_rank.clone(), p.ranks_per_gpu), (vec![0; 16], 16));
+        assert_eq!(p.describe(), "16 ranks on 1 GPU, 16 per GPU");
+        // Two GPUs: one node each, as the plan says.
+        let p = place_nodes(8, 4, 2, &inventory(2, true)).unwrap();
+        assert_eq!(p.gpu_of_rank, vec![0, 0, 0, 0, 1, 1, 1, 1]);
+        // Four nodes on two GPUs: two whole nodes per GPU.
+        let p = place_nodes(16, 4, 4, &inventory(2, true)).unwrap();
+        assert_eq!(p.ranks_on(0), (0..8).collect::<Vec<_>>());
+        // One node, or one rank per GPU declared: the plan's statement stands.
+        assert!(place_nodes(16, 8, 1, &inventory(1, true)).is_err());
+        assert!(place_nodes(4, 1, 2, &inventory(1, true)).is_err());
     }
 
     #[test]

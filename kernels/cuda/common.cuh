@@ -31,6 +31,16 @@ typedef long long i64;
 #define WAIT_LL_COMBINE_FLAG 9
 #define WAIT_PROBE_FLAG 10
 #define WAIT_PROCESS_BARRIER 11
+#define WAIT_DOORBELL_SLOT 12
+#define WAIT_RDMA_CREDIT 13
+#define WAIT_RDMA_COUNT 14
+#define WAIT_RDMA_TAIL 15
+#define WAIT_NVL_SPACE 16
+#define WAIT_NVL_TAIL 17
+#define WAIT_FORWARD_STALL 18
+// Not waits: a ring delivered something its layout does not allow (the op fails naming it).
+#define BAD_UNEXPECTED_TOKEN 19
+#define BAD_WRONG_TOKEN 20
 
 struct ErrorRecord {
     int flag;       // 0 = no error; set once by the first waiter that timed out

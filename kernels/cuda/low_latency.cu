@@ -18,8 +18,22 @@
 // expert, token), which keeps the buffer at T·K rows instead of E·T; the counters are zeroed by
 // the host before the launch instead of by the previous launch.
 //
+// Ranks on other nodes (LlParams::ranks_per_node > 0, with the job's ranks split into nodes of
+// that many): their messages go through the CPU-proxy wire in the protocol's layout
+// (hw/src/internode/low_latency.rs `LlLayout`, docs/internode-wire.md), DeepEP's RDMA path. The
+// token's message is staged once in the send region (header {token, 0, 0, 0}: a staged message
+// serves every destination, so it cannot carry the top-k slot) and a `Write` per (token,
+// selected expert) on QP `local expert` lands it in `[local expert][source rank][slot]` of the
+// owner's receive area; then a `Flag` adds `count + 1` to that expert's cumulative count, after
+// the writes (one doorbell ring per rank, records in ticket order). Receivers take a remote
+// source's messages from the receive region (packed top-k slot -1: not known there) and local
+// ones as above. Combine sends a remote source each row into its `[global expert][token]` slot
+// and a `Flag` adding 1 per (expert, source) call; the source waits for `call + 1` and reads
+// those rows from the receive region.
+//
 // Compile-time parameters: HIDDEN, LL_THREADS (threads per block).
 #include "common.cuh"
+#include "wire.cuh"
 
 #ifndef HIDDEN
 #error "HIDDEN must be defined"
@@ -63,6 +77,15 @@ struct LlRankArgs {
     int4* combined_x;                 // [num_tokens][HIDDEN] bf16
     int num_tokens;
     int reserved;
+    // The wire towards ranks on other nodes (unused when LlParams::ranks_per_node is 0).
+    u8* wire_recv_area;               // this rank's area of its node's receive region (mapped)
+    u8* wire_send_area;               // this rank's area of its node's send region (mapped)
+    u8* ring_slots;                   // the rank's doorbell ring (mapped)
+    u64* ring_ticket;                 // its ticket counter (device)
+    u64* count_seen;                  // [2][local experts][num_ranks] remote counts, by call parity
+    u64 ring_mask;
+    u64 recv_area_offset;             // local index × receive area bytes
+    u64 send_area_offset;             // local index × send area bytes
 };
 
 // Host: `LlParams`, same field order.
@@ -82,7 +105,26 @@ struct LlParams {
     int warps_per_group;
     int dispatch_fp8;        // 1: FP8 + scales, 0: BF16
     int reserved;
+    LlLayout wire;           // receive / send areas of the wire
+    int ranks_per_node;      // 0: every rank on one node (no wire)
+    int qps_per_peer;
+    int call;                // calls of this op before this one (cumulative counters)
+    int reserved2;
 };
+
+DEVICE bool ll_remote(const LlParams& p, int a, int b) {
+    return p.ranks_per_node > 0 && a / p.ranks_per_node != b / p.ranks_per_node;
+}
+
+DEVICE u32 ll_qp(const LlParams& p, int src, int dst, int local_expert) {
+    const int R = p.ranks_per_node;
+    return qp_index(src / R, dst / R, R, R, src % R, dst % R, p.qps_per_peer, local_expert);
+}
+
+// The receive-region offset of `rank`'s area (every node's region has the same layout).
+DEVICE u64 ll_area(const LlParams& p, int rank) {
+    return (u64)(rank % p.ranks_per_node) * p.wire.recv_area_bytes;
+}
 
 DEVICE void unpack_bf16x8(int4 v, float* f) {
     const u32 w[4] = {(u32)v.x, (u32)v.y, (u32)v.z, (u32)v.w};
@@ -163,6 +205,22 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                     }
                 }
                 named_barrier(1, kCastThreads);
+                if (p.ranks_per_node > 0) {
+                    // Stage the message once for every destination on another node.
+                    bool any_remote = false;
+                    for (int k = 0; k < K; ++k) {
+                        const int e = a.topk_idx[t * K + k];
+                        any_remote |= e >= 0 && ll_remote(p, rank, e / L);
+                    }
+                    if (any_remote) {
+                        int4* st = (int4*)(a.wire_send_area + ll_dispatch_staging(p.wire, t));
+                        if (tid == 0) st[0] = make_int4(t, 0, 0, 0);
+                        for (int i = tid; i < msg_int4 - 1; i += kCastThreads)
+                            st[1 + i] = ld_cg_v4((const int4*)msg + 1 + i);
+                        __threadfence_system();
+                        named_barrier(1, kCastThreads);
+                    }
+                }
                 if (warp < K) {
                     const int e = a.topk_idx[t * K + warp];
                     if (e >= 0) {
@@ -170,11 +228,23 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                         if (lane == 0) slot = atomicAdd(a.atomic_counter + e, 1);
                         slot = __shfl_sync(0xffffffffu, slot, 0);
                         const int dst_rank = e / L, le = e % L;
-                        u8* dst = args[dst_rank].recv_buf +
-                                  (((u64)le * N + rank) * p.max_tokens + slot) * p.msg_bytes;
-                        if (lane == 0) *(int4*)dst = make_int4(t, warp, 0, 0);
-                        UNROLLED_WARP_COPY(7, lane, msg_int4 - 1, (int4*)dst + 1,
-                                           (const int4*)msg + 1, ld_cg_v4, st_na_v4);
+                        if (ll_remote(p, rank, dst_rank)) {
+                            if (lane == 0) {
+                                const DoorbellRing ring = {a.ring_slots, a.ring_ticket, a.ring_mask};
+                                doorbell_push(ring, DOORBELL_WRITE, ll_qp(p, rank, dst_rank, le),
+                                              a.send_area_offset + ll_dispatch_staging(p.wire, t),
+                                              ll_area(p, dst_rank) + ll_dispatch_recv(p.wire, le, rank, slot),
+                                              (u32)p.wire.dispatch_msg_bytes, 0,
+                                              wire_tag(TAG_LL_DISPATCH_DATA, rank, le, t), p.timeout_ns,
+                                              err, rank, WAIT_DOORBELL_SLOT);
+                            }
+                        } else {
+                            u8* dst = args[dst_rank].recv_buf +
+                                      (((u64)le * N + rank) * p.max_tokens + slot) * p.msg_bytes;
+                            if (lane == 0) *(int4*)dst = make_int4(t, warp, 0, 0);
+                            UNROLLED_WARP_COPY(7, lane, msg_int4 - 1, (int4*)dst + 1,
+                                               (const int4*)msg + 1, ld_cg_v4, st_na_v4);
+                        }
                         __syncwarp();
                         if (lane == 0) red_add_release_gpu(a.finish_counter + e, 1);
                     }
@@ -195,7 +265,15 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                 }
             }
             const int count = shared_expected[j - item_begin];
-            st_release_flag(args[e / L].recv_count + (e % L) * N + rank, -count - 1);
+            if (ll_remote(p, rank, e / L)) {
+                const DoorbellRing ring = {a.ring_slots, a.ring_ticket, a.ring_mask};
+                doorbell_push(ring, DOORBELL_FLAG, ll_qp(p, rank, e / L, e % L), 0,
+                              ll_area(p, e / L) + ll_dispatch_count(p.wire, e % L, rank), 8,
+                              (u64)count + 1, wire_tag(TAG_LL_DISPATCH_COUNT, rank, e % L, count),
+                              p.timeout_ns, err, rank, WAIT_DOORBELL_SLOT);
+            } else {
+                st_release_flag(args[e / L].recv_count + (e % L) * N + rank, -count - 1);
+            }
         }
     }
 
@@ -219,14 +297,31 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                 for (int s = 0; s <= src && ok; ++s) {
                     const u64 t0 = globaltimer_ns();
                     int c;
-                    while ((c = ld_acquire_flag(a.recv_count + le * N + s)) == 0) {
-                        if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
-                            record_timeout(err, WAIT_LL_RECV_COUNT, rank, -1, s, rank * L + le, 1, 0);
-                            ok = false;
-                            break;
+                    if (ll_remote(p, rank, s)) {
+                        // Cumulative over calls: this call's count is what it added.
+                        const u64 seen = a.count_seen[((u64)(p.call & 1) * L + le) * N + s];
+                        const u64* cp = (const u64*)(a.wire_recv_area + ll_dispatch_count(p.wire, le, s));
+                        u64 v;
+                        while ((v = ld_acquire_sys_u64(cp)) <= seen) {
+                            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                                record_timeout(err, WAIT_LL_RECV_COUNT, rank, -1, s, rank * L + le,
+                                               (int)seen + 1, (int)v);
+                                ok = false;
+                                break;
+                            }
                         }
+                        c = (int)(v - seen - 1);
+                        if (ok && s == src) a.count_seen[((u64)((p.call + 1) & 1) * L + le) * N + s] = v;
+                    } else {
+                        while ((c = ld_acquire_flag(a.recv_count + le * N + s)) == 0) {
+                            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                                record_timeout(err, WAIT_LL_RECV_COUNT, rank, -1, s, rank * L + le, 1, 0);
+                                ok = false;
+                                break;
+                            }
+                        }
+                        c = -c - 1;
                     }
-                    c = -c - 1;
                     if (s < src) begin += c; else n = c;
                 }
                 if (!ok || n < 0 || n > p.max_tokens || begin < 0 || begin + n > p.capacity) n = 0, begin = 0;
@@ -237,11 +332,28 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
             }
             named_barrier(2 + group, wpg * 32);
             const int n = shared_n[group], begin = shared_begin[group];
-            const u8* src_base = a.recv_buf + ((u64)le * N + src) * p.max_tokens * p.msg_bytes;
+            const bool remote_src = ll_remote(p, rank, src);
+            const u8* src_base = remote_src
+                ? a.wire_recv_area + ll_dispatch_recv(p.wire, le, src, 0)
+                : a.recv_buf + ((u64)le * N + src) * p.max_tokens * p.msg_bytes;
+            const u64 stride = remote_src ? p.wire.dispatch_msg_bytes : p.msg_bytes;
             for (int i = sub_warp; i < n; i += wpg) {
-                const u8* m = src_base + (u64)i * p.msg_bytes;
-                const int4 hdr = ld_cg_v4((const int4*)m);
+                const u8* m = src_base + (u64)i * stride;
                 const u64 row = (u64)le * p.capacity + begin + i;
+                if (remote_src) {
+                    const int4 hdr = ld_sys_v4((const int4*)m);
+                    if (lane == 0) {
+                        a.packed_recv_src_info[row] = hdr.x;
+                        a.packed_recv_slot[row] = -1;
+                    }
+                    UNROLLED_WARP_COPY(7, lane, payload_int4, a.packed_recv_x + row * payload_int4,
+                                       (const int4*)(m + 16), ld_sys_v4, st_na_v4);
+                    if (p.dispatch_fp8)
+                        for (int j = lane; j < kNumScales; j += 32)
+                            a.packed_recv_scales[row * kNumScales + j] = ld_sys_f32((const float*)(m + 16 + HIDDEN) + j);
+                    continue;
+                }
+                const int4 hdr = ld_cg_v4((const int4*)m);
                 if (lane == 0) {
                     a.packed_recv_src_info[row] = hdr.x;
                     a.packed_recv_slot[row] = hdr.y;
@@ -282,16 +394,43 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
             const LlRankArgs& a = args[rank];
             const long long range = a.packed_recv_layout_range[le * N + dst];
             const int begin = (int)(range & 0xffffffffll), n = (int)(range >> 32);
+            const bool remote_dst = ll_remote(p, rank, dst);
             u8* dst_buf = args[dst].combine_recv_buf;
             for (int i = sub_warp; i < n; i += wpg) {
                 const u64 row = (u64)le * p.capacity + begin + i;
                 const int t = a.packed_recv_src_info[row], k = a.packed_recv_slot[row];
                 const int4* s = a.combine_x + row * kHiddenBf16Int4;
+                if (remote_dst) {
+                    const u64 staged = ll_combine_staging(p.wire, le, dst, i);
+                    UNROLLED_WARP_COPY(7, lane, kHiddenBf16Int4, (int4*)(a.wire_send_area + staged), s,
+                                       ld_nc_v4, st_na_v4);
+                    __threadfence_system();
+                    __syncwarp();
+                    if (lane == 0) {
+                        const DoorbellRing ring = {a.ring_slots, a.ring_ticket, a.ring_mask};
+                        doorbell_push(ring, DOORBELL_WRITE, ll_qp(p, rank, dst, le), a.send_area_offset + staged,
+                                      ll_area(p, dst) + ll_combine_recv(p.wire, rank * L + le, t),
+                                      (u32)p.wire.combine_msg_bytes, 0,
+                                      wire_tag(TAG_LL_COMBINE_DATA, rank, le, t), p.timeout_ns, err,
+                                      rank, WAIT_DOORBELL_SLOT);
+                    }
+                    continue;
+                }
                 int4* d = (int4*)(dst_buf + ((u64)t * K + k) * p.combine_slot_bytes);
                 UNROLLED_WARP_COPY(7, lane, kHiddenBf16Int4, d, s, ld_nc_v4, st_na_v4);
             }
             named_barrier(2 + group, wpg * 32);
-            if (sub_warp == 0 && lane == 0) red_add_release_flag(args[dst].combine_recv_flag + rank * L + le, 1);
+            if (sub_warp == 0 && lane == 0) {
+                if (remote_dst) {
+                    const DoorbellRing ring = {a.ring_slots, a.ring_ticket, a.ring_mask};
+                    doorbell_push(ring, DOORBELL_FLAG, ll_qp(p, rank, dst, le), 0,
+                                  ll_area(p, dst) + ll_combine_flag(p.wire, rank * L + le), 8, 1,
+                                  wire_tag(TAG_LL_COMBINE_FLAG, rank, le, dst), p.timeout_ns, err, rank,
+                                  WAIT_DOORBELL_SLOT);
+                } else {
+                    red_add_release_flag(args[dst].combine_recv_flag + rank * L + le, 1);
+                }
+            }
         }
     }
 
@@ -307,6 +446,17 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
             if (!((verified >> lr) & 1)) {
                 for (int e = tid; e < E; e += LL_THREADS) {
                     const u64 t0 = globaltimer_ns();
+                    if (ll_remote(p, rank, e / L)) {
+                        const u64* fp = (const u64*)(a.wire_recv_area + ll_combine_flag(p.wire, e));
+                        u64 v;
+                        while ((v = ld_acquire_sys_u64(fp)) < (u64)p.call + 1) {
+                            if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
+                                record_timeout(err, WAIT_LL_COMBINE_FLAG, rank, -1, e / L, e, p.call + 1, (int)v);
+                                break;
+                            }
+                        }
+                        continue;
+                    }
                     while (ld_acquire_flag(a.combine_recv_flag + e) == 0) {
                         if (globaltimer_ns() - t0 > p.timeout_ns || error_raised(err)) {
                             record_timeout(err, WAIT_LL_COMBINE_FLAG, rank, -1, e / L, e, 1, 0);
@@ -321,10 +471,14 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
             for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
                 float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
                 for (int k = 0; k < K; ++k) {
-                    if (a.topk_idx[t * K + k] < 0) continue;
+                    const int e = a.topk_idx[t * K + k];
+                    if (e < 0) continue;
                     const float w = a.topk_weights[t * K + k];
                     float f[8];
-                    unpack_bf16x8(ld_cg_v4(recv + (u64)k * slot_int4 + i), f);
+                    const int4 v = ll_remote(p, rank, e / L)
+                        ? ld_sys_v4((const int4*)(a.wire_recv_area + ll_combine_recv(p.wire, e, t)) + i)
+                        : ld_cg_v4(recv + (u64)k * slot_int4 + i);
+                    unpack_bf16x8(v, f);
 #pragma unroll
                     for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(w, f[j], acc[j]);
                 }
@@ -337,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
             }
             if (p.use_discard) {
                 __syncthreads();
-                if (warp < K && a.topk_idx[t * K + warp] >= 0)
+                if (warp < K && a.topk_idx[t * K + warp] >= 0 && !ll_remote(p, rank, a.topk_idx[t * K + warp] / L))
                     warp_discard(recv + (u64)warp * slot_int4, (int)p.combine_slot_bytes, lane);
             }
         }

@@ -29,6 +29,8 @@ pub enum ModuleId {
     /// The ring handoff through thread-block-cluster shared memory (sm_90+ only; optional
     /// `CLUSTER_SIZE`, `CL_THREADS`, `CL_UNROLL`).
     Cluster,
+    /// Normal internode dispatch and combine over the CPU-proxy wire (needs `RANKS_PER_NODE`).
+    Internode,
     /// The barrier between the processes of one run before each timed launch.
     Sync,
 }
@@ -49,6 +51,7 @@ pub static HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../cuda/common.cuh")),
     ("normal.cuh", include_str!("../cuda/normal.cuh")),
     ("cluster.cuh", include_str!("../cuda/cluster.cuh")),
+    ("wire.cuh", include_str!("../cuda/wire.cuh")),
 ];
 
 /// Every kernel module.
@@ -121,6 +124,13 @@ pub static MODULES: &[KernelModule] = &[
         source: include_str!("../cuda/cluster.cu"),
         entry_points: &["probe_cluster_handoff", "probe_cluster_tma_handoff"],
         required_defines: &[],
+    },
+    KernelModule {
+        id: ModuleId::Internode,
+        file: "internode.cu",
+        source: include_str!("../cuda/internode.cu"),
+        entry_points: &["internode_dispatch", "internode_combine"],
+        required_defines: &["RANKS_PER_NODE"],
     },
     KernelModule {
         id: ModuleId::Sync,

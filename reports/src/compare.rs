@@ -26,6 +26,10 @@ pub struct Comparison {
     /// False when the two results ran different scenario texts (their sha256 differ): the
     /// numbers are then not strictly comparable.
     pub same_scenario_text: bool,
+    /// Why the measured numbers are shown but not compared (no error is computed): a
+    /// measurement over the TCP wire is no measurement of a fabric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_compared: Option<String>,
     pub rows: Vec<ComparisonRow>,
 }
 
@@ -39,6 +43,9 @@ pub struct Side {
     pub verdict: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// `backend.wire` of a hardware result ("verbs", "tcp", "none").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -104,6 +111,7 @@ fn side(path: &Path, r: &RunResult) -> Side {
         hardware: describe::hardware(r),
         verdict: r.verdict.as_str().to_string(),
         reason: r.waived_reason.clone().or_else(|| r.failures.first().cloned()),
+        wire: describe::wire(r).map(str::to_string),
     }
 }
 
@@ -166,7 +174,8 @@ impl Comparison {
                 }
             }
         }
-        for row in &mut rows {
+        let not_compared = measured.and_then(|(_, m)| describe::not_a_fabric_measurement(m));
+        for row in rows.iter_mut().filter(|_| not_compared.is_none()) {
             if let (Some(s), Some(m)) = (&row.simulated, &row.measured) {
                 row.latency_error_pct = error_pct(s.latency_us_mean, m.latency_us_mean);
                 row.bw_error_pct = error_pct(s.logical_bw_gbps, m.logical_bw_gbps);
@@ -179,6 +188,7 @@ impl Comparison {
             simulated: simulated.map(|(p, r)| side(p, r)),
             measured: measured.map(|(p, r)| side(p, r)),
             same_scenario_text,
+            not_compared,
             rows,
         }
     }
@@ -240,15 +250,20 @@ fn opt_pct(v: Option<f64>) -> String {
 pub fn render_table(comparisons: &[Comparison]) -> String {
     let mut out = String::new();
     for c in comparisons {
-        let who = |s: &Option<Side>| match s {
-            Some(s) if s.verdict == "ok" => s.hardware.clone(),
-            Some(s) => format!(
-                "{} ({}{})",
-                s.hardware,
-                s.verdict,
-                s.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
-            ),
-            None => "none".into(),
+        let who = |s: &Option<Side>| {
+            let Some(s) = s else { return "none".to_string() };
+            let wire = match s.wire.as_deref() {
+                Some(w) if w != "none" => format!(", wire: {w}"),
+                _ => String::new(),
+            };
+            match s.verdict.as_str() {
+                "ok" => format!("{}{wire}", s.hardware),
+                v => format!(
+                    "{}{wire} ({v}{})",
+                    s.hardware,
+                    s.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+                ),
+            }
         };
         let _ = writeln!(out, "# {}", c.scenario);
         let _ = writeln!(out, "#   simulated: {}", who(&c.simulated));
@@ -258,6 +273,9 @@ pub fn render_table(comparisons: &[Comparison]) -> String {
                 out,
                 "#   NOTE: the measured result ran a different scenario text (sha256 differs)"
             );
+        }
+        if let Some(why) = &c.not_compared {
+            let _ = writeln!(out, "#   NOT COMPARED: {why}");
         }
         let _ = writeln!(
             out,
@@ -306,6 +324,52 @@ pub fn comparison_path(dir: &Path, scenario: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn result(json: &str) -> RunResult {
+        RunResult::from_json(json).unwrap()
+    }
+
+    fn pair() -> (RunResult, RunResult) {
+        (
+            result(include_str!("../tests/fixtures/results/sim/h200-ep8-ll-128.json")),
+            result(include_str!("../tests/fixtures/results/hw/h200-ep8-ll-128.json")),
+        )
+    }
+
+    #[test]
+    fn a_measurement_is_compared() {
+        let (sim, hw) = pair();
+        let c = Comparison::new(Some((Path::new("s"), &sim)), Some((Path::new("h"), &hw)));
+        assert_eq!(c.not_compared, None);
+        assert!(c.rows.iter().all(|r| r.latency_error_pct.is_some()));
+        assert!(c.max_abs_latency_error_pct().is_some());
+    }
+
+    /// A run over the TCP wire is shown with its wire and its numbers, and never enters the
+    /// simulated-vs-measured error (so no tolerance can pass or fail on it).
+    #[test]
+    fn a_run_over_tcp_is_shown_but_not_compared() {
+        let (sim, mut hw) = pair();
+        hw.backend.insert("wire".into(), serde_json::json!("tcp"));
+        let c = Comparison::new(Some((Path::new("s"), &sim)), Some((Path::new("h"), &hw)));
+        let why = c.not_compared.clone().expect("excluded");
+        assert!(why.contains("wire: tcp") && why.contains("not a fabric measurement"), "{why}");
+        assert!(c.rows.iter().all(|r| r.measured.is_some() && r.latency_error_pct.is_none()));
+        assert!(c.rows.iter().all(|r| r.bw_error_pct.is_none()));
+        assert_eq!(c.max_abs_latency_error_pct(), None);
+        assert_eq!(c.measured.as_ref().unwrap().wire.as_deref(), Some("tcp"));
+        let table = render_table(std::slice::from_ref(&c));
+        assert!(
+            table.contains(", wire: tcp") && table.contains("NOT COMPARED: wire: tcp"),
+            "{table}"
+        );
+        let back: Comparison = serde_json::from_str(&c.to_json()).unwrap();
+        assert_eq!(back, c);
+        // The verbs wire is a measurement.
+        hw.backend.insert("wire".into(), serde_json::json!("verbs"));
+        let c = Comparison::new(Some((Path::new("s"), &sim)), Some((Path::new("h"), &hw)));
+        assert!(c.not_compared.is_none() && c.rows.iter().all(|r| r.latency_error_pct.is_some()));
+    }
 
     fn doc(name: &str, kind: &str, latency_us: f64) -> Loaded<RunResult> {
         let doc = serde_json::from_value(serde_json::json!({

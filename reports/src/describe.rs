@@ -3,6 +3,22 @@
 use eptwin_engine::result::RunResult;
 use serde_json::Value;
 
+/// How a hardware result's internode bytes moved (`backend.wire`: "verbs", "tcp", "none"),
+/// when it says.
+pub fn wire(result: &RunResult) -> Option<&str> {
+    result.backend.get("wire").and_then(Value::as_str)
+}
+
+/// Why a measured result is not a measurement of any fabric, when it is not: its internode
+/// bytes went over the TCP wire (`backend.wire = "tcp"`).
+pub fn not_a_fabric_measurement(result: &RunResult) -> Option<String> {
+    (wire(result) == Some("tcp")).then(|| {
+        "wire: tcp — measured over the TCP wire (sockets between the nodes' processes), so its \
+         times are TCP and PCIe times, not a fabric measurement; not compared with the simulator"
+            .to_string()
+    })
+}
+
 /// "simulator" or "measured" (or the kind string for anything else).
 pub fn backend_word(result: &RunResult) -> &str {
     match result.backend_kind() {

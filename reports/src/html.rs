@@ -201,6 +201,13 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
                 escape(&verdicts.join("; "))
             );
         }
+        if let Some(why) = &c.not_compared {
+            let _ = writeln!(
+                h,
+                "<tr><td></td><td class=l colspan=14><span class=alert>{}</span></td></tr>",
+                escape(why)
+            );
+        }
     }
     let dagger = if comparisons.iter().any(|c| !c.same_scenario_text) {
         "† the simulated and measured results ran different scenario texts (sha256 differ). "

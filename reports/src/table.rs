@@ -30,6 +30,25 @@ pub fn render(result: &RunResult) -> String {
         }
     };
     let _ = writeln!(out, "# eptwin: {} on {backend} ({detail})", result.scenario.name);
+    match crate::describe::wire(result) {
+        Some("tcp") => {
+            let _ = writeln!(
+                out,
+                "# wire: tcp (sockets between the nodes' processes: TCP and PCIe times, not a \
+                 fabric measurement)"
+            );
+        }
+        Some(w) if w != "none" => {
+            let path = result
+                .backend
+                .get("wire_report")
+                .and_then(|r| r.get("data_path"))
+                .and_then(|p| p.as_str())
+                .unwrap_or("?");
+            let _ = writeln!(out, "# wire: {w} (data path {path})");
+        }
+        _ => {}
+    }
     if result.verdict == Verdict::Waived {
         let _ = writeln!(
             out,
@@ -172,6 +191,21 @@ mod tests {
         let table = render(&result);
         assert!(table.contains("#  Waived: no GPU"), "{table}");
         assert!(!table.contains("mean(us)"), "{table}");
+    }
+
+    #[test]
+    fn the_wire_is_named() {
+        let mut result = fixture();
+        assert!(!render(&result).contains("# wire:"), "no wire, no line");
+        result.backend.insert("wire".into(), serde_json::json!("tcp"));
+        assert!(
+            render(&result).contains("# wire: tcp (") && render(&result).contains("not a fabric")
+        );
+        result.backend.insert("wire".into(), serde_json::json!("verbs"));
+        result.backend.insert("wire_report".into(), serde_json::json!({"data_path": "staged"}));
+        assert!(render(&result).contains("# wire: verbs (data path staged)"));
+        result.backend.insert("wire".into(), serde_json::json!("none"));
+        assert!(!render(&result).contains("# wire:"));
     }
 
     #[test]

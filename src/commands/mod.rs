@@ -15,12 +15,13 @@ use eptwin_engine::result::Provenance;
 use eptwin_engine::transport::Transport;
 
 use crate::ExitCode;
-use crate::cli::{BackendArg, Command};
+use crate::cli::{BackendArg, Command, WireArg};
 
 pub fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { scenarios, backend, out, json, trace, spawn, ranks_per_process } => {
-            let options = run::RunOptions { backend, out, json, trace, spawn, ranks_per_process };
+        Command::Run { scenarios, backend, out, json, trace, wire, spawn, ranks_per_process } => {
+            let options =
+                run::RunOptions { backend, out, json, trace, spawn, ranks_per_process, wire };
             run::run(&scenarios, &options)
         }
         Command::Validate { scenarios } => validate::validate(&scenarios),
@@ -39,12 +40,21 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
     }
 }
 
-/// A backend for `run`, `compare` and `sweep`.
-pub fn transport(backend: BackendArg, trace: bool) -> Box<dyn Transport> {
+/// A backend for `run`, `compare` and `sweep`; `wire` overrides `EPTWIN_WIRE`.
+pub fn transport(backend: BackendArg, trace: bool, wire: Option<WireArg>) -> Box<dyn Transport> {
     match backend {
         BackendArg::Sim => Box::new(eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace })),
-        BackendArg::Hw => Box::new(eptwin_hw::HwTransport::new(eptwin_hw::HwOptions::from_env())),
+        BackendArg::Hw => Box::new(eptwin_hw::HwTransport::new(hw_options(wire))),
     }
+}
+
+/// The hardware backend's options: `EPTWIN_*`, with `wire` (`--wire`) over `EPTWIN_WIRE`.
+pub fn hw_options(wire: Option<WireArg>) -> eptwin_hw::HwOptions {
+    let mut options = eptwin_hw::HwOptions::from_env();
+    if let Some(w) = wire {
+        options.wire = Ok(w.request());
+    }
+    options
 }
 
 /// Who made a result. Simulator results carry no timestamp or host so that they are

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use eptwin_engine::ids::Rank;
+use eptwin_hw::HwTransport;
 use eptwin_hw::group::{
     GroupConfig, LaunchInfo, ProcessGroup, SpawnOptions, Timeouts, check_blocks_on_one_node,
     rank_blocks, spawn_with,
 };
 use eptwin_hw::processes::Processes;
-use eptwin_hw::{HwOptions, HwTransport};
 
 use super::run::{RunOptions, write_result};
 use super::{load_plan, provenance};
@@ -119,7 +119,7 @@ pub fn run_in_group(
         Err(e) => return failed(&e),
     };
     let procs = Processes::new(group, launch, blocks);
-    let mut hw = match HwTransport::in_processes(HwOptions::from_env(), procs) {
+    let mut hw = match HwTransport::in_processes(super::hw_options(o.wire), procs) {
         Ok(hw) => hw,
         Err(e) => return failed(&e),
     };

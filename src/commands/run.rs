@@ -16,7 +16,7 @@ use eptwin_engine::run::Progress;
 use eptwin_hw::group::{LaunchInfo, Launcher, rank_blocks};
 
 use super::{plan_loaded, processes, provenance};
-use crate::cli::BackendArg;
+use crate::cli::{BackendArg, WireArg};
 use crate::{ExitCode, out, outln};
 
 /// `eptwin run`'s options besides the scenarios.
@@ -27,6 +27,8 @@ pub struct RunOptions {
     pub trace: Option<PathBuf>,
     pub spawn: Option<usize>,
     pub ranks_per_process: Option<usize>,
+    /// Hardware: the wire between nodes (`--wire`, over `EPTWIN_WIRE`).
+    pub wire: Option<WireArg>,
 }
 
 pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
@@ -79,7 +81,7 @@ pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
         }
         let mut bar = ProgressBar::new(&plan.name);
         let (result, trace_json) =
-            execute_as(&plan, backend, trace.is_some(), launcher, &mut |p| bar.show(p))
+            execute_as(&plan, backend, trace.is_some(), launcher, o.wire, &mut |p| bar.show(p))
                 .with_context(|| format!("running {}", path.display()))?;
         drop(bar);
         write_result(&result, &o.out, o.json)?;
@@ -246,16 +248,17 @@ pub fn execute(
     backend: BackendArg,
     trace: bool,
 ) -> Result<(RunResult, Option<String>)> {
-    execute_as(plan, backend, trace, Launcher::Single, &mut |_| {})
+    execute_as(plan, backend, trace, Launcher::Single, None, &mut |_| {})
 }
 
-/// [`execute`] in a process that `launcher` started (recorded in a hardware result),
-/// reporting progress after every op.
+/// [`execute`] in a process that `launcher` started (recorded in a hardware result), over the
+/// `wire` between nodes, reporting progress after every op.
 fn execute_as(
     plan: &eptwin_engine::Plan,
     backend: BackendArg,
     trace: bool,
     launcher: Launcher,
+    wire: Option<WireArg>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(RunResult, Option<String>)> {
     match backend {
@@ -266,7 +269,7 @@ fn execute_as(
             Ok((result, sim.trace_json()))
         }
         BackendArg::Hw => {
-            let mut hw = eptwin_hw::HwTransport::single(eptwin_hw::HwOptions::from_env(), launcher);
+            let mut hw = eptwin_hw::HwTransport::single(super::hw_options(wire), launcher);
             let result =
                 eptwin_engine::run::run_observed(plan, &mut hw, provenance(backend), progress)?;
             Ok((result, None))

@@ -81,7 +81,7 @@ pub fn sweep(
         .expect("valid template")
         .progress_chars("=> "),
     );
-    let new_backend = || transport(backend, false);
+    let new_backend = || transport(backend, false, None);
     let new_provenance = || provenance(backend);
     #[allow(clippy::disallowed_methods)] // real time of the sweep itself, never in a result
     let started = std::time::Instant::now();

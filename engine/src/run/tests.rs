@@ -56,7 +56,11 @@ impl Transport for Fake {
         Capabilities {
             // The double stands in for the simulator.
             backend: BackendKind::Sim,
-            identity: BTreeMap::from([("version".into(), json!("0"))]),
+            identity: if self.prepared {
+                BTreeMap::from([("version".into(), json!("0")), ("wire".into(), json!("tcp"))])
+            } else {
+                BTreeMap::from([("version".into(), json!("0"))])
+            },
             unavailable: self.unavailable.clone(),
             modes: vec![EpMode::LowLatency, EpMode::Intranode],
             traffic: true,
@@ -118,6 +122,8 @@ fn warmup_is_discarded_and_summaries_follow_samples() {
     assert!((reference.error_pct - 15.0).abs() < 1e-9);
     assert!(!reference.within_tolerance);
     assert_eq!(result.backend["kind"], "sim");
+    // What the backend knows only once the plan is prepared reaches the document.
+    assert_eq!(result.backend["wire"], "tcp");
     // The document round-trips through JSON.
     assert_eq!(crate::result::RunResult::from_json(&result.to_json()).unwrap(), result);
 }

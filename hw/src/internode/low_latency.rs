@@ -18,7 +18,7 @@ use crate::rdma::RdmaError;
 /// i32s, as DeepEP's.
 pub const LL_HEADER_BYTES: u64 = 16;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]
 pub struct LlLayout {
     pub num_ranks: u64,
@@ -168,5 +168,34 @@ mod tests {
     #[test]
     fn layout_is_a_plain_c_struct() {
         assert_eq!(std::mem::size_of::<LlLayout>(), 14 * 8);
+    }
+
+    /// kernels/cuda/wire.cuh declares the same `u64`s in the same order (low_latency.cu takes
+    /// the struct inside its parameters).
+    #[test]
+    fn layout_matches_the_cuda_declaration() {
+        use std::mem::offset_of;
+        let fields = crate::internode::cuda_u64_fields("wire.cuh", "LlLayout");
+        let rust = [
+            ("num_ranks", offset_of!(LlLayout, num_ranks)),
+            ("num_experts", offset_of!(LlLayout, num_experts)),
+            ("num_local_experts", offset_of!(LlLayout, num_local_experts)),
+            ("slots_per_source", offset_of!(LlLayout, slots_per_source)),
+            ("dispatch_msg_bytes", offset_of!(LlLayout, dispatch_msg_bytes)),
+            ("combine_msg_bytes", offset_of!(LlLayout, combine_msg_bytes)),
+            ("dispatch_counts_offset", offset_of!(LlLayout, dispatch_counts_offset)),
+            ("combine_flags_offset", offset_of!(LlLayout, combine_flags_offset)),
+            ("dispatch_recv_offset", offset_of!(LlLayout, dispatch_recv_offset)),
+            ("combine_recv_offset", offset_of!(LlLayout, combine_recv_offset)),
+            ("recv_area_bytes", offset_of!(LlLayout, recv_area_bytes)),
+            ("dispatch_staging_offset", offset_of!(LlLayout, dispatch_staging_offset)),
+            ("combine_staging_offset", offset_of!(LlLayout, combine_staging_offset)),
+            ("send_area_bytes", offset_of!(LlLayout, send_area_bytes)),
+        ];
+        let names: Vec<&str> = rust.iter().map(|(n, _)| *n).collect();
+        assert_eq!(fields, names);
+        for (i, (name, offset)) in rust.iter().enumerate() {
+            assert_eq!(*offset, 8 * i, "{name}");
+        }
     }
 }

@@ -62,6 +62,7 @@
 
 pub mod data;
 pub mod geometry;
+pub mod gpu;
 pub mod host;
 pub mod low_latency;
 pub mod normal;
@@ -72,3 +73,21 @@ pub use geometry::{Geometry, QpTable, TokenDtype, Traffic};
 pub use host::{HostLinks, HostStats, describe_tag, run_low_latency, run_normal};
 pub use low_latency::LlLayout;
 pub use normal::{NormalCounter, NormalLayout};
+
+/// The `u64` field names of `struct name { ... };` in a kernels header, in order (layout tests
+/// of the `#[repr(C)]` structs kernels take as arguments).
+#[cfg(test)]
+pub(crate) fn cuda_u64_fields(header: &str, name: &str) -> Vec<String> {
+    let source = eptwin_kernels::HEADERS
+        .iter()
+        .find(|(h, _)| *h == header)
+        .map(|(_, text)| *text)
+        .expect("a kernels header");
+    let start = source.find(&format!("struct {name} {{")).expect("the struct is declared");
+    let body = &source[start..source[start..].find("};").expect("closed") + start];
+    body.lines()
+        .skip(1)
+        .filter_map(|l| l.trim().strip_prefix("u64 "))
+        .map(|l| l.trim_end_matches(';').trim().to_string())
+        .collect()
+}

@@ -247,4 +247,43 @@ mod tests {
         assert_eq!(std::mem::size_of::<NormalLayout>(), 21 * 8);
         assert_eq!(std::mem::align_of::<NormalLayout>(), 8);
     }
+
+    /// kernels/cuda/wire.cuh declares the same `u64`s in the same order (kernels take the
+    /// struct by value).
+    #[test]
+    fn layout_matches_the_cuda_declaration() {
+        use std::mem::offset_of;
+        let fields = crate::internode::cuda_u64_fields("wire.cuh", "NormalLayout");
+        let rust = [
+            ("num_nodes", offset_of!(NormalLayout, num_nodes)),
+            ("num_channels", offset_of!(NormalLayout, num_channels)),
+            ("dispatch_ring_slots", offset_of!(NormalLayout, dispatch_ring_slots)),
+            ("dispatch_send_tokens", offset_of!(NormalLayout, dispatch_send_tokens)),
+            ("combine_ring_slots", offset_of!(NormalLayout, combine_ring_slots)),
+            ("combine_send_tokens", offset_of!(NormalLayout, combine_send_tokens)),
+            ("dispatch_token_bytes", offset_of!(NormalLayout, dispatch_token_bytes)),
+            ("dispatch_meta_offset", offset_of!(NormalLayout, dispatch_meta_offset)),
+            ("dispatch_scales_offset", offset_of!(NormalLayout, dispatch_scales_offset)),
+            ("dispatch_topk_idx_offset", offset_of!(NormalLayout, dispatch_topk_idx_offset)),
+            (
+                "dispatch_topk_weights_offset",
+                offset_of!(NormalLayout, dispatch_topk_weights_offset),
+            ),
+            ("combine_token_bytes", offset_of!(NormalLayout, combine_token_bytes)),
+            ("combine_meta_offset", offset_of!(NormalLayout, combine_meta_offset)),
+            ("combine_topk_weights_offset", offset_of!(NormalLayout, combine_topk_weights_offset)),
+            ("counters_offset", offset_of!(NormalLayout, counters_offset)),
+            ("dispatch_rings_offset", offset_of!(NormalLayout, dispatch_rings_offset)),
+            ("combine_rings_offset", offset_of!(NormalLayout, combine_rings_offset)),
+            ("recv_area_bytes", offset_of!(NormalLayout, recv_area_bytes)),
+            ("dispatch_staging_offset", offset_of!(NormalLayout, dispatch_staging_offset)),
+            ("combine_staging_offset", offset_of!(NormalLayout, combine_staging_offset)),
+            ("send_area_bytes", offset_of!(NormalLayout, send_area_bytes)),
+        ];
+        let names: Vec<&str> = rust.iter().map(|(n, _)| *n).collect();
+        assert_eq!(fields, names);
+        for (i, (name, offset)) in rust.iter().enumerate() {
+            assert_eq!(*offset, 8 * i, "{name}");
+        }
+    }
 }

@@ -88,7 +88,9 @@ impl NormalJob {
                     format!("rank {r}: {} tokens received, expected {}", gr.num[0], e.rows.len())
                 });
             }
-            if gr.prefix != e.rank_prefix {
+            // Across nodes the receive layout is an input (the cached handle), not a result.
+            let layout_is_output = self.across.is_none();
+            if layout_is_output && gr.prefix != e.rank_prefix {
                 layout.push(|| {
                     format!("rank {r}: rank prefix {:?}, expected {:?}", gr.prefix, e.rank_prefix)
                 });
@@ -101,7 +103,7 @@ impl NormalJob {
                     )
                 });
             }
-            if gr.chan != e.channel_offset {
+            if layout_is_output && gr.chan != e.channel_offset {
                 layout.push(|| format!("rank {r}: channel offsets differ from the layout"));
             }
             for (row, &(s, t)) in e.rows.iter().enumerate() {
@@ -159,8 +161,13 @@ impl NormalJob {
             data.extend(b);
             meta.extend(c);
         }
+        let layout_check = if self.across.is_none() {
+            "dispatch: token counts, rank prefix, per-expert counts and channel offsets match the layout"
+        } else {
+            "dispatch: tokens and tokens per local expert counted by the receivers match the routing (the receive layout is DeepEP's cached handle, from the routing)"
+        };
         let checks = vec![
-            "dispatch: token counts, rank prefix, per-expert counts and channel offsets match the layout".to_string(),
+            layout_check.to_string(),
             "dispatch: every received row equals its source token byte for byte (payload and scales)".to_string(),
             "dispatch: source indices, local top-k indices and weights match".to_string(),
         ];
@@ -177,6 +184,7 @@ impl NormalJob {
     ) -> Result<(Vec<String>, Vec<String>), HwError> {
         let (k, h) = (self.topk as usize, self.hidden as usize);
         let t = self.routing.tokens_per_rank as usize;
+        let ranks_per_node = self.across.as_ref().map(|a| a.geometry.ranks_per_node);
         let local: Vec<usize> = self.bufs.keys().map(|&r| r as usize).collect();
         let mut got = Vec::with_capacity(local.len());
         for &r in &local {
@@ -205,13 +213,7 @@ impl NormalJob {
                     want_f.clear();
                     for hi in 0..h {
                         let v = tok.value(ti, hi);
-                        // The kernel sums the partials in rank order in f32.
-                        let mut acc = 0f32;
-                        for &d in &ranks {
-                            acc +=
-                                data::bf16_to_f32(data::expert_output(v, data::expert_factor(d)));
-                        }
-                        let want = data::bf16_to_f32(data::f32_to_bf16(acc));
+                        let want = combined_value(v, &ranks, ranks_per_node);
                         let have = data::bf16_to_f32(gx[ti * h + hi]);
                         got_f.push(have);
                         want_f.push(want);
@@ -245,8 +247,16 @@ impl NormalJob {
             weights.extend(b);
             diff = diff.max(d);
         }
+        let sum_check = match ranks_per_node {
+            None => {
+                "combine: every element equals the sum of the visited ranks' expert outputs within bf16 rounding"
+            }
+            Some(_) => {
+                "combine: every element equals the sum over nodes of each node's BF16 partial (its visited ranks' expert outputs summed, as DeepEP's internode combine sends it) within bf16 rounding"
+            }
+        };
         let mut checks = vec![
-            "combine: every element equals the sum of the visited ranks' expert outputs within bf16 rounding".to_string(),
+            sum_check.to_string(),
             "combine: top-k weights come back intact".to_string(),
             format!("combine: worst per-token calc_diff {diff:.3e} (DeepEP's bound 5e-6)"),
         ];
@@ -260,6 +270,32 @@ impl NormalJob {
     }
 }
 
+/// What the combine must produce for an element whose token value is `v` and which visited
+/// `ranks` (ascending): the kernels sum in f32 in rank order and round to BF16 once; across
+/// nodes (`ranks_per_node`) each node's forwarder sums its ranks first and sends a BF16
+/// partial, and the source sums the nodes' partials in node order.
+pub(super) fn combined_value(v: f32, ranks: &[u32], ranks_per_node: Option<u32>) -> f32 {
+    let out = |d: u32| data::bf16_to_f32(data::expert_output(v, data::expert_factor(d)));
+    let mut acc = 0f32;
+    match ranks_per_node {
+        None => {
+            for &d in ranks {
+                acc += out(d);
+            }
+        }
+        Some(rpn) => {
+            for node_ranks in ranks.chunk_by(|a, b| a / rpn == b / rpn) {
+                let mut partial = 0f32;
+                for &d in node_ranks {
+                    partial += out(d);
+                }
+                acc += data::bf16_to_f32(data::f32_to_bf16(partial));
+            }
+        }
+    }
+    data::bf16_to_f32(data::f32_to_bf16(acc))
+}
+
 pub(super) fn rows_region(ptr: u64, rows: u64, row_bytes: u64) -> DigestRegion {
     DigestRegion {
         ptr,
@@ -268,5 +304,25 @@ pub(super) fn rows_region(ptr: u64, rows: u64, row_bytes: u64) -> DigestRegion {
         row_stride_words: row_bytes / 4,
         row_counts: 0,
         rows_per_group: 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn across_nodes_the_partials_are_rounded_per_node() {
+        let v = 1.0 + 2f32.powi(-7);
+        // One node: the same as the plain sum.
+        assert_eq!(combined_value(v, &[0, 1, 2], Some(8)), combined_value(v, &[0, 1, 2], None));
+        // Two nodes: each node's partial is rounded to BF16 before the sum.
+        let ranks = [1, 2, 9, 10];
+        let out = |d: u32| data::bf16_to_f32(data::expert_output(v, data::expert_factor(d)));
+        let round = |x: f32| data::bf16_to_f32(data::f32_to_bf16(x));
+        let want = round(round(out(1) + out(2)) + round(out(9) + out(10)));
+        assert_eq!(combined_value(v, &ranks, Some(8)), want);
+        assert_eq!(combined_value(v, &ranks, None), round(out(1) + out(2) + out(9) + out(10)));
+        assert_eq!(combined_value(v, &[], Some(8)), 0.0);
     }
 }

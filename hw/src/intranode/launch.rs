@@ -103,6 +103,9 @@ impl NormalJob {
         warmup: bool,
         job_id: eptwin_engine::ids::JobId,
     ) -> Result<OpSample, HwError> {
+        if self.across.is_some() {
+            return self.dispatch_across(devs, gpu_of_rank, iteration, warmup, job_id);
+        }
         self.poison_dispatch(devs, gpu_of_rank)?;
         if !warmup && iteration == 0 {
             self.poison_rings(devs, gpu_of_rank)?;
@@ -245,22 +248,34 @@ impl NormalJob {
             dev.gpu.memset_u8(b.combined_x.ptr, 0xff, b.combined_x.bytes)?;
             dev.gpu.memset_u8(b.combined_topk_weights.ptr, 0xff, b.combined_topk_weights.bytes)?;
         }
-        if !warmup && iteration == 0 {
+        if !warmup && iteration == 0 && self.across.is_none() {
             self.poison_rings(devs, gpu_of_rank)?;
         }
         self.epoch += 1;
         devs.clear_errors()?;
         devs.flush_l2()?;
         devs.barrier_before_launch()?;
-        let mut timer = Timer::start(devs)?;
-        self.launch_pair(devs, "intranode_notify_combine", "intranode_combine", &mut timer, false)?;
-        devs.finish("combine")?;
-        let latency_ns = timer.between_ns("notify", "end")?;
+        let (latency_ns, phases, rdma_bytes) = if self.across.is_some() {
+            self.combine_across_launch(devs)?
+        } else {
+            let mut timer = Timer::start(devs)?;
+            self.launch_pair(
+                devs,
+                "intranode_notify_combine",
+                "intranode_combine",
+                &mut timer,
+                false,
+            )?;
+            devs.finish("combine")?;
+            let notify = PhaseTime {
+                name: "notify".into(),
+                latency_ns: timer.between_ns("start", "notify")?,
+            };
+            (timer.between_ns("notify", "end")?, vec![notify], 0)
+        };
         let mut sample = OpSample::new(job_id, OpKind::Combine, iteration, warmup, latency_ns);
-        sample.phases = vec![PhaseTime {
-            name: "notify".into(),
-            latency_ns: timer.between_ns("start", "notify")?,
-        }];
+        sample.phases = phases;
+        sample.rdma_bytes = rdma_bytes;
         sample.nvlink_bytes =
             self.local_received_rows() * normal_combine_token_bytes(self.hidden, self.topk);
 

@@ -4,8 +4,10 @@
 //!
 //! `prepare` sets a job up (buffers, argument arrays), `launch` runs and times the ops, `check`
 //! holds the host checks; `args` mirrors the kernels' structs, `layout` the NVL buffer, `expect`
-//! derives what each rank must receive, `rings` chooses where the rings live.
+//! derives what each rank must receive, `rings` chooses where the rings live. A job whose ranks
+//! span nodes runs internode.cu over the wire instead (`across_nodes`), with the same checks.
 
+mod across_nodes;
 mod args;
 mod check;
 mod expect;
@@ -101,6 +103,8 @@ pub struct NormalJob {
     /// `EPTWIN_CLUSTER_TIMES=1`: per block of the cluster kernels, its start and every warp's
     /// finish (globaltimer ns), reported after the host-checked iteration.
     warp_times: Option<DeviceBuffer>,
+    /// Ranks on several nodes: internode.cu over the wire instead of the intranode kernels.
+    across: Option<Box<across_nodes::AcrossNodes>>,
 }
 
 fn payload_bytes(hidden: u32, fp8: bool) -> u64 {

@@ -5,12 +5,14 @@
 use std::collections::BTreeMap;
 
 use eptwin_engine::plan::Dtype;
-use eptwin_engine::plan::{DeepEpJob, JobPlan};
+use eptwin_engine::plan::{DeepEpJob, JobPlan, RoutingTable, Workload};
 use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};
 use super::warp_times::CLUSTER_TOKEN_STAMPS;
-use super::{NormalJob, NormalLaunch, NvlLayout, RankBuffers, expectations, payload_bytes};
+use super::{
+    NormalJob, NormalLaunch, NvlLayout, RankBuffers, RecvExpectation, expectations, payload_bytes,
+};
 use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
@@ -87,78 +89,18 @@ impl NormalJob {
             .collect();
 
         let t = w.tokens_per_rank as usize;
-        let (h, k, nn, e) = (w.hidden as usize, w.topk as usize, n as usize, w.experts as usize);
-        let pay = payload_bytes(w.hidden, fp8) as usize;
-        let local: Vec<u32> = devs.list.iter().flat_map(|d| d.ranks.iter().copied()).collect();
-        let mut bufs = BTreeMap::new();
-        for &rank in &local {
-            let r = rank as usize;
-            let dev = dev_of(devs, gpu_of_rank[r]);
-            let g = &dev.gpu;
-            let recv = expect[r].rows.len().max(1);
-            let b = RankBuffers {
-                x: g.alloc(t * pay)?,
-                x_scales: g.alloc(t * h / 128 * 4)?,
-                topk_idx: g.alloc(t * k * 4)?,
-                topk_weights: g.alloc(t * k * 4)?,
-                is_token_in_rank: g.alloc(t * nn)?,
-                num_tokens_per_rank: g.alloc(nn * 4)?,
-                num_tokens_per_expert: g.alloc(e * 4)?,
-                channel_prefix_matrix: g.alloc(nn * channels as usize * 4)?,
-                send_head: g.alloc(t * nn * 4)?,
-                rank_prefix: g.alloc(nn * 4)?,
-                num_recv_tokens_per_expert: g.alloc(l as usize * 4)?,
-                num_recv_tokens: g.alloc(4)?,
-                recv_x: g.alloc(recv * pay)?,
-                recv_x_scales: g.alloc(recv * h / 128 * 4)?,
-                recv_src_idx: g.alloc(recv * 4)?,
-                recv_topk_idx: g.alloc(recv * k * 4)?,
-                recv_topk_weights: g.alloc(recv * k * 4)?,
-                recv_channel_offset: g.alloc(nn * channels as usize * 4)?,
-                combine_x: g.alloc(recv * h * 2)?,
-                combined_x: g.alloc(t * h * 2)?,
-                combined_topk_weights: g.alloc(t * k * 4)?,
-                buffer: g.alloc(layout.total as usize)?,
-            };
-            let tok = &tokens[r];
-            if fp8 {
-                g.upload(&b.x, &tok.fp8)?;
-                g.upload(&b.x_scales, &tok.scales)?;
-            } else {
-                g.upload(&b.x, &tok.bf16)?;
-            }
-            let base = r * t * k;
-            g.upload(&b.topk_idx, &routing.topk_idx[base..base + t * k])?;
-            g.upload(&b.topk_weights, &routing.topk_weights[base..base + t * k])?;
-            // The barrier counter is monotonic across ops: zero it once.
-            g.memset_u8(b.buffer.ptr, 0, layout.total as usize)?;
-            bufs.insert(rank, b);
-        }
-        let layout_args = devs
-            .list
-            .iter()
-            .map(|dev| {
-                // The layout kernel indexes its args by local rank.
-                let local: Vec<LayoutRankArgs> = dev
-                    .ranks
-                    .iter()
-                    .map(|r| {
-                        let b = &bufs[r];
-                        LayoutRankArgs {
-                            topk_idx: b.topk_idx.ptr,
-                            num_tokens_per_rank: b.num_tokens_per_rank.ptr,
-                            num_tokens_per_expert: b.num_tokens_per_expert.ptr,
-                            is_token_in_rank: b.is_token_in_rank.ptr,
-                            num_tokens: t as i32,
-                            reserved: 0,
-                        }
-                    })
-                    .collect();
-                let la = dev.gpu.alloc(std::mem::size_of_val(local.as_slice()))?;
-                dev.gpu.upload(&la, &local)?;
-                Ok(la)
-            })
-            .collect::<Result<Vec<_>, HwError>>()?;
+        let bufs = alloc_rank_buffers(
+            devs,
+            gpu_of_rank,
+            w,
+            &routing,
+            &tokens,
+            &expect,
+            fp8,
+            channels,
+            layout.total as usize,
+        )?;
+        let layout_args = layout_kernel_args(devs, &bufs, t)?;
         devs.sync("normal setup")?;
         Ok(NormalJob {
             n,
@@ -195,6 +137,7 @@ impl NormalJob {
                 None
             },
             launch,
+            across: None,
         })
     }
 
@@ -204,8 +147,11 @@ impl NormalJob {
     pub fn connect(
         &mut self,
         devs: &Devices,
-        procs: Option<&mut crate::processes::Processes>,
+        mut procs: Option<&mut crate::processes::Processes>,
     ) -> Result<(), HwError> {
+        if self.across.is_some() {
+            return self.connect_across(devs, procs.as_deref_mut());
+        }
         let exported: BTreeMap<u32, Vec<&DeviceBuffer>> =
             self.bufs.iter().map(|(&r, b)| (r, vec![&b.buffer])).collect();
         let peers = share_buffers(procs, devs, self.n, &exported, "NVL buffers")?;
@@ -257,4 +203,103 @@ impl NormalJob {
         self.peers = Some(peers);
         Ok(())
     }
+}
+
+/// This process's ranks' device buffers (the ranks `devs` holds), inputs uploaded (tokens,
+/// top-k), the NVL buffer (`nvl_bytes`) zeroed once: its counters only grow.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn alloc_rank_buffers(
+    devs: &mut Devices,
+    gpu_of_rank: &[u32],
+    w: &Workload,
+    routing: &RoutingTable,
+    tokens: &[RankTokens],
+    expect: &[RecvExpectation],
+    fp8: bool,
+    channels: u32,
+    nvl_bytes: usize,
+) -> Result<BTreeMap<u32, RankBuffers>, HwError> {
+    let n = routing.num_ranks;
+    let l = w.experts / n;
+    let t = w.tokens_per_rank as usize;
+    let (h, k, nn, e) = (w.hidden as usize, w.topk as usize, n as usize, w.experts as usize);
+    let pay = payload_bytes(w.hidden, fp8) as usize;
+    let local: Vec<u32> = devs.list.iter().flat_map(|d| d.ranks.iter().copied()).collect();
+    let mut bufs = BTreeMap::new();
+    for &rank in &local {
+        let r = rank as usize;
+        let dev = dev_of(devs, gpu_of_rank[r]);
+        let g = &dev.gpu;
+        let recv = expect[r].rows.len().max(1);
+        let b = RankBuffers {
+            x: g.alloc(t * pay)?,
+            x_scales: g.alloc(t * h / 128 * 4)?,
+            topk_idx: g.alloc(t * k * 4)?,
+            topk_weights: g.alloc(t * k * 4)?,
+            is_token_in_rank: g.alloc(t * nn)?,
+            num_tokens_per_rank: g.alloc(nn * 4)?,
+            num_tokens_per_expert: g.alloc(e * 4)?,
+            channel_prefix_matrix: g.alloc(nn * channels as usize * 4)?,
+            send_head: g.alloc(t * nn * 4)?,
+            rank_prefix: g.alloc(nn * 4)?,
+            num_recv_tokens_per_expert: g.alloc(l as usize * 4)?,
+            num_recv_tokens: g.alloc(4)?,
+            recv_x: g.alloc(recv * pay)?,
+            recv_x_scales: g.alloc(recv * h / 128 * 4)?,
+            recv_src_idx: g.alloc(recv * 4)?,
+            recv_topk_idx: g.alloc(recv * k * 4)?,
+            recv_topk_weights: g.alloc(recv * k * 4)?,
+            recv_channel_offset: g.alloc(nn * channels as usize * 4)?,
+            combine_x: g.alloc(recv * h * 2)?,
+            combined_x: g.alloc(t * h * 2)?,
+            combined_topk_weights: g.alloc(t * k * 4)?,
+            buffer: g.alloc(nvl_bytes)?,
+        };
+        let tok = &tokens[r];
+        if fp8 {
+            g.upload(&b.x, &tok.fp8)?;
+            g.upload(&b.x_scales, &tok.scales)?;
+        } else {
+            g.upload(&b.x, &tok.bf16)?;
+        }
+        let base = r * t * k;
+        g.upload(&b.topk_idx, &routing.topk_idx[base..base + t * k])?;
+        g.upload(&b.topk_weights, &routing.topk_weights[base..base + t * k])?;
+        // Its counters (the barrier, the internode rings') only grow: zero it once.
+        g.memset_u8(b.buffer.ptr, 0, nvl_bytes)?;
+        bufs.insert(rank, b);
+    }
+    Ok(bufs)
+}
+
+/// Per GPU, the layout kernel's arguments of the ranks placed there (it indexes them by local
+/// rank).
+pub(super) fn layout_kernel_args(
+    devs: &Devices,
+    bufs: &BTreeMap<u32, RankBuffers>,
+    t: usize,
+) -> Result<Vec<DeviceBuffer>, HwError> {
+    devs.list
+        .iter()
+        .map(|dev| {
+            let local: Vec<LayoutRankArgs> = dev
+                .ranks
+                .iter()
+                .map(|r| {
+                    let b = &bufs[r];
+                    LayoutRankArgs {
+                        topk_idx: b.topk_idx.ptr,
+                        num_tokens_per_rank: b.num_tokens_per_rank.ptr,
+                        num_tokens_per_expert: b.num_tokens_per_expert.ptr,
+                        is_token_in_rank: b.is_token_in_rank.ptr,
+                        num_tokens: t as i32,
+                        reserved: 0,
+                    }
+                })
+                .collect();
+            let la = dev.gpu.alloc(std::mem::size_of_val(local.as_slice()))?;
+            dev.gpu.upload(&la, &local)?;
+            Ok(la)
+        })
+        .collect()
 }

@@ -25,6 +25,14 @@ pub(super) struct LlRankArgs {
     pub(super) combined_x: u64,
     pub(super) num_tokens: i32,
     pub(super) reserved: i32,
+    pub(super) wire_recv_area: u64,
+    pub(super) wire_send_area: u64,
+    pub(super) ring_slots: u64,
+    pub(super) ring_ticket: u64,
+    pub(super) count_seen: u64,
+    pub(super) ring_mask: u64,
+    pub(super) recv_area_offset: u64,
+    pub(super) send_area_offset: u64,
 }
 
 /// Same fields, same order as `LlParams` in low_latency.cu.
@@ -46,6 +54,11 @@ pub(super) struct LlParams {
     pub(super) warps_per_group: i32,
     pub(super) dispatch_fp8: i32,
     pub(super) reserved: i32,
+    pub(super) wire: crate::internode::LlLayout,
+    pub(super) ranks_per_node: i32,
+    pub(super) qps_per_peer: i32,
+    pub(super) call: i32,
+    pub(super) reserved2: i32,
 }
 
 #[cfg(test)]
@@ -57,10 +70,11 @@ mod tests {
 
     use super::*;
 
-    /// `LlRankArgs` in kernels/cuda/low_latency.cu: 18 pointers, `int num_tokens`, `int reserved`.
+    /// `LlRankArgs` in kernels/cuda/low_latency.cu: 18 pointers, `int num_tokens`, `int
+    /// reserved`, then the wire's 5 pointers and 3 `u64`.
     #[test]
     fn ll_rank_args_matches_the_cuda_declaration() {
-        assert_eq!(size_of::<LlRankArgs>(), 152);
+        assert_eq!(size_of::<LlRankArgs>(), 216);
         assert_eq!(offset_of!(LlRankArgs, x), 0);
         assert_eq!(offset_of!(LlRankArgs, topk_idx), 8);
         assert_eq!(offset_of!(LlRankArgs, topk_weights), 16);
@@ -81,12 +95,21 @@ mod tests {
         assert_eq!(offset_of!(LlRankArgs, combined_x), 136);
         assert_eq!(offset_of!(LlRankArgs, num_tokens), 144);
         assert_eq!(offset_of!(LlRankArgs, reserved), 148);
+        assert_eq!(offset_of!(LlRankArgs, wire_recv_area), 152);
+        assert_eq!(offset_of!(LlRankArgs, wire_send_area), 160);
+        assert_eq!(offset_of!(LlRankArgs, ring_slots), 168);
+        assert_eq!(offset_of!(LlRankArgs, ring_ticket), 176);
+        assert_eq!(offset_of!(LlRankArgs, count_seen), 184);
+        assert_eq!(offset_of!(LlRankArgs, ring_mask), 192);
+        assert_eq!(offset_of!(LlRankArgs, recv_area_offset), 200);
+        assert_eq!(offset_of!(LlRankArgs, send_area_offset), 208);
     }
 
-    /// `LlParams` in kernels/cuda/low_latency.cu: 3 `u64`, then 12 `int`.
+    /// `LlParams` in kernels/cuda/low_latency.cu: 3 `u64`, 12 `int`, `LlLayout` (14 `u64`),
+    /// 4 `int`.
     #[test]
     fn ll_params_matches_the_cuda_declaration() {
-        assert_eq!(size_of::<LlParams>(), 72);
+        assert_eq!(size_of::<LlParams>(), 200);
         assert_eq!(offset_of!(LlParams, timeout_ns), 0);
         assert_eq!(offset_of!(LlParams, msg_bytes), 8);
         assert_eq!(offset_of!(LlParams, combine_slot_bytes), 16);
@@ -102,5 +125,10 @@ mod tests {
         assert_eq!(offset_of!(LlParams, warps_per_group), 60);
         assert_eq!(offset_of!(LlParams, dispatch_fp8), 64);
         assert_eq!(offset_of!(LlParams, reserved), 68);
+        assert_eq!(offset_of!(LlParams, wire), 72);
+        assert_eq!(offset_of!(LlParams, ranks_per_node), 184);
+        assert_eq!(offset_of!(LlParams, qps_per_peer), 188);
+        assert_eq!(offset_of!(LlParams, call), 192);
+        assert_eq!(offset_of!(LlParams, reserved2), 196);
     }
 }

@@ -30,6 +30,11 @@ impl LlJob {
             warps_per_group: WARPS_PER_GROUP,
             dispatch_fp8: self.fp8 as i32,
             reserved: 0,
+            wire: self.across.as_ref().map(|a| a.layout).unwrap_or_default(),
+            ranks_per_node: self.ranks_per_node().unwrap_or(0) as i32,
+            qps_per_peer: self.across.as_ref().map_or(0, |a| a.geometry.qps_per_peer) as i32,
+            call: self.across.as_ref().map_or(0, |a| a.calls[!dispatch as usize]) as i32,
+            reserved2: 0,
         }
     }
 
@@ -37,7 +42,7 @@ impl LlJob {
     /// records cleared, L2 flushed, CUDA events around the launch; in hook mode the send and
     /// receive phases are timed apart.
     fn timed_launch(
-        &self,
+        &mut self,
         devs: &mut Devices,
         kernel: &str,
         op: OpKind,
@@ -55,7 +60,20 @@ impl LlJob {
         devs.barrier_before_launch()?;
         let mut timer = Timer::start(devs)?;
         self.launch(devs, kernel, &mut timer)?;
-        devs.finish(what)?;
+        let done = devs.finish(what);
+        if let Some(a) = self.across.as_mut() {
+            a.calls[(op != OpKind::Dispatch) as usize] += 1;
+            // A kernel that gave up waiting on the wire is explained by the wire's failure.
+            match (done, a.links_mut().health()) {
+                (Err(HwError::KernelTimeout { op, what }), Err(wire)) => {
+                    return Err(HwError::KernelTimeout { op, what: format!("{what}; {wire}") });
+                }
+                (Err(e), _) | (Ok(()), Err(e)) => return Err(e),
+                (Ok(()), Ok(())) => {}
+            }
+        } else {
+            done?;
+        }
         let mut sample =
             OpSample::new(job_id, op, iteration, warmup, timer.between_ns("start", "end")?);
         if self.hook {
@@ -128,8 +146,11 @@ impl LlJob {
         let mut sample =
             self.timed_launch(devs, "ll_dispatch", OpKind::Dispatch, job_id, iteration, warmup)?;
         let dtype = if self.fp8 { Dtype::Fp8 } else { Dtype::Bf16 };
-        sample.nvlink_bytes =
-            self.local_dispatch_messages() * ll_dispatch_msg_bytes(self.hidden, dtype);
+        // Messages to another node cross the wire, the others stay on "NVLink".
+        sample.rdma_bytes = self.across.as_ref().map_or(0, |a| a.rdma_bytes[0]);
+        sample.nvlink_bytes = self.local_dispatch_messages()
+            * ll_dispatch_msg_bytes(self.hidden, dtype)
+            - sample.rdma_bytes;
         self.dispatched = true;
 
         let pay = if self.fp8 { self.hidden as u64 } else { 2 * self.hidden as u64 };
@@ -213,8 +234,10 @@ impl LlJob {
         }
         let mut sample =
             self.timed_launch(devs, "ll_combine", OpKind::Combine, job_id, iteration, warmup)?;
-        sample.nvlink_bytes =
-            self.local_combine_messages() * ll_combine_msg_bytes(self.hidden, Dtype::Bf16);
+        sample.rdma_bytes = self.across.as_ref().map_or(0, |a| a.rdma_bytes[1]);
+        sample.nvlink_bytes = self.local_combine_messages()
+            * ll_combine_msg_bytes(self.hidden, Dtype::Bf16)
+            - sample.rdma_bytes;
 
         let tt = self.routing.tokens_per_rank as u64;
         let per_rank = digest_ranks(devs, |r| {

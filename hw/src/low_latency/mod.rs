@@ -4,8 +4,9 @@
 //!
 //! `prepare` sets a job up (buffers, argument arrays), `launch` runs and times the ops, `check`
 //! holds the host checks; `args` mirrors the kernels' structs, `expect` derives what each local
-//! expert must receive.
+//! expert must receive; `across_nodes` holds the wire of a job whose ranks span nodes.
 
+mod across_nodes;
 mod args;
 mod check;
 mod expect;
@@ -89,9 +90,21 @@ pub struct LlJob {
     /// Each local rank's output digest of the host-checked iteration of the last op.
     rank_digests: Option<BTreeMap<u32, u64>>,
     pub launch: LlLaunch,
+    /// Ranks on several nodes: remote destinations through the wire.
+    across: Option<Box<across_nodes::LlAcross>>,
 }
 
 impl LlJob {
+    /// The wire's report when this job crosses nodes (`backend.wire`).
+    pub fn wire_report(&self) -> Option<&crate::wire::WireReport> {
+        self.across.as_ref()?.links.as_ref().map(|l| l.report())
+    }
+
+    /// Ranks per node when this job crosses nodes.
+    fn ranks_per_node(&self) -> Option<u32> {
+        self.across.as_ref().map(|a| a.geometry.ranks_per_node)
+    }
+
     /// Valid (token, expert) selections over all ranks: DeepEP's LL byte counts use these.
     pub fn selections(&self) -> u64 {
         self.routing.topk_idx.iter().filter(|&&e| e >= 0).count() as u64

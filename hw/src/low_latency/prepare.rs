@@ -8,6 +8,7 @@ use eptwin_engine::plan::Dtype;
 use eptwin_engine::plan::{DeepEpJob, JobPlan};
 use rayon::prelude::*;
 
+use super::across_nodes::LlAcross;
 use super::args::LlRankArgs;
 use super::{
     ExpertExpectation, LlJob, LlLaunch, MAX_ITEMS_PER_BLOCK, RankBuffers, combine_slot,
@@ -17,6 +18,8 @@ use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
+use crate::internode::Geometry;
+use crate::internode::gpu::{EndpointExchange, SingleProcess, WireConfig};
 use crate::options::HwOptions;
 use crate::processes::{Processes, share_buffers};
 
@@ -53,6 +56,7 @@ impl LlJob {
         gpu_of_rank: &[u32],
         options: &HwOptions,
         launch: LlLaunch,
+        across: Option<(Geometry, WireConfig)>,
     ) -> Result<LlJob, HwError> {
         let n = job.num_ranks();
         let w = &d.workload;
@@ -153,6 +157,17 @@ impl LlJob {
             g.memset_u8(b.combine_recv_buf.ptr, 0xff, b.combine_recv_buf.bytes)?;
             bufs.insert(rank, b);
         }
+        let across = match across {
+            Some((geometry, config)) => Some(Box::new(LlAcross::prepare(
+                devs,
+                gpu_of_rank,
+                &routing,
+                &local,
+                geometry,
+                config,
+            )?)),
+            None => None,
+        };
         devs.sync("low-latency setup")?;
         Ok(LlJob {
             n,
@@ -177,6 +192,7 @@ impl LlJob {
             reference_digest: [None, None],
             rank_digests: None,
             launch,
+            across,
         })
     }
 
@@ -186,8 +202,16 @@ impl LlJob {
     pub fn connect(
         &mut self,
         devs: &Devices,
-        procs: Option<&mut Processes>,
+        mut procs: Option<&mut Processes>,
     ) -> Result<(), HwError> {
+        // The wire first: its endpoints travel through the same process group.
+        if let Some(a) = self.across.as_mut() {
+            let exchange: &mut dyn EndpointExchange = match procs.as_deref_mut() {
+                Some(p) => p,
+                None => &mut SingleProcess,
+            };
+            a.connect_wire(devs, exchange)?;
+        }
         let exported: BTreeMap<u32, Vec<&DeviceBuffer>> = self
             .bufs
             .iter()
@@ -222,6 +246,7 @@ impl LlJob {
                         combined_x: b.combined_x.ptr,
                         num_tokens: t,
                         reserved: 0,
+                        ..wire_args(self.across.as_deref(), r)
                     },
                     None => LlRankArgs {
                         recv_buf: peers.ptr(i, r, 0),
@@ -241,5 +266,22 @@ impl LlJob {
         self.args = args;
         self.peers = Some(peers);
         Ok(())
+    }
+}
+
+/// A local rank's wire fields of `LlRankArgs` (zero when the job stays on one node).
+fn wire_args(across: Option<&LlAcross>, rank: u32) -> LlRankArgs {
+    let Some(a) = across else { return LlRankArgs::default() };
+    let w = a.links().rank(rank);
+    LlRankArgs {
+        wire_recv_area: w.recv_area,
+        wire_send_area: w.send_area,
+        ring_slots: w.ring_slots,
+        ring_ticket: a.tickets[&rank].ptr,
+        count_seen: a.count_seen[&rank].ptr,
+        ring_mask: w.ring_mask,
+        recv_area_offset: w.recv_area_offset,
+        send_area_offset: w.send_area_offset,
+        ..LlRankArgs::default()
     }
 }

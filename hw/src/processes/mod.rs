@@ -145,6 +145,16 @@ impl Processes {
         Ok(self.group.all_gather_json(label, value, timeout)?)
     }
 
+    /// Every process's `bytes`, in process order.
+    pub fn all_gather_bytes(
+        &mut self,
+        label: &str,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, HwError> {
+        Ok(self.group.all_gather(label, bytes, timeout)?)
+    }
+
     pub fn broadcast_json<T: Serialize + DeserializeOwned>(
         &mut self,
         label: &str,

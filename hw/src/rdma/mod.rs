@@ -7,9 +7,9 @@
 //!
 //! Architecture Invariant: the module compiles with and without the feature. Without it no
 //! libibverbs is linked and [`rdma_devices`] returns [`RdmaError::NotBuilt`]; with it, a
-//! machine without an RDMA device gets [`RdmaError::NoDevice`]. Either way the hardware
-//! backend reports internode scenarios as waived with [`internode_waiver`]'s reason, never a
-//! panic.
+//! machine without an RDMA device gets [`RdmaError::NoDevice`]. Either way the internode wire
+//! is TCP under `--wire auto` (`wire::choose` says why), and `--wire verbs` is waived with the
+//! reason, never a panic.
 //!
 //! Layers: `sys` (the only `unsafe` FFI, over `ibverbs-sys`) ← `verbs` (safe API) ←
 //! `verbs_wire` (the `crate::wire::Wire` over RC QPs). `types`, `settings`, `endpoint` and
@@ -67,8 +67,8 @@ pub fn rdma_devices() -> Result<Vec<DeviceSummary>, RdmaError> {
     }
 }
 
-/// `None` when internode (RDMA) scenarios can run here: some device has an ACTIVE port.
-/// Otherwise the one-line reason the hardware backend reports with a waived (77) result.
+/// `None` when the verbs wire can run here: some device has an ACTIVE port. Otherwise the
+/// one-line reason (`wire::choose` gives the same when verbs is asked for).
 pub fn internode_waiver() -> Option<String> {
     match rdma_devices() {
         Ok(devices) if devices.iter().any(|d| d.active_port().is_some()) => None,

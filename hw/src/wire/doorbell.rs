@@ -9,8 +9,11 @@
 //! sequence `t` is free for ticket `t`, sequence `t + 1` holds ticket `t`'s record.
 
 use std::cell::UnsafeCell;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::region::Keeper;
 
 /// What the proxy does with a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,14 +105,39 @@ impl Doorbell {
     }
 }
 
+/// One ring slot: the sequence word, then the record (`#[repr(C)]`, 64 bytes; a kernel
+/// addresses it as eight u64 words: `seq`, then the record's six).
 #[repr(C, align(64))]
 struct Slot {
     seq: AtomicU64,
     record: UnsafeCell<Doorbell>,
 }
 
+/// Where a ring's slots live.
+enum Slots {
+    /// Allocated here (producers are threads of this process).
+    Owned(Box<[Slot]>),
+    /// Memory shared with another agent (pinned host memory a GPU writes through its
+    /// mapping), kept alive by `keeper`.
+    External { ptr: NonNull<Slot>, len: usize, _keeper: Keeper },
+}
+
+impl Slots {
+    fn get(&self) -> &[Slot] {
+        match self {
+            Slots::Owned(b) => b,
+            // SAFETY: `external_doorbell_queue`'s contract: `len` initialised slots at `ptr`,
+            // alive as long as the keeper; every field is accessed through atomics or the
+            // sequence protocol, never through a `&mut`.
+            Slots::External { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), *len)
+            },
+        }
+    }
+}
+
 struct Ring {
-    slots: Box<[Slot]>,
+    slots: Slots,
     mask: u64,
     /// Next ticket a producer claims.
     tail: AtomicU64,
@@ -149,13 +177,60 @@ pub fn doorbell_queue(capacity: usize) -> (DoorbellProducer, DoorbellConsumer) {
         })
         .collect();
     let ring = Arc::new(Ring {
-        slots,
+        slots: Slots::Owned(slots),
         mask: capacity as u64 - 1,
         tail: AtomicU64::new(0),
         head: AtomicU64::new(0),
         closed: AtomicBool::new(false),
     });
     (DoorbellProducer { ring: ring.clone() }, DoorbellConsumer { ring })
+}
+
+/// Bytes of one slot in memory (`DOORBELL_SLOT_BYTES` in kernels/cuda/wire.cuh).
+pub const SLOT_BYTES: usize = 64;
+
+/// The consumer side of a ring whose producers live elsewhere: GPU kernels writing through a
+/// mapping of `ptr` (pinned host memory). The `capacity` slots at `ptr` are initialised here
+/// (slot `i` free for ticket `i`); producers claim tickets from their own counter (a word in
+/// device memory, starting at 0), wait until the slot's sequence equals their ticket, write
+/// the record and store `ticket + 1` with release semantics, exactly as
+/// [`DoorbellProducer::push`] does.
+///
+/// # Safety
+/// `ptr` is 64-byte aligned, `capacity · SLOT_BYTES` bytes are allocated there and stay valid
+/// while `keeper` lives, and nothing else uses them but producers following that protocol.
+pub unsafe fn external_doorbell_queue(
+    ptr: *mut u8,
+    capacity: usize,
+    keeper: Keeper,
+) -> Result<DoorbellConsumer, String> {
+    if !capacity.is_power_of_two() || capacity < 2 {
+        return Err(format!("a doorbell ring of {capacity} slots (a power of two ≥ 2 is needed)"));
+    }
+    let ptr = NonNull::new(ptr.cast::<Slot>()).ok_or("a doorbell ring at a null address")?;
+    if !(ptr.as_ptr() as usize).is_multiple_of(SLOT_BYTES) {
+        return Err(format!(
+            "a doorbell ring at {:#x} (not 64-byte aligned)",
+            ptr.as_ptr() as usize
+        ));
+    }
+    for i in 0..capacity {
+        // SAFETY: in bounds (caller); no producer runs yet, and the atomic is written in place.
+        unsafe {
+            let slot = ptr.as_ptr().add(i);
+            std::ptr::addr_of_mut!((*slot).record)
+                .write(UnsafeCell::new(Doorbell::flag(0, 0, 0, 0)));
+            std::ptr::addr_of_mut!((*slot).seq).write(AtomicU64::new(i as u64));
+        }
+    }
+    let ring = Arc::new(Ring {
+        slots: Slots::External { ptr, len: capacity, _keeper: keeper },
+        mask: capacity as u64 - 1,
+        tail: AtomicU64::new(0),
+        head: AtomicU64::new(0),
+        closed: AtomicBool::new(false),
+    });
+    Ok(DoorbellConsumer { ring })
 }
 
 /// Spin briefly, then yield: producers, proxy and receivers may share fewer cores than threads
@@ -178,7 +253,7 @@ impl DoorbellProducer {
             return Err(QueueClosed);
         }
         let ticket = ring.tail.fetch_add(1, Ordering::Relaxed);
-        let slot = &ring.slots[(ticket & ring.mask) as usize];
+        let slot = &ring.slots.get()[(ticket & ring.mask) as usize];
         let mut round = 0;
         while slot.seq.load(Ordering::Acquire) != ticket {
             if ring.closed.load(Ordering::Acquire) {
@@ -194,7 +269,7 @@ impl DoorbellProducer {
     }
 
     pub fn capacity(&self) -> usize {
-        self.ring.slots.len()
+        self.ring.slots.get().len()
     }
 
     pub fn is_closed(&self) -> bool {
@@ -207,21 +282,33 @@ impl DoorbellConsumer {
     pub fn try_pop(&mut self) -> Option<Doorbell> {
         let ring = &*self.ring;
         let head = ring.head.load(Ordering::Relaxed);
-        let slot = &ring.slots[(head & ring.mask) as usize];
+        let slots = ring.slots.get();
+        let slot = &slots[(head & ring.mask) as usize];
         if slot.seq.load(Ordering::Acquire) != head + 1 {
             return None;
         }
         // SAFETY: `seq == head + 1` was stored with Release after the record was written, and
         // no producer touches the slot until we store `head + capacity` below.
         let record = unsafe { *slot.record.get() };
-        slot.seq.store(head + ring.slots.len() as u64, Ordering::Release);
+        slot.seq.store(head + slots.len() as u64, Ordering::Release);
         ring.head.store(head + 1, Ordering::Relaxed);
         Some(record)
     }
 
     /// Records claimed by producers that are not consumed yet (published or being written).
+    /// An external ring's producers claim tickets in their own memory, so there it counts only
+    /// whether the next record is published (enough for the proxy's "nothing left" test,
+    /// which runs once the producing kernels have finished).
     pub fn pending(&self) -> u64 {
-        self.ring.tail.load(Ordering::Acquire) - self.ring.head.load(Ordering::Relaxed)
+        let ring = &*self.ring;
+        let head = ring.head.load(Ordering::Relaxed);
+        match &ring.slots {
+            Slots::Owned(_) => ring.tail.load(Ordering::Acquire) - head,
+            Slots::External { .. } => {
+                let slot = &ring.slots.get()[(head & ring.mask) as usize];
+                (slot.seq.load(Ordering::Acquire) == head + 1) as u64
+            }
+        }
     }
 
     /// Refuse further pushes (producers waiting for a slot give up with `QueueClosed`).
@@ -248,6 +335,60 @@ mod tests {
         assert_eq!(std::mem::size_of::<Doorbell>(), 48);
         assert_eq!(std::mem::align_of::<Doorbell>(), 8);
         assert_eq!(std::mem::size_of::<Slot>(), 64);
+    }
+
+    /// wire.cuh `doorbell_push` writes a slot as eight u64 words: the sequence, then
+    /// `kind | qp << 32`, `src_offset`, `dst_offset`, `len_bytes | imm << 32`, `add`, `tag`.
+    #[test]
+    fn slot_words_are_what_kernels_write() {
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(Slot, seq), 0);
+        assert_eq!(offset_of!(Slot, record), 8);
+        assert_eq!(offset_of!(Doorbell, kind), 0);
+        assert_eq!(offset_of!(Doorbell, qp), 4);
+        assert_eq!(offset_of!(Doorbell, src_offset), 8);
+        assert_eq!(offset_of!(Doorbell, dst_offset), 16);
+        assert_eq!(offset_of!(Doorbell, len_bytes), 24);
+        assert_eq!(offset_of!(Doorbell, imm), 28);
+        assert_eq!(offset_of!(Doorbell, add), 32);
+        assert_eq!(offset_of!(Doorbell, tag), 40);
+        assert_eq!(SLOT_BYTES, std::mem::size_of::<Slot>());
+    }
+
+    /// A ring in memory another agent writes: slots initialised free, records consumed in
+    /// ticket order as the producer (a kernel; here this thread, writing words) publishes them.
+    #[test]
+    fn external_rings_are_consumed_in_ticket_order() {
+        let mem = Arc::new(crate::wire::Region::alloc(8 * SLOT_BYTES).unwrap());
+        let base = mem.addr();
+        let keeper: Keeper = mem.clone();
+        // SAFETY: 8 page-aligned slots kept alive by the keeper.
+        let mut c = unsafe { external_doorbell_queue(base, 8, keeper) }.unwrap();
+        let word = |slot: u64, i: usize| {
+            // SAFETY: inside the ring; the sequence word is only used atomically.
+            unsafe { AtomicU64::from_ptr((base as *mut u64).add(slot as usize * 8 + i)) }
+        };
+        for t in 0..8 {
+            assert_eq!(word(t, 0).load(Ordering::Acquire), t, "slot {t} free for ticket {t}");
+        }
+        assert_eq!((c.try_pop(), c.pending()), (None, 0));
+        for t in 0..20u64 {
+            let slot = t % 8;
+            assert_eq!(word(slot, 0).load(Ordering::Acquire), t, "freed for ticket {t}");
+            word(slot, 1).store(3 | 7 << 32, Ordering::Relaxed);
+            word(slot, 3).store(64 * t, Ordering::Relaxed);
+            word(slot, 5).store(1, Ordering::Relaxed);
+            word(slot, 6).store(t, Ordering::Relaxed);
+            word(slot, 0).store(t + 1, Ordering::Release);
+            assert_eq!(c.pending(), 1);
+            assert_eq!(c.try_pop(), Some(Doorbell::flag(7, 64 * t, 1, t)));
+        }
+        // SAFETY: refused before any access.
+        let e = unsafe { external_doorbell_queue(base, 6, Arc::new(0u8)) }.err().unwrap();
+        assert!(e.contains("power of two"), "{e}");
+        // SAFETY: as above.
+        let e = unsafe { external_doorbell_queue(base.wrapping_add(8), 2, Arc::new(0u8)) };
+        assert!(e.err().unwrap().contains("64-byte"));
     }
 
     #[test]

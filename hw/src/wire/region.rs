@@ -9,10 +9,17 @@
 //! references: no `&[u8]` into a region exists.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::any::Any;
+use std::panic::RefUnwindSafe;
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::rdma::RdmaError;
+
+/// What keeps memory allocated elsewhere alive (a pinned allocation) for as long as the
+/// region or ring over it.
+pub type Keeper = Arc<dyn Any + Send + Sync + RefUnwindSafe>;
 
 /// Alignment of regions allocated here: a page, so a registration covers whole pages.
 pub const REGION_ALIGN_BYTES: usize = 4096;
@@ -23,6 +30,8 @@ pub struct Region {
     len_bytes: usize,
     /// `Some` when this region allocated the memory and frees it on drop.
     owned: Option<Layout>,
+    /// What keeps external memory alive for as long as the region (a pinned allocation).
+    _keeper: Option<Keeper>,
 }
 
 // SAFETY: no references into the memory exist; copies and atomics may run on any thread.
@@ -53,7 +62,7 @@ impl Region {
             what: "region",
             reason: format!("cannot allocate {len_bytes} bytes"),
         })?;
-        Ok(Region { ptr, len_bytes, owned: Some(layout) })
+        Ok(Region { ptr, len_bytes, owned: Some(layout), _keeper: None })
     }
 
     /// A region over memory allocated elsewhere (pinned host memory from `cuMemHostAlloc`,
@@ -77,7 +86,25 @@ impl Region {
                 reason: format!("address {:#x} is not 8-byte aligned", ptr.as_ptr() as usize),
             });
         }
-        Ok(Region { ptr, len_bytes, owned: None })
+        Ok(Region { ptr, len_bytes, owned: None, _keeper: None })
+    }
+
+    /// [`Region::from_raw`] over memory that `keeper` owns (the GPU backend's pinned
+    /// allocation): the region holds `keeper`, so the memory outlives every `Arc` of the
+    /// region, including those a wire's threads hold.
+    ///
+    /// # Safety
+    /// As [`Region::from_raw`], except the lifetime: `ptr..ptr + len_bytes` must stay valid
+    /// for as long as `keeper` lives.
+    pub unsafe fn from_raw_kept(
+        ptr: *mut u8,
+        len_bytes: usize,
+        keeper: Keeper,
+    ) -> Result<Region, RdmaError> {
+        // SAFETY: forwarded to the caller.
+        let mut region = unsafe { Region::from_raw(ptr, len_bytes) }?;
+        region._keeper = Some(keeper);
+        Ok(region)
     }
 
     /// The address of byte 0 (what a verbs registration covers).
@@ -224,6 +251,19 @@ mod tests {
         // SAFETY: as above.
         let e = unsafe { Region::from_raw(std::ptr::null_mut(), 8) }.unwrap_err();
         assert!(e.to_string().contains("null"), "{e}");
+    }
+
+    #[test]
+    fn kept_memory_outlives_its_other_owners() {
+        let backing = Arc::new(Region::alloc(64).unwrap());
+        let ptr = backing.addr();
+        let keeper: Keeper = backing.clone();
+        // SAFETY: the keeper owns the 64 bytes at `ptr` for as long as the region lives.
+        let r = unsafe { Region::from_raw_kept(ptr, 64, keeper) }.unwrap();
+        drop(backing);
+        r.store_u64(8, 42);
+        assert_eq!(r.load_u64(8), 42, "the memory is still there");
+        assert!(!r.is_owned());
     }
 
     #[test]

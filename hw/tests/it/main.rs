@@ -104,3 +104,90 @@ fn low_latency_ep4_hook_mode() {
         assert!(phases.contains_key("send") && phases.contains_key("recv"), "{phases:?}");
     }
 }
+
+/// A scenario of two "nodes" on the one GPU (`ranks_per_node` ranks each).
+fn two_nodes(name: &str, ranks_per_node: u32, buffer: &str, workload: &str) -> String {
+    format!(
+        "schema = 1\nname = \"{name}\"\ndescription = \"hw conformance: two nodes over the wire\"\n\
+         [cluster]\nprofile = \"h200-single\"\nnodes = 2\ngpus_per_node = 1\n\
+         ranks_per_gpu = {ranks_per_node}\n\
+         [[job]]\nname = \"ep\"\n[job.buffer]\n{buffer}\n[job.workload]\n{workload}\n"
+    )
+}
+
+/// Run `text` with the TCP wire; `None` when the backend is waived here.
+fn run_over_tcp(text: &str) -> Option<eptwin_engine::result::RunResult> {
+    let loaded = eptwin_engine::parse("conformance.toml", text).expect("scenario parses");
+    let plan = eptwin_engine::Plan::build(&loaded).expect("scenario is valid");
+    let options = HwOptions {
+        kernel_timeout_ms: 5_000,
+        wire: Ok(eptwin_hw::wire::WireRequest::Tcp),
+        ..HwOptions::from_env()
+    };
+    let mut hw = HwTransport::new(options);
+    if let Some(reason) = hw.capabilities().unavailable {
+        assert!(std::env::var("EPTWIN_REQUIRE_HW").as_deref() != Ok("1"), "{reason}");
+        eprintln!("waived: {reason}");
+        return None;
+    }
+    Some(eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes"))
+}
+
+/// The verdict and what every op ran (the copy probes are not asked for: `EPTWIN_PROBES=0`
+/// keeps these runs short).
+fn assert_over_tcp(r: &eptwin_engine::result::RunResult) {
+    assert_eq!(
+        r.verdict,
+        Verdict::Ok,
+        "failures: {:#?}\nwaived: {:?}",
+        r.failures,
+        r.waived_reason
+    );
+    for op in &r.jobs[0].ops {
+        assert!(op.summary.latency_us.mean > 0.0, "{} has a time", op.op);
+        assert!(!op.summary.checks.is_empty(), "{} ran checks", op.op);
+    }
+    assert_eq!(r.backend["wire"], "tcp", "{:?}", r.backend);
+    assert_eq!(r.backend["wire_report"]["data_path"], "staged");
+    for op in &r.jobs[0].ops {
+        assert!(op.summary.rdma_bytes > 0, "{} crossed the wire", op.op);
+    }
+}
+
+/// internode.cu over the CPU proxy and TCP on loopback: 16 ranks as 2 nodes x 8.
+#[test]
+#[ignore = "needs a GPU and minutes of it: scripts/h200-measure.sh runs it with --ignored"]
+fn internode_normal_two_nodes_over_tcp() {
+    let text = two_nodes(
+        "conf-internode-ep16",
+        8,
+        "num_nvl_bytes = \"1GiB\"\nnum_rdma_bytes = \"1GiB\"\nnum_qps_per_rank = 4\nnum_sms = 4\n\
+         [job.buffer.dispatch_config]\nnum_max_nvl_chunked_send_tokens = 4\n\
+         num_max_nvl_chunked_recv_tokens = 32\nnum_max_rdma_chunked_send_tokens = 4\n\
+         num_max_rdma_chunked_recv_tokens = 16\n[job.buffer.combine_config]\n\
+         num_max_nvl_chunked_send_tokens = 4\nnum_max_nvl_chunked_recv_tokens = 32\n\
+         num_max_rdma_chunked_send_tokens = 4\nnum_max_rdma_chunked_recv_tokens = 16",
+        "tokens_per_rank = 64\nhidden = 2048\ntopk = 8\nexperts = 64\nrouting = \"node-limited\"\n\
+         topk_groups = 2\nwarmup = 1\niterations = 2",
+    );
+    if let Some(r) = run_over_tcp(&text) {
+        assert_over_tcp(&r);
+    }
+}
+
+/// low_latency.cu with the other node's ranks behind the wire: 8 ranks as 2 nodes x 4, hook
+/// mode (send and receive launched apart).
+#[test]
+#[ignore = "needs a GPU and minutes of it: scripts/h200-measure.sh runs it with --ignored"]
+fn internode_low_latency_two_nodes_over_tcp() {
+    let text = two_nodes(
+        "conf-internode-ll-ep8",
+        4,
+        "low_latency_mode = true\nnum_rdma_bytes = \"1GiB\"\nnum_qps_per_rank = 8",
+        "tokens_per_rank = 48\nhidden = 2048\ntopk = 8\nexperts = 64\nmasked_selections = 4\n\
+         hook = true\nwarmup = 1\niterations = 2",
+    );
+    if let Some(r) = run_over_tcp(&text) {
+        assert_over_tcp(&r);
+    }
+}
