@@ -52,16 +52,18 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     const u32 tx_bytes = (u32)slot_bytes;  // row + scales + metadata
     const NormalRankArgs& a = args[rank];
 
-    // Layout: rows [source][R], scales [source][R], metadata [source][R], then mbarriers u64
-    // [source][R], then heads int [destination], then the sender's token-index staging
-    // [destination][R] of 16 bytes.
+    // Layout: rows [source][R], scales [source][R], metadata [source][R], then the sender's
+    // token-index staging [destination][R] of 16 bytes, then mbarriers u64 [source][R], then
+    // heads int [destination]. The staging words are bulk-copy sources, which must be 16-byte
+    // aligned: right after the rings (16-byte multiples) they are for any rank count (after
+    // the 4-byte heads they would not be for 2 or 6 ranks).
     const u32 nslots = (u32)(NUM_RANKS * R);
     const u32 rows = smem_addr(ring_smem);
     const u32 scales = rows + nslots * row_bytes;
     const u32 metas = scales + nslots * scale_bytes;
-    const u32 bars = metas + nslots * meta_bytes;
-    int* heads = (int*)(ring_smem + (u64)nslots * (u64)slot_bytes + (u64)nslots * 8);
-    const u32 stage = smem_addr(heads + NUM_RANKS);
+    const u32 stage = metas + nslots * meta_bytes;
+    const u32 bars = stage + nslots * 16u;
+    int* heads = (int*)(ring_smem + (u64)nslots * ((u64)slot_bytes + 16u + 8u));
     for (int i = threadIdx.x; i < NUM_RANKS; i += blockDim.x) heads[i] = 0;
     // One arrival completes a slot's phase: the receiver's re-arm, which announces the bytes the
     // bulk copies will bring.
