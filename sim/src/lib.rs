@@ -58,6 +58,11 @@ pub struct Simulator {
     /// identical, so the first run of each is reused (SimOptions::no_cache turns this off).
     cache: BTreeMap<(u32, OpKind), OpSample>,
     use_cache: bool,
+    /// Per (job, op): `Program::rank_ends` of its last run; per job: the op executed last.
+    /// An op launched back to back after the previous one adds the ranks' lag
+    /// (`core::world::follow_lag_ns`).
+    rank_ends: BTreeMap<(u32, OpKind), Vec<crate::core::time::Time>>,
+    prev_op: BTreeMap<u32, OpKind>,
     trace: Option<trace::Trace>,
     /// Where the next traced op starts in the trace.
     trace_end: crate::core::time::Time,
@@ -87,12 +92,22 @@ impl Simulator {
             plan: None,
             cache: BTreeMap::new(),
             use_cache: true,
+            rank_ends: BTreeMap::new(),
+            prev_op: BTreeMap::new(),
             trace: None,
             trace_end: 0,
             queue: QueueChoice::Calendar,
             spare: None,
             events: 0,
             events_by_kind: [0; 8],
+        }
+    }
+
+    /// The back-to-back lag `op` of `job` adds after `prev`, the job's op before it.
+    fn follow_lag_ns(&self, job: u32, prev: Option<OpKind>, op: OpKind) -> f64 {
+        match (prev.and_then(|p| self.rank_ends.get(&(job, p))), self.rank_ends.get(&(job, op))) {
+            (Some(prev_ends), Some(ends)) => crate::core::world::follow_lag_ns(prev_ends, ends),
+            _ => 0.0,
         }
     }
 
@@ -261,6 +276,8 @@ impl Transport for Simulator {
     fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
         self.plan = Some(plan.clone());
         self.cache.clear();
+        self.rank_ends.clear();
+        self.prev_op.clear();
         self.spare = None;
         self.trace = None;
         self.trace_end = 0;
@@ -281,12 +298,14 @@ impl Transport for Simulator {
         }
         match op {
             OpSpec::Op { job, op, iteration, warmup } => {
+                let prev = self.prev_op.insert(job.0, *op);
                 if self.use_cache
                     && let Some(s) = self.cache.get(&(job.0, *op))
                 {
                     let mut s = s.clone();
                     s.iteration = *iteration;
                     s.warmup = *warmup;
+                    s.latency_ns += self.follow_lag_ns(job.0, prev, *op);
                     return Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() });
                 }
                 // Trace the first run of each op (later iterations reuse it).
@@ -298,10 +317,12 @@ impl Transport for Simulator {
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
+                let ends = std::mem::take(&mut world.rank_ends);
                 let measured = collect(&mut world);
                 self.recycle(&mut world);
-                for s in &measured {
+                for (s, e) in measured.iter().zip(ends) {
                     self.cache.insert((job.0, s.op), s.clone());
+                    self.rank_ends.insert((job.0, s.op), e);
                 }
                 let mut s = measured.iter().find(|s| s.op == *op).cloned().ok_or_else(|| {
                     TransportError::Backend {
@@ -311,6 +332,7 @@ impl Transport for Simulator {
                 })?;
                 s.iteration = *iteration;
                 s.warmup = *warmup;
+                s.latency_ns += self.follow_lag_ns(job.0, prev, *op);
                 Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() })
             }
             OpSpec::Concurrent { streams } => {

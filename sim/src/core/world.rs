@@ -32,6 +32,26 @@ pub trait Program {
     fn spans(&self) -> Vec<(u32, u32, Time, Time)> {
         Vec::new()
     }
+    /// When each rank's kernel ended, by job rank, for a program whose ranks launch it right
+    /// after their previous kernel on the same stream, with no barrier between (DeepEP's
+    /// low-latency test); empty for every other program. See [`follow_lag_ns`].
+    fn rank_ends(&self) -> Vec<Time> {
+        Vec::new()
+    }
+}
+
+/// What a rank's back-to-back launch adds to an op's time, averaged over ranks: the op's ranks
+/// start together in the model, but a rank that ended the previous op `max - end` before the
+/// last one launched this kernel that much earlier and waits in it for the last rank's
+/// messages. One step: the previous op's own ranks started together, so lags do not compound
+/// over rounds. 0 unless both ops report `rank_ends` for the same ranks.
+pub fn follow_lag_ns(prev_ends: &[Time], ends: &[Time]) -> f64 {
+    if prev_ends.is_empty() || prev_ends.len() != ends.len() {
+        return 0.0;
+    }
+    let last = prev_ends.iter().copied().max().unwrap_or(0);
+    let lag: Time = prev_ends.iter().map(|&e| last - e).sum();
+    lag as f64 / prev_ends.len() as f64 / crate::core::time::PS_PER_NS as f64
 }
 
 /// Builds the program for one op of one job.
@@ -44,6 +64,8 @@ struct Stream {
     /// Op instances to run in all (rounds × ops), and created so far.
     total: u32,
     created: u32,
+    /// The previous op's `Program::rank_ends`.
+    prev_ends: Vec<Time>,
 }
 
 /// How many events after the next one the loop fetches the records an event names itself
@@ -60,6 +82,8 @@ pub struct World {
     stream_of: Vec<Option<usize>>,
     streams: Vec<Stream>,
     pub samples: Vec<OpSample>,
+    /// `Program::rank_ends` of each sample's program, in the same order.
+    pub rank_ends: Vec<Vec<Time>>,
     finished: Vec<bool>,
     /// Programs woken in the current drain (reused: no allocation per event).
     touched: Vec<ProgId>,
@@ -80,6 +104,7 @@ impl World {
             stream_of: Vec::new(),
             streams: Vec::new(),
             samples: Vec::new(),
+            rank_ends: Vec::new(),
             finished: Vec::new(),
             touched: Vec::new(),
         }
@@ -136,6 +161,7 @@ impl World {
                 warmup: *warmup,
                 total: (warmup + iterations) * ops.len() as u32,
                 created: 0,
+                prev_ends: Vec::new(),
             });
         }
         for s in 0..self.streams.len() {
@@ -258,7 +284,14 @@ impl World {
                 sample.failures.push(f.clone());
             }
         }
+        let ends = prog.rank_ends();
+        if let Some(s) = self.stream_of[p as usize] {
+            let st = &mut self.streams[s];
+            sample.latency_ns += follow_lag_ns(&st.prev_ends, &ends);
+            st.prev_ends = ends.clone();
+        }
         self.samples.push(sample);
+        self.rank_ends.push(ends);
         if let Some(s) = self.stream_of[p as usize]
             && let Some(q) = self.create_stream_op(factory, s)
         {

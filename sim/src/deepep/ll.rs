@@ -709,6 +709,13 @@ impl Program for LlProgram {
         self.ranks.spans(&self.gpu, &self.global)
     }
 
+    /// DeepEP's low-latency test launches every rank's dispatch and combine back to back on
+    /// its stream (docs/design.md, DeepEP §17); in hook mode the receive kernel is launched
+    /// after the overlapped work instead.
+    fn rank_ends(&self) -> Vec<Time> {
+        if self.hook { Vec::new() } else { self.ranks.end.iter().map(|e| e.unwrap_or(0)).collect() }
+    }
+
     fn describe(&self, actor: u32) -> String {
         let nb = self.n * self.blocks;
         let ng = self.n * self.experts;
