@@ -166,12 +166,86 @@ pub fn run(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
     m.insert("probe.flag_roundtrip_same_gpu_ns".into(), json!(round3(rtt)));
     m.insert("probe.flag_latency_same_gpu_ns".into(), json!(round3(rtt / 2.0)));
 
+    flush_writeback_probe(devs, &mut m, src.ptr, dst.ptr, big)?;
     memory_model_probes(devs, &mut m, src.ptr, dst.ptr, big)?;
 
     if devs.list.len() > 1 {
         peer_probes(devs, &mut m)?;
     }
     Ok(m)
+}
+
+/// Where the L2 stands when an op is timed: what a short op pays for the flush's dirty lines.
+/// Every op is timed right after `flush_l2` (a 256 MB memset), whose last L2-full of lines may
+/// still be dirty when the op starts; each line the op brings in would then first write one
+/// back. The probe times a full-grid copy (new lines: source and destination) and a read
+/// (source only) of `bytes` in three states: right after the flush (as every op is timed),
+/// after the flush and an untimed read of 256 MB elsewhere (the L2 full of clean lines, the
+/// dirty ones written back before the timing), and after the flush and 2 ms idle (whether the
+/// L2 writes dirty lines back by itself). After-flush minus after-clean is what the flush's
+/// write-backs cost the op.
+fn flush_writeback_probe(
+    devs: &mut Devices,
+    m: &mut BTreeMap<String, Value>,
+    src: u64,
+    dst: u64,
+    big: usize,
+) -> Result<(), HwError> {
+    const CLEAN_BYTES: usize = 256 << 20;
+    let sm_count = devs.list[0].gpu.sm_count;
+    let sink = devs.list[0].gpu.alloc(64)?;
+    // The cleaner reads the source buffer's upper half, which no timed op touches.
+    let clean_src = src + (big / 2) as u64;
+    let sink_ptr = sink.ptr;
+    let read = |d: &Device, from: u64, bytes: usize| -> Result<(), HwError> {
+        let f = d.module("probes")?.function("probe_read");
+        let n_int4 = (bytes / 16) as u64;
+        let mut a = kernel_args![from, n_int4, sink_ptr];
+        // SAFETY: `from` holds `bytes` readable bytes; the sink is 64 bytes.
+        unsafe { d.gpu.launch(f, sm_count, 1024, &mut a) }
+    };
+    let copy = |d: &Device, bytes: usize| -> Result<(), HwError> {
+        let f = d.module("probes")?.function("probe_copy");
+        let n_int4 = (bytes / 16) as u64;
+        let mut a = kernel_args![src, dst, n_int4];
+        // SAFETY: both buffers hold `big` >= bytes bytes.
+        unsafe { d.gpu.launch(f, sm_count, 1024, &mut a) }
+    };
+    let mut out = serde_json::Map::new();
+    for mib in [4usize, 8, 16, 32, 64, 128] {
+        let bytes = mib << 20;
+        for kind in ["copy", "read"] {
+            let op = |d: &Device| if kind == "copy" { copy(d, bytes) } else { read(d, src, bytes) };
+            let mut states = serde_json::Map::new();
+            for state in ["after_flush", "after_clean", "after_idle"] {
+                let mut samples = Vec::new();
+                for rep in 0..8 {
+                    devs.flush_l2()?;
+                    let d = &devs.list[0];
+                    match state {
+                        "after_clean" => read(d, clean_src, CLEAN_BYTES)?,
+                        "after_idle" => {
+                            d.gpu.wait("flush probe", devs.host_timeout_ms, &|| None)?;
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                        _ => {}
+                    }
+                    let (a, b) = (d.gpu.new_event()?, d.gpu.new_event()?);
+                    d.gpu.record(&a)?;
+                    op(d)?;
+                    d.gpu.record(&b)?;
+                    d.gpu.wait("flush probe", devs.host_timeout_ms, &|| None)?;
+                    if rep > 0 {
+                        samples.push(a.elapsed_ms(&b)? as f64 * 1e3);
+                    }
+                }
+                states.insert(format!("{state}_us"), json!(round3(median(samples))));
+            }
+            out.insert(format!("{kind}_{mib}MiB"), Value::Object(states));
+        }
+    }
+    m.insert("probe.flush_writeback".into(), Value::Object(out));
+    Ok(())
 }
 
 /// Like [`time_us`] without the L2 flush: the operation runs once untimed first, so that a
@@ -555,24 +629,41 @@ fn ll_send_chain_probe(
             }),
         );
         if with_recv {
-            let r = ll_recv_after_send(
-                devs,
-                LlSendBufs {
-                    x: src,
-                    staging: staging.ptr,
-                    recv: dst,
-                    topk: topk.ptr,
-                    ctrs: ctrs.ptr,
-                },
-                &expect,
-                blocks,
-                items,
-                slots_per_counter,
-                src + (256 << 20),
-                big - (256 << 20),
-                us,
-            )?;
-            res.insert(format!("{name}_then_recv"), r);
+            // The kernel's receive (every step), and at the low-latency 128-token item count
+            // the same with steps left out, to tell what each step costs under full load.
+            let variants: &[(&str, i32)] = if items == 1024 {
+                &[
+                    ("", RECV_ALL),
+                    ("_no_discard", RECV_ALL & !RECV_DISCARD),
+                    ("_no_payload", RECV_ALL & !RECV_PAYLOAD),
+                    ("_no_scales", RECV_ALL & !RECV_SCALES),
+                    ("_header_only", RECV_HEADER),
+                    ("_polls_only", 0),
+                ]
+            } else {
+                &[("", RECV_ALL)]
+            };
+            for &(suffix, steps) in variants {
+                let r = ll_recv_after_send(
+                    devs,
+                    LlSendBufs {
+                        x: src,
+                        staging: staging.ptr,
+                        recv: dst,
+                        topk: topk.ptr,
+                        ctrs: ctrs.ptr,
+                    },
+                    &expect,
+                    blocks,
+                    items,
+                    slots_per_counter,
+                    src + (256 << 20),
+                    big - (256 << 20),
+                    us,
+                    steps,
+                )?;
+                res.insert(format!("{name}_then_recv{suffix}"), r);
+            }
         }
     }
     m.insert("probe.ll_send_chain".into(), Value::Object(res));
@@ -590,12 +681,21 @@ struct LlSendBufs {
     ctrs: u64,
 }
 
+/// The receive loop's steps per message (`LL_RECV_*` in kernels/cuda/probes.cu): the header
+/// load, the payload copy, the scale loads, the discard.
+const RECV_HEADER: i32 = 1;
+const RECV_PAYLOAD: i32 = 2;
+const RECV_SCALES: i32 = 4;
+const RECV_DISCARD: i32 = 8;
+const RECV_ALL: i32 = RECV_HEADER | RECV_PAYLOAD | RECV_SCALES | RECV_DISCARD;
+
 /// The low-latency dispatch's receive loop (`probe_ll_recv`) right after a full send launch
 /// (`probe_ll_send`, every step, with the count signalling) of `items` items, as hook mode
 /// runs the two kernels: both launches timed together (CUDA events, L2 flushed before), the
 /// receive's part as that less `send_us` (the send alone, same shape), the receive launch's
 /// own span (%globaltimer), and one receive group's poll and message time per item. `packed`
-/// is `packed_bytes` of scratch for the packed rows.
+/// is `packed_bytes` of scratch for the packed rows; `steps` the receive's steps to run
+/// (`RECV_*`).
 #[allow(clippy::too_many_arguments)]
 fn ll_recv_after_send(
     devs: &mut Devices,
@@ -607,6 +707,7 @@ fn ll_recv_after_send(
     packed: u64,
     packed_bytes: usize,
     send_us: f64,
+    steps: i32,
 ) -> Result<Value, HwError> {
     let local = LL_EXPERTS / LL_RANKS;
     let counters_n = (LL_RANKS * LL_EXPERTS) as i32;
@@ -646,8 +747,7 @@ fn ll_recv_after_send(
     let (so, ro) = (send_out.ptr, rout.ptr);
     let (row_int4, msg_int4, msg_bytes) = (LL_ROW_INT4, LL_MSG_INT4, LL_MSG_STRIDE as i32);
     let (topk_n, items_i, mode) = (LL_TOPK as i32, items as i32, 15i32);
-    let (ranks, local_i, cap, wpg, discard) =
-        (LL_RANKS as i32, local as i32, capacity as i32, 4i32, 1i32);
+    let (ranks, local_i, cap, wpg) = (LL_RANKS as i32, local as i32, capacity as i32, 4i32);
     let mut launch_no = 0i32;
     let both = |dev: &Device| {
         launch_no += 1;
@@ -691,7 +791,7 @@ fn ll_recv_after_send(
             slots_per_counter,
             cap,
             wpg,
-            discard,
+            steps,
             launch_no,
             ro,
             err,

@@ -20,6 +20,19 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
     for (; i < n_int4; i += stride) st_na_v4(dst + i, ld_nc_v4(src + i));
 }
 
+// Read-only pass over n_int4 int4 (16-byte vector loads, grid-stride): the flush probe's
+// cleaner, which replaces the L2's dirty lines by clean ones, and its read-only timed op.
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    probe_read(const int4* __restrict__ src, u64 n_int4, int* sink) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    int acc = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n_int4; i += stride) {
+        const int4 v = ld_nc_v4(src + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678) sink[0] = acc;
+}
+
 extern "C" __global__ void probe_empty() {}
 
 // Ping-pong between role 0 and role 1 through two flags, `iters` round trips; role 0 writes the
@@ -248,6 +261,10 @@ DEVICE void probe_unpack_bf16x8(int4 v, float* f) {
 #define LL_SEND_RELEASE 4
 #define LL_SEND_TAIL 8
 #define LL_PROBE_COUNT_BASE 65536
+#define LL_RECV_HEADER 1
+#define LL_RECV_PAYLOAD 2
+#define LL_RECV_SCALES 4
+#define LL_RECV_DISCARD 8
 
 // The low-latency dispatch's send loop alone (`ll_dispatch`, LL_PHASE_SEND, in
 // kernels/cuda/low_latency.cu), on synthetic data, with the steps of one sending warp timed.
@@ -387,8 +404,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
 // 0..=src (acquire; flag = launch_no * LL_PROBE_COUNT_BASE + count), the packed position being
 // the prefix of lower sources' counts, then the group's warps take its messages in turn: the
 // header (ld.cg), its two fields stored, the FP8 payload (`payload_int4` int4) copied into the
-// packed rows (ld.cg, st.na), the `num_scales` scales, and with `use_discard` the message
-// dropped from L2. The send probe put message i of counter c = src * experts + lr * local + le
+// packed rows (ld.cg, st.na), the `num_scales` scales, and the message dropped from L2 — each
+// step only where its bit of `steps` is set (LL_RECV_*: the kernel does all four; the probe
+// leaves steps out to time each one). The send probe put message i of counter c = src * experts + lr * local + le
 // of that launch in slot ((launch_no - 1) * count + i) % slots_per_counter of the counter.
 // The first lane of each block's first group sums clock64 cycles of its polls and of its
 // messages (to the group's second barrier): out[b * 8 + 0..6] = {items, messages, poll
@@ -397,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
 extern "C" __global__ void __launch_bounds__(1024, 1)
     probe_ll_recv(const u8* recv, const int* flags, int4* packed, float* scales, int* info,
                   int msg_bytes, int payload_int4, int num_scales, int ranks, int local,
-                  int slots_per_counter, int capacity, int wpg, int use_discard, int launch_no,
+                  int slots_per_counter, int capacity, int wpg, int steps, int launch_no,
                   u64* out, ErrorRecord* err, u64 timeout_ns) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int G = gridDim.x;
@@ -444,18 +462,22 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         for (int i = sub_warp; i < n; i += wpg) {
             const int slot = ((launch_no - 1) * n + i) % slots_per_counter;
             const u8* m = recv + (cnt * slots_per_counter + slot) * (u64)msg_bytes;
-            const int4 hdr = ld_cg_v4((const int4*)m);
             const u64 row = (u64)(lr * local + le) * capacity + begin + i;
-            if (lane == 0) {
-                info[2 * row] = hdr.x;
-                info[2 * row + 1] = hdr.y;
+            if (steps & LL_RECV_HEADER) {
+                const int4 hdr = ld_cg_v4((const int4*)m);
+                if (lane == 0) {
+                    info[2 * row] = hdr.x;
+                    info[2 * row + 1] = hdr.y;
+                }
             }
-            UNROLLED_WARP_COPY(7, lane, payload_int4, packed + row * payload_int4,
-                               (const int4*)(m + 16), ld_cg_v4, st_na_v4);
-            for (int j = lane; j < num_scales; j += 32)
-                scales[row * num_scales + j] =
-                    ld_cg_f32((const float*)(m + 16 + payload_int4 * 16) + j);
-            if (use_discard) {
+            if (steps & LL_RECV_PAYLOAD)
+                UNROLLED_WARP_COPY(7, lane, payload_int4, packed + row * payload_int4,
+                                   (const int4*)(m + 16), ld_cg_v4, st_na_v4);
+            if (steps & LL_RECV_SCALES)
+                for (int j = lane; j < num_scales; j += 32)
+                    scales[row * num_scales + j] =
+                        ld_cg_f32((const float*)(m + 16 + payload_int4 * 16) + j);
+            if (steps & LL_RECV_DISCARD) {
                 __syncwarp();
                 warp_discard(m, msg_bytes, lane);
             }
