@@ -1,10 +1,109 @@
 //! Hostile and extreme input through the binary (issue 22): each case is refused with exit 2
 //! and a message naming file:line:col and the key, or runs; none panics (exit 101) or aborts,
 //! none reports `ok` without samples, and a closed stdout loses no result file.
+//!
+//! Costs are bounded by counts, not by the clock: a counting global allocator measures
+//! what validating a case allocates in this process (`eptwin_engine::load` and `validate`, the
+//! two calls `eptwin validate` makes), per thread, so the harness's parallel tests do not mix.
 
-use std::io::{BufRead, BufReader};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+/// Per-thread allocation counters (const-initialised, no destructor: usable in the allocator).
+struct Counting;
+
+thread_local! {
+    static LIVE_BYTES: Cell<usize> = const { Cell::new(0) };
+    static PEAK_BYTES: Cell<usize> = const { Cell::new(0) };
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    /// Live bytes past which this thread's allocations fail (set while measuring): a size that
+    /// is expanded before its check aborts the test instead of taking the machine's memory.
+    static CAP_BYTES: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// Counts an allocation of `size` bytes; `false` when it would pass this thread's cap.
+fn grow(size: usize) -> bool {
+    let Ok(live) = LIVE_BYTES.try_with(|l| l.get().saturating_add(size)) else {
+        return true; // the thread is exiting: not measured
+    };
+    if live > CAP_BYTES.with(Cell::get) {
+        let _ = std::io::stderr()
+            .write_all(b"cli_hostile: an allocation passed the thread's cap while measuring\n");
+        return false;
+    }
+    LIVE_BYTES.with(|l| l.set(live));
+    PEAK_BYTES.with(|p| p.set(p.get().max(live)));
+    ALLOCATIONS.with(|n| n.set(n.get() + 1));
+    true
+}
+
+fn shrink(size: usize) {
+    let _ = LIVE_BYTES.try_with(|l| l.set(l.get().saturating_sub(size)));
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !grow(layout.size()) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        shrink(layout.size());
+        // SAFETY: `ptr` came from `alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if !grow(new_size) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: forwarded unchanged to the system allocator.
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        shrink(if new.is_null() { new_size } else { layout.size() });
+        new
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// What validating one scenario file costs, counted on this thread.
+#[derive(Debug)]
+struct Cost {
+    /// Allocations and reallocations made: work that grows with what validation builds.
+    allocations: u64,
+    /// Most bytes live at once beyond what was live before.
+    peak_bytes: usize,
+}
+
+/// Validating a one-job case may not hold more than this at once (it holds under 100 KiB; a
+/// range or size expanded before its check takes hundreds of MiB or more).
+const VALIDATE_PEAK_BYTES: usize = 16 << 20;
+/// While measuring, an allocation that takes the thread past this fails and aborts the test
+/// binary (Rust's allocation-failure handler) rather than the machine's memory being taken.
+const CAP_BYTES_MEASURED: usize = 1 << 30;
+
+/// Load and validate `path` in this process as `eptwin validate` does, counting.
+fn validation_cost(path: &Path) -> Cost {
+    let base = LIVE_BYTES.with(Cell::get);
+    let before = ALLOCATIONS.with(Cell::get);
+    PEAK_BYTES.with(|p| p.set(base));
+    CAP_BYTES.with(|c| c.set(base.saturating_add(CAP_BYTES_MEASURED)));
+    let loaded = eptwin_engine::load(path).expect("the case loads");
+    let diagnostics = eptwin_engine::deepep::validate::validate(&loaded.scenario, &loaded.source);
+    drop((diagnostics, loaded));
+    CAP_BYTES.with(|c| c.set(usize::MAX));
+    Cost {
+        allocations: ALLOCATIONS.with(Cell::get) - before,
+        peak_bytes: PEAK_BYTES.with(Cell::get).saturating_sub(base),
+    }
+}
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -231,7 +330,6 @@ fn iterations_and_warmup_beyond_their_limits_are_refused() {
 }
 
 #[test]
-#[allow(clippy::disallowed_methods)] // a wall-clock bound: these took minutes, or forever
 fn sizes_that_would_exhaust_memory_are_refused_before_allocating() {
     for (base, old, new, expected) in [
         (
@@ -254,9 +352,11 @@ fn sizes_that_would_exhaust_memory_are_refused_before_allocating() {
         ),
     ] {
         let case = Case::new(base, old, new);
-        let start = std::time::Instant::now();
+        // Counted in this process first, under the cap: expanding the range before its check
+        // held 16 GB (0-4000000000) or 400 MB (0-100000000).
+        let cost = validation_cost(&case.file);
+        assert!(cost.peak_bytes < VALIDATE_PEAK_BYTES, "{new}: {cost:?}");
         case.refused(expected);
-        assert!(start.elapsed().as_secs() < 20, "{new}: {:?}", start.elapsed());
     }
     let msg = Case::new(
         TRAFFIC,
@@ -292,25 +392,32 @@ fn files_that_are_not_scenarios_are_refused_without_reading_them() {
     assert!(t.contains("not a regular file (a directory)"), "{t}");
 }
 
-#[test]
-#[allow(clippy::disallowed_methods)] // a wall-clock bound: these took minutes, or forever
-fn validating_many_jobs_is_linear() {
+/// `jobs` single-rank jobs sharing VL0 on one 250-node cluster.
+fn many_jobs(jobs: usize) -> String {
     let mut scenario = String::from(
         "schema = 1\nname = \"many\"\n[cluster]\nprofile = \"h800-cx7\"\nnodes = 250\n",
     );
-    for i in 0..2000 {
+    for i in 0..jobs {
         scenario.push_str(&format!(
             "[[job]]\nname = \"j{i}\"\nranks = [{i}]\n[job.buffer]\nnum_nvl_bytes = \"1GiB\"\n\
              [job.workload]\ntokens_per_rank = 1\nhidden = 7168\ntopk = 1\nexperts = 1\n\
              warmup = 0\niterations = 1\nops = [\"dispatch\"]\n"
         ));
     }
-    let case = Case::new(&scenario, "many", "many");
-    let start = std::time::Instant::now();
+    scenario
+}
+
+#[test]
+fn validating_many_jobs_is_linear() {
+    let case = Case::new(&many_jobs(2000), "many", "many");
     let o = eptwin(&["validate", case.path()]);
-    // Before: 1,000 jobs took 27 s, 2,000 more than 120 s; now well under a second (release).
-    assert!(start.elapsed().as_secs() < 30, "{:?}", start.elapsed());
+    // One shared-VL advisory per job: one per pair made 1,000 jobs half a million advisories
+    // and 27 s of validation (2,000 jobs more than 120 s).
     assert!(text(&o).contains("case.toml: 6000 error(s), 1999 advisory(ies)"), "{}", text(&o));
+    // Twice the jobs, about twice the work: anything built per pair of jobs gives four times.
+    let half = Case::new(&many_jobs(1000), "many", "many");
+    let (n, n2) = (validation_cost(&half.file), validation_cost(&case.file));
+    assert!(n2.allocations * 2 < n.allocations * 5, "1,000 jobs: {n:?}; 2,000 jobs: {n2:?}");
 }
 
 /// Read one line of stdout, close the pipe, and let the process finish.

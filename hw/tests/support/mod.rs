@@ -361,14 +361,15 @@ pub fn scratch_dir(test: &str) -> PathBuf {
 }
 
 /// Start `nodes` copies of this test executable, each running only `test` as node `n`, with
-/// `env` added; their output goes to `dir/node-n.log`.
+/// `env` added; their output goes to `dir/node-n.log`. `--include-ignored`: the test runs in
+/// the node even when it is `#[ignore]`d (the RDMA tests, which the parent ran on request).
 pub fn spawn_nodes(test: &str, dir: &Path, nodes: u32, env: &[(&str, String)]) -> Vec<Child> {
     let exe = std::env::current_exe().unwrap();
     (0..nodes)
         .map(|n| {
             let log = std::fs::File::create(dir.join(format!("node-{n}.log"))).unwrap();
             let mut cmd = Command::new(&exe);
-            cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+            cmd.args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
                 .env("EPTWIN_WIRE_NODE", n.to_string())
                 .env("EPTWIN_WIRE_DIR", dir)
                 .stdin(Stdio::null())
