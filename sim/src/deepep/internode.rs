@@ -14,8 +14,13 @@
 //! Combine mirrors it: NVLink senders push each token's expert output back to the local GPU
 //! that forwarded it, forwarders (one warp group per source node) reduce the ≤ 8 partials and
 //! put the reduced token once per (token, node) with tail atomics, and the RDMA receivers
-//! reduce across nodes. The NVLink streams follow dispatch's layout: the order the forwarders
-//! send tokens when every chunk is present (round robin over nodes, `nvl_send` per turn).
+//! reduce across nodes. A combine NVL ring is split per source node (`nvl_recv / R` slots
+//! each, `num_max_nvl_chunked_recv_tokens_per_rdma`, with its own head and tail: "separate NVL
+//! buffers for different RDMA sources" to avoid deadlocks; hence the host asserts
+//! `nvl_recv % R == 0` and `nvl_recv / R > max(rdma_send, nvl_send)`, DeepEP §5): each NVL
+//! sender walks the source node's tokens in `recv_x` order (token order per source rank and
+//! channel) and sends `nvl_send` of them to the next node whose part has room, round robin from
+//! `channel % R`, so every forwarder group is fed from the start.
 //!
 //! Timing follows `test_internode.py` (`bench_kineto`): the kernel's time, notify excluded
 //! (reported as a phase).
@@ -99,23 +104,27 @@ pub struct InternodeProgram {
     nvl_expected: Vec<u32>,
     nvl_batch: Vec<u32>,
     nvl_done: Vec<bool>,
-    // Combine.
-    /// Canonical forward order per (forwarder rank, channel, local dst j): token ids.
-    order: Vec<Vec<u32>>,
-    /// Per (forwarder rank, channel, j): slot of each token id in that stream (sorted pairs).
-    slot_of: Vec<Vec<(u32, u32)>>,
-    /// Combine NVL sender position per (sending rank, channel, dst local i).
-    cs_pos: Vec<u32>,
+    // Combine. NVL rings per (forwarder rank, channel, source local j, source node m):
+    // `self.nvl` at `rcj(..) * nodes + m`.
+    /// Token ids each combine NVL ring carries, in order (the sender's `recv_x` rows of source
+    /// (m, i) and the channel that reached it).
+    csub: Vec<Vec<u32>>,
+    /// Per combine NVL ring: the sender's next position, the forwarder group's.
+    cs_next: Vec<u32>,
+    cg_pos: Vec<u32>,
+    /// Per combine NVL ring: the head the forwarder published.
+    cg_pub: Vec<u32>,
+    /// Combine NVL sender per (sending rank, channel, dst local i): the node it last sent for
+    /// (round robin), a copy in flight, retired; per (sender, node): waiting for that head.
+    cs_rr: Vec<u32>,
+    cs_busy: Vec<bool>,
+    cs_done: Vec<bool>,
+    cs_armed: Vec<bool>,
     /// Combine forwarder group per (rank, channel, node): position in its RDMA stream,
     /// its stream, and the batch in flight.
     cf_stream: Vec<Vec<u32>>,
     cf_pos: Vec<u32>,
     cf_batch: Vec<u32>,
-    /// Per (group, local j): where in the NVL ring's `slot_of` the group's last token was.
-    cf_slot_cur: Vec<u32>,
-    /// Consumed flags per NVL ring slot (combine reads out of order across node groups).
-    consumed: Vec<Vec<bool>>,
-    nvl_head_pub: Vec<u32>,
     /// Combine RDMA receiver per (rank, channel): next token, per node consumed count.
     cr_next: Vec<u32>,
     cr_pos: Vec<u32>,
@@ -130,7 +139,6 @@ pub struct InternodeProgram {
     group_rate: Rate,
     combine_recv_rate: Rate,
     notify: Time,
-    dispatch_nvl_send: u32,
     fwd_waiting_head: Vec<bool>,
 }
 
@@ -208,15 +216,17 @@ impl InternodeProgram {
             nvl_expected: vec![0; (n * ch * P) as usize],
             nvl_batch: vec![0; (n * ch * P) as usize],
             nvl_done: vec![false; (n * ch * P) as usize],
-            order: Vec::new(),
-            slot_of: Vec::new(),
-            cs_pos: Vec::new(),
+            csub: Vec::new(),
+            cs_next: Vec::new(),
+            cg_pos: Vec::new(),
+            cg_pub: Vec::new(),
+            cs_rr: Vec::new(),
+            cs_busy: Vec::new(),
+            cs_done: Vec::new(),
+            cs_armed: Vec::new(),
             cf_stream: Vec::new(),
             cf_pos: Vec::new(),
             cf_batch: Vec::new(),
-            cf_slot_cur: Vec::new(),
-            consumed: Vec::new(),
-            nvl_head_pub: Vec::new(),
             cr_next: Vec::new(),
             cr_pos: Vec::new(),
             cr_credit_last: Vec::new(),
@@ -224,7 +234,6 @@ impl InternodeProgram {
             workers_left: vec![0; n as usize],
             ledger: Ledger::new(n),
             notify: ns(plan.profile.deepep.notify_host_roundtrip_ns),
-            dispatch_nvl_send: d.dispatch_config.map_or(1, |c| c.num_max_nvl_chunked_send_tokens),
             fwd_waiting_head: vec![false; (n * ch * P) as usize],
         };
         p.build(core);
@@ -311,7 +320,13 @@ impl InternodeProgram {
         let rdma_cap = self.cfg.rdma_recv_rounded();
         let nvl_cap = self.cfg.num_max_nvl_chunked_recv_tokens;
         self.rdma = (0..n * ch * nodes).map(|_| Ring::new(core, rdma_cap)).collect();
-        self.nvl = (0..n * ch * P).map(|_| Ring::new(core, nvl_cap)).collect();
+        self.nvl = if self.dispatch {
+            (0..n * ch * P).map(|_| Ring::new(core, nvl_cap)).collect()
+        } else {
+            // Combine: one part of `nvl_recv / R` slots per source node.
+            let part = (nvl_cap / nodes).max(1);
+            (0..n * ch * P * nodes).map(|_| Ring::new(core, part)).collect()
+        };
         self.meta_ctr = core.counters((n * ch) as usize);
         self.snd_next = (0..n * ch).map(|i| self.range(i % ch).0).collect();
         if !self.dispatch {
@@ -325,81 +340,44 @@ impl InternodeProgram {
         (lo..hi).filter(|&t| self.mask(src, t, m2) != 0).collect()
     }
 
-    /// Dispatch layout for combine: the order each forwarder sends each destination its
-    /// tokens when all chunks are present (round robin over source nodes from
-    /// `sm_id % R + 1`, at most `nvl_send` tokens per turn).
+    /// Combine layout: per forwarder group (rank (m2, i), channel c, node m) the dispatch RDMA
+    /// stream from (m, i), and per NVL ring (that forwarder, c, source local j, node m) the
+    /// tokens of that stream that reached j, in the same order.
     fn build_combine(&mut self) {
         let (n, ch, nodes) = (self.n, self.ch, self.nodes);
-        let nvl_send = self.dispatch_nvl_send.max(1);
-        self.order = vec![Vec::new(); (n * ch * P) as usize];
-        for r2 in 0..n {
-            let (m2, i) = (r2 / P, r2 % P);
-            for c in 0..ch {
-                let streams: Vec<Vec<u32>> =
-                    (0..nodes).map(|m| self.rdma_stream(self.rank(m, i), c, m2)).collect();
-                for j in 0..P {
-                    let mut pos = vec![0usize; nodes as usize];
-                    let mut out = Vec::new();
-                    let mut src = (2 * c) % nodes;
-                    loop {
-                        if (0..nodes as usize).all(|m| pos[m] >= streams[m].len()) {
-                            break;
-                        }
-                        src = (src + 1) % nodes;
-                        let s = &streams[src as usize];
-                        let mut k = 0;
-                        while pos[src as usize] < s.len() {
-                            let t = s[pos[src as usize]];
-                            pos[src as usize] += 1;
-                            if self.mask(self.rank(src, i), t, m2) & (1 << j) != 0 {
-                                out.push(tid(src, t));
-                                k += 1;
-                                if k == nvl_send {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    let x = self.rcj(r2, c, j);
-                    self.order[x] = out;
-                }
-            }
-        }
-        self.slot_of = self
-            .order
-            .iter()
-            .map(|o| {
-                let mut v: Vec<(u32, u32)> =
-                    o.iter().enumerate().map(|(s, &t)| (t, s as u32)).collect();
-                v.sort_unstable();
-                v
-            })
-            .collect();
-        // Combine NVL rings: (receiving forwarder rank (m2, i), channel, source local j) carry
-        // order[(m2, i), c, j]; the sender is rank (m2, j).
-        self.cs_pos = vec![0; (n * ch * P) as usize];
-        self.consumed = (0..n * ch * P)
-            .map(|x| {
-                let (r2, rest) = (x / (ch * P), x % (ch * P));
-                vec![false; self.order[self.rcj(r2, rest / P, rest % P)].len()]
-            })
-            .collect();
-        self.nvl_head_pub = vec![0; (n * ch * P) as usize];
-        // Forwarder groups per (rank (m2, i), channel, node m): the dispatch stream from (m, i).
+        let nn = nodes as usize;
         self.cf_stream = vec![Vec::new(); (n * ch * nodes) as usize];
+        self.csub = vec![Vec::new(); (n * ch * P * nodes) as usize];
         for r2 in 0..n {
             let (m2, i) = (r2 / P, r2 % P);
             for c in 0..ch {
                 for m in 0..nodes {
-                    let s = self.rdma_stream(self.rank(m, i), c, m2);
+                    let src = self.rank(m, i);
+                    let s = self.rdma_stream(src, c, m2);
+                    for &t in &s {
+                        let mk = self.mask(src, t, m2);
+                        for j in 0..P {
+                            if mk & (1 << j) != 0 {
+                                let z = self.rcj(r2, c, j) * nn + m as usize;
+                                self.csub[z].push(t);
+                            }
+                        }
+                    }
                     let x = self.rcn(r2, c, m);
                     self.cf_stream[x] = s;
                 }
             }
         }
+        let subs = (n * ch * P * nodes) as usize;
+        self.cs_next = vec![0; subs];
+        self.cg_pos = vec![0; subs];
+        self.cg_pub = vec![0; subs];
+        self.cs_rr = (0..n * ch * P).map(|x| ((x / P) % ch) % nodes).collect();
+        self.cs_busy = vec![false; (n * ch * P) as usize];
+        self.cs_done = vec![false; (n * ch * P) as usize];
+        self.cs_armed = vec![false; subs];
         self.cf_pos = vec![0; (n * ch * nodes) as usize];
         self.cf_batch = vec![0; (n * ch * nodes) as usize];
-        self.cf_slot_cur = vec![0; (n * ch * nodes * P) as usize];
         self.cr_next = (0..n * ch).map(|i| self.range(i % ch).0).collect();
         self.cr_pos = vec![0; (n * ch * nodes) as usize];
         self.cr_credit_last = vec![0; (n * ch * nodes) as usize];
@@ -437,6 +415,10 @@ impl InternodeProgram {
     }
     fn a_crecv(&self, x: usize) -> u32 {
         self.nrc() * (P + self.nodes) + x as u32
+    }
+    /// Combine NVL sender `x` waiting for the head of its part for node `m`.
+    fn a_csend_head(&self, x: usize, m: u32) -> u32 {
+        self.nrc() * (P + self.nodes + 1) + x as u32 * self.nodes + m
     }
     /// Above every other actor id of either op.
     fn a_rank_start(&self, r: u32) -> u32 {
@@ -838,40 +820,66 @@ impl InternodeProgram {
     }
 
     /// NVL sender on rank r3 = (m2, j), channel c, to local index i: push expert outputs back
-    /// to the GPU that forwarded them, in dispatch's order.
+    /// to the GPU that forwarded them, `nvl_send` tokens at a time to the next source node
+    /// (round robin) whose part of the forwarder's ring has room.
     fn combine_sender(&mut self, core: &mut Core, x: usize) {
+        if self.cs_done[x] || self.cs_busy[x] {
+            return;
+        }
+        let nn = self.nodes as usize;
         let nx = P as usize * self.ch as usize;
         let r3 = (x / nx) as u32;
         let c = ((x % nx) / P as usize) as u32;
         let i = (x % P as usize) as u32;
         let (m2, j) = (r3 / P, r3 % P);
         let fwd = self.rank(m2, i);
-        let stream = self.rcj(fwd, c, j);
-        let len = self.order[stream].len() as u32;
-        let pos = self.cs_pos[x];
-        if pos == u32::MAX {
-            return;
+        let base = self.rcj(fwd, c, j) * nn;
+        let chunk = self.cfg.num_max_nvl_chunked_send_tokens.max(1);
+        let mut left = false;
+        let mut pick = None;
+        for k in 1..=self.nodes {
+            let m = (self.cs_rr[x] + k) % self.nodes;
+            let z = base + m as usize;
+            if self.cs_next[z] as usize >= self.csub[z].len() {
+                continue;
+            }
+            left = true;
+            let need = self.nvl[z].head_needed(chunk);
+            if core.value(self.nvl[z].head) >= need {
+                pick = Some(m);
+                break;
+            }
         }
-        if pos >= len {
-            self.cs_pos[x] = u32::MAX;
+        if !left {
+            self.cs_done[x] = true;
             self.worker_done(core, r3);
             return;
         }
-        let chunk = self.cfg.num_max_nvl_chunked_send_tokens.max(1);
-        let ring = stream; // the ring on `fwd` for (c, source local j)
-        let need = self.nvl[ring].head_needed(chunk);
-        if !core.wait(self.nvl[ring].head, need, self.me, self.a_csend(x)) {
+        let Some(m) = pick else {
+            for m in 0..self.nodes {
+                let z = base + m as usize;
+                let ai = x * nn + m as usize;
+                if (self.cs_next[z] as usize) < self.csub[z].len() && !self.cs_armed[ai] {
+                    self.cs_armed[ai] = true;
+                    let need = self.nvl[z].head_needed(chunk);
+                    core.wait(self.nvl[z].head, need, self.me, self.a_csend_head(x, m));
+                }
+            }
             return;
-        }
-        let k = chunk.min(len - pos);
+        };
+        self.cs_rr[x] = m;
+        let z = base + m as usize;
+        let pos = self.cs_next[z];
+        let k = chunk.min(self.csub[z].len() as u32 - pos);
         for s in pos..pos + k {
-            let id = self.order[stream][s as usize];
-            self.nvl[ring].data.push_back(id);
+            let id = tid(m, self.csub[z][s as usize]);
+            self.nvl[z].data.push_back(id);
         }
-        self.nvl[ring].pushed += k as u64;
-        self.cs_pos[x] = pos + k;
-        let tail = Action::Add { counter: self.nvl[ring].tail, delta: k };
+        self.nvl[z].pushed += k as u64;
+        self.cs_next[z] = pos + k;
+        let tail = Action::Add { counter: self.nvl[z].tail, delta: k };
         let path = self.paths[(r3 * self.n + fwd) as usize];
+        self.cs_busy[x] = true;
         let free = core.copy(
             core.now + self.costs.per_token * k as u64,
             self.gpu[r3 as usize],
@@ -915,7 +923,7 @@ impl InternodeProgram {
                 );
                 self.ranks.touch(r2, t);
             }
-            self.publish_nvl_heads(core, r2, c);
+            self.publish_nvl_heads(core, r2, c, m);
         }
         let len = self.cf_stream[x].len() as u32;
         let pos = self.cf_pos[x];
@@ -945,22 +953,22 @@ impl InternodeProgram {
             let t = self.cf_stream[x][p as usize];
             let id = tid(m, t);
             let mk = self.mask(src, t, m2);
-            // Every local partial must be in.
+            // Every local partial must be in: the next slot of each part (j, m).
             let mut blocked = None;
             for j in 0..P {
                 if mk & (1 << j) == 0 {
                     continue;
                 }
-                let rj = self.rcj(r2, c, j);
-                let slot = self.slot(rj, id, x, j);
-                if core.value(self.nvl[rj].tail) <= slot as u64 {
-                    blocked = Some((rj, slot));
+                let z = self.rcj(r2, c, j) * nn + m as usize;
+                let slot = self.cg_pos[z];
+                if core.value(self.nvl[z].tail) <= slot as u64 {
+                    blocked = Some((z, slot));
                     break;
                 }
             }
-            if let Some((rj, slot)) = blocked {
+            if let Some((z, slot)) = blocked {
                 if p == pos {
-                    core.wait(self.nvl[rj].tail, slot as u64 + 1, self.me, self.a_group(x));
+                    core.wait(self.nvl[z].tail, slot as u64 + 1, self.me, self.a_group(x));
                     return;
                 }
                 break;
@@ -970,14 +978,14 @@ impl InternodeProgram {
                 if mk & (1 << j) == 0 {
                     continue;
                 }
-                let rj = self.rcj(r2, c, j);
-                let slot = self.slot(rj, id, x, j);
-                if self.nvl[rj].data.get(slot as usize) != Some(&id) {
+                let z = self.rcj(r2, c, j) * nn + m as usize;
+                let slot = self.cg_pos[z];
+                if self.nvl[z].data.get(slot as usize) != Some(&id) {
                     self.ranks.fail(format!(
                         "rank {r2} channel {c}: NVL slot {slot} from local {j} does not hold token {t} of node {m}"
                     ));
                 }
-                self.consumed[rj][slot as usize] = true;
+                self.cg_pos[z] = slot + 1;
                 parts += 1;
             }
             self.rdma[ring].data.push_back(t);
@@ -1002,41 +1010,14 @@ impl InternodeProgram {
         core.wake_at(end.max(core.now + 1), self.me, self.a_group(x));
     }
 
-    /// The slot of token `id` in NVL ring `ring` (u32::MAX: not there), for group `x`'s
-    /// local `j`. A group takes its tokens in stream order, and the ring's entries of its
-    /// node are that stream's tokens for `j`, in the same order: the token looked up is
-    /// usually the one at the group's cursor or the next; else a binary search (the same
-    /// answer, whatever the order).
-    fn slot(&mut self, ring: usize, id: u32, x: usize, j: u32) -> u32 {
-        let v = &self.slot_of[ring];
-        let cur = &mut self.cf_slot_cur[x * P as usize + j as usize];
-        let k = *cur as usize;
-        let k = if v.get(k).is_some_and(|e| e.0 == id) {
-            k
-        } else if v.get(k + 1).is_some_and(|e| e.0 == id) {
-            k + 1
-        } else {
-            match v.binary_search_by_key(&id, |&(t, _)| t) {
-                Ok(k) => k,
-                Err(_) => return u32::MAX,
-            }
-        };
-        *cur = k as u32;
-        v[k].1
-    }
-
-    /// Free the combine NVL slots consumed in order (the head each sender waits on).
-    fn publish_nvl_heads(&mut self, core: &mut Core, r2: u32, c: u32) {
+    /// Free the combine NVL slots group (r2, c, m) consumed (the heads the senders wait on).
+    fn publish_nvl_heads(&mut self, core: &mut Core, r2: u32, c: u32, m: u32) {
         for j in 0..P {
-            let rj = self.rcj(r2, c, j);
-            let mut h = self.nvl_head_pub[rj];
-            let start = h;
-            while (h as usize) < self.consumed[rj].len() && self.consumed[rj][h as usize] {
-                h += 1;
-            }
+            let z = self.rcj(r2, c, j) * self.nodes as usize + m as usize;
+            let (h, start) = (self.cg_pos[z], self.cg_pub[z]);
             if h > start {
-                self.nvl_head_pub[rj] = h;
-                let act = Action::Add { counter: self.nvl[rj].head, delta: h - start };
+                self.cg_pub[z] = h;
+                let act = Action::Add { counter: self.nvl[z].head, delta: h - start };
                 core.act_at(core.now + self.costs.flag, act);
             }
         }
@@ -1187,11 +1168,17 @@ impl Program for InternodeProgram {
                 self.nvl_receiver(core, (actor - nrc * (1 + 3 * P + P * self.nodes)) as usize);
             }
         } else if actor < nrc * P {
+            self.cs_busy[actor as usize] = false;
             self.combine_sender(core, actor as usize);
         } else if actor < nrc * (P + self.nodes) {
             self.combine_group(core, (actor - nrc * P) as usize);
-        } else {
+        } else if actor < nrc * (P + self.nodes + 1) {
             self.combine_receiver(core, (actor - nrc * (P + self.nodes)) as usize);
+        } else {
+            let k = (actor - nrc * (P + self.nodes + 1)) as usize;
+            let x = k / self.nodes as usize;
+            self.cs_armed[k] = false;
+            self.combine_sender(core, x);
         }
     }
 
@@ -1242,9 +1229,16 @@ impl Program for InternodeProgram {
         } else if actor < nrc * (P + self.nodes) {
             let (r, c, m) = who((actor - nrc * P) as usize, self.nodes as usize);
             format!("internode combine rank {r} channel {c} forwarder group for node {m}")
-        } else {
+        } else if actor < nrc * (P + self.nodes + 1) {
             let x = actor - nrc * (P + self.nodes);
             format!("internode combine rank {} channel {} RDMA receiver", x / self.ch, x % self.ch)
+        } else {
+            let k = (actor - nrc * (P + self.nodes + 1)) as usize;
+            let (r, c, i) = who(k / self.nodes as usize, P as usize);
+            format!(
+                "internode combine rank {r} channel {c} NVL sender to local GPU {i} (waiting for the head of node {}'s part)",
+                k % self.nodes as usize
+            )
         }
     }
 }
