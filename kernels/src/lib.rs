@@ -92,6 +92,7 @@ pub static MODULES: &[KernelModule] = &[
             "probe_pingpong",
             "probe_warp_copy",
             "probe_chase",
+            "probe_read",
             "probe_op_latency",
             "probe_pingpong_gpu",
             "probe_ring_handoff",
