@@ -88,11 +88,11 @@ pub static MODULES: &[KernelModule] = &[
         source: include_str!("../cuda/probes.cu"),
         entry_points: &[
             "probe_copy",
+            "probe_read",
             "probe_empty",
             "probe_pingpong",
             "probe_warp_copy",
             "probe_chase",
-            "probe_read",
             "probe_op_latency",
             "probe_pingpong_gpu",
             "probe_ring_handoff",
