@@ -13,7 +13,8 @@
 //!
 //! Combine mirrors it: NVLink senders push each token's expert output back to the local GPU
 //! that forwarded it, forwarders (one warp group per source node) reduce the ≤ 8 partials and
-//! put the reduced token once per (token, node) with tail atomics, and the RDMA receivers
+//! put the reduced tokens once per (token, node), `rdma_send` per put (credits for the whole
+//! chunk first; a put only once the chunk is reduced) with tail atomics, and the RDMA receivers
 //! reduce across nodes. A combine NVL ring is split per source node (`nvl_recv / R` slots
 //! each, `num_max_nvl_chunked_recv_tokens_per_rdma`, with its own head and tail: "separate NVL
 //! buffers for different RDMA sources" to avoid deadlocks; hence the host asserts
@@ -106,9 +107,10 @@ pub struct InternodeProgram {
     nvl_done: Vec<bool>,
     // Combine. NVL rings per (forwarder rank, channel, source local j, source node m):
     // `self.nvl` at `rcj(..) * nodes + m`.
-    /// Token ids each combine NVL ring carries, in order (the sender's `recv_x` rows of source
-    /// (m, i) and the channel that reached it).
-    csub: Vec<Vec<u32>>,
+    /// Tokens each combine NVL ring carries (the sender's `recv_x` rows of source (m, i) and
+    /// the channel that reached it). They are the group's RDMA stream filtered by the routing
+    /// mask's bit j, in the same order, so the ring keeps counts rather than token ids.
+    csub_len: Vec<u32>,
     /// Per combine NVL ring: the sender's next position, the forwarder group's.
     cs_next: Vec<u32>,
     cg_pos: Vec<u32>,
@@ -125,6 +127,8 @@ pub struct InternodeProgram {
     cf_stream: Vec<Vec<u32>>,
     cf_pos: Vec<u32>,
     cf_batch: Vec<u32>,
+    /// Per combine forwarder group: the end of the chunk it is reducing.
+    cf_end: Vec<u32>,
     /// Combine RDMA receiver per (rank, channel): next token, per node consumed count.
     cr_next: Vec<u32>,
     cr_pos: Vec<u32>,
@@ -216,7 +220,7 @@ impl InternodeProgram {
             nvl_expected: vec![0; (n * ch * P) as usize],
             nvl_batch: vec![0; (n * ch * P) as usize],
             nvl_done: vec![false; (n * ch * P) as usize],
-            csub: Vec::new(),
+            csub_len: Vec::new(),
             cs_next: Vec::new(),
             cg_pos: Vec::new(),
             cg_pub: Vec::new(),
@@ -227,6 +231,7 @@ impl InternodeProgram {
             cf_stream: Vec::new(),
             cf_pos: Vec::new(),
             cf_batch: Vec::new(),
+            cf_end: Vec::new(),
             cr_next: Vec::new(),
             cr_pos: Vec::new(),
             cr_credit_last: Vec::new(),
@@ -347,7 +352,7 @@ impl InternodeProgram {
         let (n, ch, nodes) = (self.n, self.ch, self.nodes);
         let nn = nodes as usize;
         self.cf_stream = vec![Vec::new(); (n * ch * nodes) as usize];
-        self.csub = vec![Vec::new(); (n * ch * P * nodes) as usize];
+        self.csub_len = vec![0; (n * ch * P * nodes) as usize];
         for r2 in 0..n {
             let (m2, i) = (r2 / P, r2 % P);
             for c in 0..ch {
@@ -359,7 +364,7 @@ impl InternodeProgram {
                         for j in 0..P {
                             if mk & (1 << j) != 0 {
                                 let z = self.rcj(r2, c, j) * nn + m as usize;
-                                self.csub[z].push(t);
+                                self.csub_len[z] += 1;
                             }
                         }
                     }
@@ -378,6 +383,7 @@ impl InternodeProgram {
         self.cs_armed = vec![false; subs];
         self.cf_pos = vec![0; (n * ch * nodes) as usize];
         self.cf_batch = vec![0; (n * ch * nodes) as usize];
+        self.cf_end = vec![0; (n * ch * nodes) as usize];
         self.cr_next = (0..n * ch).map(|i| self.range(i % ch).0).collect();
         self.cr_pos = vec![0; (n * ch * nodes) as usize];
         self.cr_credit_last = vec![0; (n * ch * nodes) as usize];
@@ -840,7 +846,7 @@ impl InternodeProgram {
         for k in 1..=self.nodes {
             let m = (self.cs_rr[x] + k) % self.nodes;
             let z = base + m as usize;
-            if self.cs_next[z] as usize >= self.csub[z].len() {
+            if self.cs_next[z] >= self.csub_len[z] {
                 continue;
             }
             left = true;
@@ -859,7 +865,7 @@ impl InternodeProgram {
             for m in 0..self.nodes {
                 let z = base + m as usize;
                 let ai = x * nn + m as usize;
-                if (self.cs_next[z] as usize) < self.csub[z].len() && !self.cs_armed[ai] {
+                if self.cs_next[z] < self.csub_len[z] && !self.cs_armed[ai] {
                     self.cs_armed[ai] = true;
                     let need = self.nvl[z].head_needed(chunk);
                     core.wait(self.nvl[z].head, need, self.me, self.a_csend_head(x, m));
@@ -870,11 +876,7 @@ impl InternodeProgram {
         self.cs_rr[x] = m;
         let z = base + m as usize;
         let pos = self.cs_next[z];
-        let k = chunk.min(self.csub[z].len() as u32 - pos);
-        for s in pos..pos + k {
-            let id = tid(m, self.csub[z][s as usize]);
-            self.nvl[z].data.push_back(id);
-        }
+        let k = chunk.min(self.csub_len[z] - pos);
         self.nvl[z].pushed += k as u64;
         self.cs_next[z] = pos + k;
         let tail = Action::Add { counter: self.nvl[z].tail, delta: k };
@@ -904,9 +906,17 @@ impl InternodeProgram {
         let (m2, i) = (r2 / P, r2 % P);
         let dst = self.rank(m, i);
         let ring = self.rcn(dst, c, m2);
-        // A batch finished: put it (or write it locally) with its tail.
+        // A reduction copy finished: free the NVL slots it read; once the whole chunk is
+        // reduced, put it (or write it locally) with its tail. DeepEP's forwarder puts
+        // `num_max_rdma_chunked_send_tokens` at a time (fewer only for the last chunk), not
+        // whatever has arrived.
+        self.publish_nvl_heads(core, r2, c, m);
+        let pos = self.cf_pos[x];
+        if pos == u32::MAX {
+            return;
+        }
         let batch = self.cf_batch[x];
-        if batch > 0 {
+        if batch > 0 && pos == self.cf_end[x] {
             self.cf_batch[x] = 0;
             let tail = Action::Add { counter: self.rdma[ring].tail, delta: batch };
             if m == m2 {
@@ -923,35 +933,31 @@ impl InternodeProgram {
                 );
                 self.ranks.touch(r2, t);
             }
-            self.publish_nvl_heads(core, r2, c, m);
         }
         let len = self.cf_stream[x].len() as u32;
-        let pos = self.cf_pos[x];
-        if pos == u32::MAX {
-            return;
-        }
         if pos >= len {
             self.cf_pos[x] = u32::MAX;
             self.worker_done(core, r2);
             return;
         }
-        let chunk = self.cfg.num_max_rdma_chunked_send_tokens.max(1);
-        let cap = self.rdma[ring].cap as u64;
+        if self.cf_end[x] <= pos {
+            // A new chunk: the receiver must have room for all of it (RDMA credits at (m, i)).
+            let end = (pos + self.cfg.num_max_rdma_chunked_send_tokens.max(1)).min(len);
+            let pushed = self.rdma[ring].pushed;
+            let cap = self.rdma[ring].cap as u64;
+            let room = (pushed + (end - pos) as u64).saturating_sub(cap);
+            if core.value(self.rdma[ring].head) < room {
+                core.wait(self.rdma[ring].head, room, self.me, self.a_group(x));
+                return;
+            }
+            self.cf_end[x] = end;
+        }
+        let end = self.cf_end[x];
         let mut p = pos;
         let mut bytes = 0u64;
         let src = self.rank(m, i);
-        while p < len && p - pos < chunk {
-            // RDMA credits at (m, i).
-            let pushed = self.rdma[ring].pushed;
-            if pushed - core.value(self.rdma[ring].head) >= cap {
-                if p == pos {
-                    core.wait(self.rdma[ring].head, pushed - cap + 1, self.me, self.a_group(x));
-                    return;
-                }
-                break;
-            }
+        while p < end {
             let t = self.cf_stream[x][p as usize];
-            let id = tid(m, t);
             let mk = self.mask(src, t, m2);
             // Every local partial must be in: the next slot of each part (j, m).
             let mut blocked = None;
@@ -979,13 +985,7 @@ impl InternodeProgram {
                     continue;
                 }
                 let z = self.rcj(r2, c, j) * nn + m as usize;
-                let slot = self.cg_pos[z];
-                if self.nvl[z].data.get(slot as usize) != Some(&id) {
-                    self.ranks.fail(format!(
-                        "rank {r2} channel {c}: NVL slot {slot} from local {j} does not hold token {t} of node {m}"
-                    ));
-                }
-                self.cg_pos[z] = slot + 1;
+                self.cg_pos[z] += 1;
                 parts += 1;
             }
             self.rdma[ring].data.push_back(t);
@@ -994,7 +994,7 @@ impl InternodeProgram {
             p += 1;
         }
         self.cf_pos[x] = p;
-        self.cf_batch[x] = p - pos;
+        self.cf_batch[x] += p - pos;
         let g = self.gpu[r2 as usize];
         let end = core.copy(
             core.now,
