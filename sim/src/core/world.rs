@@ -262,6 +262,13 @@ impl World {
         if !done || self.finished[p as usize] {
             return;
         }
+        self.finish_program(factory, p);
+    }
+
+    /// Once per op: kept out of line so that the per-event loop above stays small.
+    #[cold]
+    #[inline(never)]
+    fn finish_program(&mut self, factory: &mut Factory, p: ProgId) {
         self.finished[p as usize] = true;
         let mut prog = self.progs[p as usize].take().expect("live program");
         let mut sample = prog.finish(&self.core);
