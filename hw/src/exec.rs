@@ -74,6 +74,8 @@ pub struct Devices {
     pub barrier: Option<ProcessBarrier>,
     /// Multi-process runs: stream waits end as soon as the process group has failed.
     pub watch: Option<GroupWatch>,
+    /// `EPTWIN_L2_CLEAN=1`: every flush is followed by a read of the flush buffer.
+    pub l2_clean: bool,
 }
 
 impl Devices {
@@ -87,6 +89,7 @@ impl Devices {
             host_timeout_ms,
             barrier: None,
             watch: None,
+            l2_clean: false,
         }
     }
 
@@ -106,11 +109,22 @@ impl Devices {
         self.kernel_timeout_ms * 1_000_000
     }
 
-    /// Overwrite 256 MB on every GPU so that the next op starts with a cold L2.
+    /// Overwrite 256 MB on every GPU so that the next op starts with a cold L2 (its last
+    /// L2-full of lines dirty). With `l2_clean`, then read the 256 MB back in ascending order:
+    /// the reads' misses evict the dirty lines first, so the op starts with clean lines only.
     pub fn flush_l2(&mut self) -> Result<(), HwError> {
         self.flush_value = self.flush_value.wrapping_add(0x0101_0101);
         for d in &self.list {
             d.gpu.memset_u32(d.flush.ptr, self.flush_value, L2_FLUSH_BYTES / 4)?;
+            if self.l2_clean {
+                let f = d.module("probes")?.function("probe_read");
+                let (from, n_int4, sink) =
+                    (d.flush.ptr, (L2_FLUSH_BYTES / 16) as u64, d.digest.ptr);
+                let mut a = kernel_args![from, n_int4, sink];
+                // SAFETY: the flush buffer holds L2_FLUSH_BYTES; every word of it is equal, so
+                // the reader's xor is 0 and it never writes the (8-byte) digest word.
+                unsafe { d.gpu.launch(f, d.gpu.sm_count, 1024, &mut a)? };
+            }
         }
         Ok(())
     }

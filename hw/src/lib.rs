@@ -591,6 +591,7 @@ fn prepare_local(
         }
     }
     let mut devs = Devices::new(list, options.kernel_timeout_ms);
+    devs.l2_clean = options.l2_clean;
     let compiler = compile::Compiler::new(env.nvrtc, options.kernel_cache_dir.clone());
     let sm_count = devs.list[0].gpu.sm_count;
     let max_local = placement.gpus.iter().map(|&g| ranks_on_gpu(g as usize)).max().unwrap_or(1);
@@ -603,6 +604,9 @@ fn prepare_local(
         kernel_defines::FlagScope::Gpu
     };
     m.insert("hw.flag_scope".into(), json!(scope.as_str()));
+    if options.l2_clean {
+        m.insert("hw.l2_before_op".into(), json!("flushed, then read back: clean lines"));
+    }
 
     // Compile and load the helper modules, then the mode's kernels.
     for (id, name) in [

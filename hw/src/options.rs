@@ -16,6 +16,7 @@
 //! | `EPTWIN_COMBINE_GROUP_WARPS` | 5 | warps reducing one token in the normal combine |
 //! | `EPTWIN_L2_HINTS` | on | `0`: no L2 eviction-priority hints in the normal kernels |
 //! | `EPTWIN_FLAG_SCOPE` | placement | `sys`: system-scope flags even on one GPU |
+//! | `EPTWIN_L2_CLEAN` | off | `1`: read the flush buffer back after each flush (clean L2) |
 //! | `EPTWIN_CLUSTER_PROBE` | off | `1`: the cluster handoff and reducer probes (sm_90+) |
 //! | `EPTWIN_CLUSTER_PROBE_ONLY` | all | `warp`, `tma` (comma-separated) or `load` shapes |
 //! | `EPTWIN_KERNEL_CACHE` | see below | compiled-kernel cache directory |
@@ -93,6 +94,10 @@ pub struct HwOptions {
     pub l2_hints: bool,
     /// `EPTWIN_FLAG_SCOPE=sys`: system-scope flags between ranks even on one GPU.
     pub flag_scope_sys: bool,
+    /// `EPTWIN_L2_CLEAN=1`: after each timed op's L2 flush, read the flush buffer back, so the
+    /// op starts with L2 full of clean lines instead of the memset's dirty ones (what the
+    /// flush's write-backs cost an op is the difference).
+    pub l2_clean: bool,
     /// `EPTWIN_CLUSTER_PROBE=1`: run the cluster handoff and reducer probes (sm_90 or newer).
     pub cluster_probe: bool,
     /// `EPTWIN_CLUSTER_PROBE_ONLY`: the probe kinds to run (`warp`, `tma`, comma-separated, or
@@ -149,6 +154,7 @@ impl HwOptions {
             combine_group_warps: number("EPTWIN_COMBINE_GROUP_WARPS"),
             l2_hints: on_unless_zero("EPTWIN_L2_HINTS"),
             flag_scope_sys: is("EPTWIN_FLAG_SCOPE", "sys"),
+            l2_clean: is("EPTWIN_L2_CLEAN", "1"),
             cluster_probe: is("EPTWIN_CLUSTER_PROBE", "1"),
             cluster_probe_only: text("EPTWIN_CLUSTER_PROBE_ONLY").unwrap_or_default(),
             kernel_cache_dir,
@@ -182,6 +188,7 @@ mod tests {
         assert_eq!(o.kernel_timeout_ms, 10_000);
         assert!(o.l2_discard && o.l2_discard_dispatch && o.probes && o.nccl_baseline);
         assert!(o.l2_hints && !o.cluster_times && !o.cluster_probe && !o.flag_scope_sys);
+        assert!(!o.l2_clean);
         assert_eq!((o.normal_sms, o.cluster_slots, o.combine_group_warps), (None, None, None));
         assert_eq!(o.normal_dispatch_rings, RingsWanted::Default);
         assert_eq!((o.kernel_cache_dir, o.rdma_device), (None, None));
@@ -204,6 +211,7 @@ mod tests {
             ("EPTWIN_COMBINE_GROUP_WARPS", "3"),
             ("EPTWIN_L2_HINTS", "0"),
             ("EPTWIN_FLAG_SCOPE", "sys"),
+            ("EPTWIN_L2_CLEAN", "1"),
             ("EPTWIN_CLUSTER_PROBE", "1"),
             ("EPTWIN_CLUSTER_PROBE_ONLY", "load"),
             ("EPTWIN_KERNEL_CACHE", "/tmp/k"),
@@ -217,6 +225,7 @@ mod tests {
         assert_eq!(o.normal_combine_rings, RingsWanted::Cluster);
         assert_eq!((o.cluster_slots, o.combine_group_warps), (Some(2), Some(3)));
         assert!(o.cluster_times && !o.l2_hints && o.flag_scope_sys && o.cluster_probe);
+        assert!(o.l2_clean);
         assert_eq!(o.cluster_probe_only, "load");
         assert_eq!(o.kernel_cache_dir, Some(PathBuf::from("/tmp/k")));
         assert_eq!(o.rdma_device.as_deref(), Some("mlx5_0:1"));
