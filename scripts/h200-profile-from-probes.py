@@ -9,11 +9,14 @@ The committed profile (engine/profiles/h200-single.toml) comes from these runs:
 
   # [gpu] launch/flag and [gpu.memory]: the 13:32 UTC run of 2026-12-02 (in git at d53c212),
   # the ring handoff and the low-latency send chain from their logs
+  # the flush's dirty bytes from the flushed passes of results/h200/flush-cost/
   git show d53c212:results/h200/h200-ep8-normal-4096.json > /tmp/h200-1332-normal-4096.json
+  mkdir -p /tmp/flush-cost && tar xzf results/h200/flush-cost/passes.tar.gz -C /tmp/flush-cost
   python3 scripts/h200-profile-from-probes.py /tmp/h200-1332-normal-4096.json \
       results/h200/h200-ep8-normal-4096.json \
       --handoff results/h200/probe-run/handoff-log.txt \
-      --ll-send results/h200/probe-run/ll-send-chain-and-cluster-waves-log.txt
+      --ll-send results/h200/probe-run/ll-send-chain-and-cluster-waves-log.txt \
+      --flush /tmp/flush-cost/flushed-a/log.txt --flush /tmp/flush-cost/flushed-b/log.txt
 
   # the cluster_* keys: the committed normal results (scripts/h200-results.sh) and the load runs
   # (scripts/h200-cluster-load.sh)
@@ -21,10 +24,11 @@ The committed profile (engine/profiles/h200-single.toml) comes from these runs:
       --cluster results/h200/h200-ep8-normal-128.json \
       --cluster results/h200/h200-ep8-normal-4096.json \
       --cluster results/h200/probe-run/load/run1-h200-ep8-normal-128.json \
-      --cluster results/h200/probe-run/load/run2-h200-ep8-normal-128.json
+      --cluster results/h200/probe-run/load/run2-h200-ep8-normal-128.json \
+      --flush /tmp/flush-cost/flushed-a/log.txt --flush /tmp/flush-cost/flushed-b/log.txt
 
 Usage: h200-profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send FILE]...
-       [--cluster FILE]...
+       [--cluster FILE]... [--flush FILE]...
   LABEL names the file in the source comments (default: the path given).
   --handoff FILE: take probe.ring_handoff_bw_gbps from FILE (a result JSON, or a log with
   "# measured probe.ring_handoff_bw_gbps: {...}" lines; every occurrence is averaged) instead
@@ -38,6 +42,11 @@ Usage: h200-profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll
   lines; shapes measured more than once are averaged) for the cluster_* keys of the
   simulator's model of the cluster kernels (sim/src/hwkernels/cluster.rs); without it, from
   RESULT if it has them. Every cluster probe shape is printed with the model's time for it.
+  --flush FILE: probe.flush_writeback from FILE (a result JSON or a log; every occurrence
+  counts) for flush_dirty_bytes, the dirty lines the timing's 256 MB memset leaves for an op:
+  median over the reads of 16-128 MiB of after_flush_us - after_clean_us, at dram_bw_gbps.
+  Without it every line of L2 counts as dirty (l2_bytes), for the L2 rates and the cluster
+  shapes alike.
 Paste the [gpu.memory] table into engine/profiles/h200-single.toml and replace
 kernel_launch_ns and flag_latency_ns in [gpu] with the two lines printed first.
 
@@ -225,8 +234,8 @@ def cluster_lines(runs, src, m, mem, runs_reduce=()):
 
     def l2_hbm_us(s):
         moved = 2 * s["bytes"] if s["store"] else s["bytes"]
-        l2_us = moved / mem["l2_bw_gbps"] / 1e3 + (moved + mem["l2_bytes"]) / mem["l2_hbm_bw_gbps"] / 1e3
-        return l2_us, (moved + mem["l2_bytes"]) / mem["dram_bw_gbps"] / 1e3
+        l2_us = moved / mem["l2_bw_gbps"] / 1e3 + (moved + mem["flush_dirty"]) / mem["l2_hbm_bw_gbps"] / 1e3
+        return l2_us, (moved + mem["flush_dirty"]) / mem["dram_bw_gbps"] / 1e3
 
     def transfers(s):
         return s["bytes"] / s["chunk"] * (2 if s["store"] else 1)
@@ -303,6 +312,24 @@ def cluster_lines(runs, src, m, mem, runs_reduce=()):
     return lines, notes
 
 
+def flush_dirty_bytes(files, dram_gbps):
+    """The flush memset's dirty lines as an op meets them: probe.flush_writeback's reads of
+    16-128 MiB (more new lines than the flush leaves dirty; a read writes nothing back of its
+    own) take after_flush - after_clean longer after the flush than with L2 full of clean
+    lines; at the HBM rate that is this many bytes written back. Median over the shapes and
+    every occurrence in FILES. Returns (bytes, the deltas in us)."""
+    deltas = []
+    for f in files:
+        for probe in probe_values(f, "flush_writeback"):
+            for mib in (16, 32, 64, 128):
+                s = probe[f"read_{mib}MiB"]
+                deltas.append(s["after_flush_us"] - s["after_clean_us"])
+    deltas.sort()
+    mid = len(deltas) // 2
+    median = deltas[mid] if len(deltas) % 2 else (deltas[mid - 1] + deltas[mid]) / 2
+    return median * dram_gbps * 1e3, deltas
+
+
 def l2_rates(m, l2_bytes):
     """(l2_bw_gbps, l2_hbm_bw_gbps) solved as in the module docstring."""
     copy = m["probe.warp_copy_bw_gbps"]
@@ -317,7 +344,8 @@ def l2_rates(m, l2_bytes):
 
 def main():
     args = sys.argv[1:]
-    opts = ("--handoff", "--ll-send", "--cluster")
+    opts = ("--handoff", "--ll-send", "--cluster", "--flush")
+    flush_files = [args[i + 1] for i, a in enumerate(args) if a == "--flush"]
     handoff_files = [args[i + 1] for i, a in enumerate(args) if a == "--handoff"]
     ll_send_files = [args[i + 1] for i, a in enumerate(args) if a == "--ll-send"]
     cluster_files = [args[i + 1] for i, a in enumerate(args) if a == "--cluster"]
@@ -335,7 +363,12 @@ def main():
         return max(copy[variant][s] for s in full if s in copy[variant])
 
     src = f"({label})"
-    l2, l2_hbm = l2_rates(m, doc["backend"]["l2_bytes"])
+    dram = 2 * max(best("hbm_to_hbm"), m["probe.copy_kernel_bw_gbps"])
+    # The dirty lines the timing's flush leaves: measured with --flush, else all of L2.
+    dirty = doc["backend"]["l2_bytes"]
+    if flush_files:
+        dirty, deltas = flush_dirty_bytes(flush_files, dram)
+    l2, l2_hbm = l2_rates(m, dirty)
     lines = [
         f"kernel_launch_ns = {round(m['probe.empty_kernel_event_us'] * 1000)} "
         f"# probe.empty_kernel_event_us: an empty kernel between two CUDA events {src}",
@@ -349,6 +382,13 @@ def main():
         f"dram_bw_gbps = {2 * max(best('hbm_to_hbm'), m['probe.copy_kernel_bw_gbps']):.0f} "
         f"# 2 x max(probe.warp_copy_bw_gbps.hbm_to_hbm full GPU, probe.copy_kernel_bw_gbps) {src}",
         f"l2_hbm_bw_gbps = {l2_hbm:.0f} # solved with l2_bw_gbps {src}",
+    ]
+    if flush_files:
+        lines.append(
+            f"flush_dirty_bytes = {dirty:.0f} # probe.flush_writeback read_16..128MiB after_flush - "
+            f"after_clean, median of {len(deltas)} ({deltas[0]:.2f}-{deltas[-1]:.2f} us) x "
+            f"dram_bw_gbps ({', '.join(flush_files)})")
+    lines += [
         f"warp_row_l2_ns = {ROW_BYTES / copy['l2_to_l2']['1x32']:.1f} "
         f"# 7168 B / probe.warp_copy_bw_gbps.l2_to_l2.1x32 {src}",
         f"warp_row_hbm_ns = {ROW_BYTES / copy['hbm_to_hbm']['1x32']:.1f} "
@@ -419,8 +459,8 @@ def main():
         runs_reduce = reduce_runs(path)
     notes = []
     if runs:
-        mem = {"l2_bytes": doc["backend"]["l2_bytes"], "l2_bw_gbps": l2, "l2_hbm_bw_gbps": l2_hbm,
-               "dram_bw_gbps": 2 * max(best("hbm_to_hbm"), m["probe.copy_kernel_bw_gbps"])}
+        mem = {"flush_dirty": dirty, "l2_bw_gbps": l2, "l2_hbm_bw_gbps": l2_hbm,
+               "dram_bw_gbps": dram}
         more, notes = cluster_lines(runs, f"({', '.join(cluster_files) or label})", m, mem,
                                     runs_reduce)
         lines += more

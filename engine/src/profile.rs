@@ -85,6 +85,11 @@ pub struct GpuParams {
 pub struct GpuMemory {
     /// L2 capacity, bytes.
     pub l2_bytes: u64,
+    /// What the timing's L2 flush (a 256 MB memset before every timed op) leaves for an op to
+    /// write back, as bytes of dirty lines: the op's first new lines each write one back.
+    /// Absent: all of `l2_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_dirty_bytes: Option<u64>,
     /// SM-side L2 throughput, GB/s of bytes loaded plus stored (what the L2 serves the SMs
     /// besides the HBM traffic `l2_hbm_bw_gbps` accounts for).
     pub l2_bw_gbps: f64,

@@ -281,13 +281,13 @@ mod tests {
 
     #[test]
     fn probe_copies_reproduce_their_rates() {
-        // h200-single: 6,707 GB/s SM-side, 9,979 GB/s of HBM bytes. The probes copy X =
-        // 968.9 MB after a memset that leaves 62.9 MB of dirty lines in L2, timed with a 2.8 us
+        // h200-single: 6,449 GB/s SM-side, 10,612 GB/s of HBM bytes. The probes copy X =
+        // 968.9 MB after a memset that leaves 5.5 MB of dirty lines in L2, timed with a 2.8 us
         // launch: from HBM into L2 (2X SM-side, X read + the dirty lines written back) at
         // hbm_to_l2's 2,452 GB/s, from HBM to HBM (2X each) at hbm_to_hbm's 1,994 GB/s
         // (results/h200, 132x1024).
-        let (l2, hbm) = (Rate::from_gbps(6707.0), Some(Rate::from_gbps(9979.0)));
-        let (x, f, launch) = (968_884_224u64, 62_914_560u64, 2_800_000);
+        let (l2, hbm) = (Rate::from_gbps(6449.0), Some(Rate::from_gbps(10612.0)));
+        let (x, f, launch) = (968_884_224u64, 5_503_207u64, 2_800_000);
         let gbps = |t: Time| x as f64 / ((t + launch) as f64 / 1000.0);
         assert!((gbps(l2_work(l2, hbm, 2 * x, x + f)) - 2452.2).abs() < 2.0);
         assert!((gbps(l2_work(l2, hbm, 2 * x, 2 * x)) - 1994.0).abs() < 2.0);

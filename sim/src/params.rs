@@ -84,6 +84,8 @@ pub struct Params {
 #[derive(Debug, Clone, Copy)]
 pub struct OneGpu {
     pub l2_bytes: u64,
+    /// Dirty bytes the timing's flush leaves in L2 (`flush_dirty_bytes`, else `l2_bytes`).
+    pub flush_dirty: u64,
     /// SM-side L2 throughput (bytes loaded + stored).
     pub l2_rate: Rate,
     /// HBM throughput of SM-driven traffic (bytes read + written).
@@ -213,6 +215,7 @@ impl Params {
             flag_latency: ns(p.gpu.flag_latency_ns),
             one_gpu: p.gpu.memory.as_ref().map(|m| OneGpu {
                 l2_bytes: m.l2_bytes,
+                flush_dirty: m.flush_dirty_bytes.unwrap_or(m.l2_bytes).min(m.l2_bytes),
                 l2_rate: Rate::from_gbps(m.l2_bw_gbps),
                 dram_rate: Rate::from_gbps(m.dram_bw_gbps),
                 l2_hbm_rate: m.l2_hbm_bw_gbps.map(Rate::from_gbps),
@@ -313,6 +316,7 @@ mod tests {
     fn one_gpu(ring: Option<f64>, discard: Option<f64>) -> OneGpu {
         OneGpu {
             l2_bytes: 1 << 26,
+            flush_dirty: 1 << 26,
             l2_rate: Rate::from_gbps(6000.0),
             dram_rate: Rate::from_gbps(4000.0),
             l2_hbm_rate: None,

@@ -82,6 +82,7 @@ const MAX_QP_DEPTH: Range = Range::Integer { min: 128, max: 1 << 20 };
 /// A switch forwards between at least 2 ports; the largest switches have a few hundred.
 const SWITCH_RADIX: Range = Range::Integer { min: 2, max: 1024 };
 const L2_BYTES: Range = Range::Integer { min: 1 << 20, max: 1 << 40 };
+const FLUSH_DIRTY_BYTES: Range = Range::Integer { min: 0, max: 1 << 40 };
 const CLUSTERS: Range = Range::Integer { min: 1, max: 1024 };
 const SMEM_BYTES: Range = Range::Integer { min: 1, max: 1 << 24 };
 
@@ -149,6 +150,11 @@ pub fn entries(p: &HardwareProfile) -> Vec<Entry> {
         ]);
         out.extend(
             [
+                opt(
+                    "gpu.memory.flush_dirty_bytes",
+                    m.flush_dirty_bytes.map(|b| b as f64),
+                    FLUSH_DIRTY_BYTES,
+                ),
                 opt("gpu.memory.l2_hbm_bw_gbps", m.l2_hbm_bw_gbps, Range::Gbps),
                 opt("gpu.memory.l2_ring_bw_gbps", m.l2_ring_bw_gbps, Range::Gbps),
                 opt("gpu.memory.l2_discard_bw_gbps", m.l2_discard_bw_gbps, Range::Gbps),

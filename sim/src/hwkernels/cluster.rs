@@ -253,7 +253,7 @@ impl ClusterProgram {
             ranks_started: 0,
             t0: 0,
             mem0: MemSnap::of(core, gpu),
-            flushed: FlushedL2 { dirty: m.l2_bytes },
+            flushed: FlushedL2 { dirty: m.flush_dirty },
         };
         for _ in 0..rings {
             p.rings.push(Ring::new(core, slots));

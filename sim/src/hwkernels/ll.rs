@@ -137,7 +137,7 @@ impl LlProgram {
             started: 0,
             end: 0,
             mem0: MemSnap::of(core, gpu),
-            flushed: FlushedL2 { dirty: m.l2_bytes },
+            flushed: FlushedL2 { dirty: m.flush_dirty },
         };
         for r in 0..n {
             for t in 0..p.tokens {

@@ -11,7 +11,8 @@
 //!   L2 rate carries all of them. Bytes that come from HBM or are written back to it also cross
 //!   the HBM server (the rate SM-driven copies reach, not the copy engines' memcpy rate). What
 //!   crosses HBM follows the kernels' cache hints and sizes: inputs come from HBM (the timing
-//!   flushes L2 before every op); ring slots are stored evict-last and dropped from L2 once
+//!   flushes L2 before every op, leaving `flush_dirty_bytes` of dirty lines for the op to
+//!   write back); ring slots are stored evict-last and dropped from L2 once
 //!   consumed, so they stay in L2 while the slots in flight fit in it and spill (written back,
 //!   read again from HBM) beyond that; outputs and the low-latency receive buffers, far larger
 //!   than L2, are written back. A slot stored by one SM and loaded by another while in L2
@@ -118,9 +119,10 @@ impl MemSnap {
 }
 
 /// The backend times every op after a 256 MB memset that flushes L2 (hw/src/exec.rs
-/// `flush_l2`), which leaves the L2 full of the memset's dirty lines: the op's first `l2_bytes`
-/// of new lines each evict one, written back to HBM. `take` returns the write-back a step's new
-/// lines cause.
+/// `flush_l2`). Of the memset's lines, an op meets `flush_dirty_bytes` still dirty (the flush
+/// probe's measure, far below `l2_bytes`: docs/calibration.md, "What the flush leaves dirty"):
+/// its first new lines each evict one, written back to HBM. `take` returns the write-back a
+/// step's new lines cause.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct FlushedL2 {
     pub(super) dirty: u64,

@@ -200,7 +200,7 @@ impl NormalProgram {
             workers_left: 0,
             ledger: Ledger::new(n),
             mem0: MemSnap::of(core, gpu),
-            flushed: FlushedL2 { dirty: m.l2_bytes },
+            flushed: FlushedL2 { dirty: m.flush_dirty },
         };
         for _ in 0..channels * n * n {
             p.rings.push(Ring::new(core, cfg.num_max_nvl_chunked_recv_tokens));
