@@ -11,12 +11,5 @@
 # Output under $OUT: passes.tar.gz (per pass: log.txt, results/<scenario>.json) and
 # summary.txt (each pass's per-op lines).
 set -uo pipefail
-R=${OUT:-/tmp/eptwin-out}
-mkdir -p "$R"
-S=${EPTWIN_SCENARIOS:-normal-128 ll-128 normal-4096 ll-4096}
-for p in flushed-a clean flushed-b; do
-    if [ "$p" = clean ]; then export EPTWIN_L2_CLEAN=1; else unset EPTWIN_L2_CLEAN; fi
-    OUT="$R/$p" EPTWIN_SCENARIOS="$S" bash "$(dirname "$0")/h200-short-run.sh" > /dev/null 2>&1
-    { echo "== pass $p"; grep -E "^== eptwin|^  ep8|rror|panick" "$R/$p/log.txt"; } | tee -a "$R/summary.txt"
-done
-(cd "$R" && tar czf passes.tar.gz flushed-a clean flushed-b && rm -rf flushed-a clean flushed-b)
+EPTWIN_SCENARIOS=${EPTWIN_SCENARIOS:-normal-128 ll-128 normal-4096 ll-4096} \
+    exec bash "$(dirname "$0")/ab-passes.sh" EPTWIN_L2_CLEAN flushed-a clean flushed-b

@@ -76,8 +76,20 @@ pub fn intranode(
     ]
 }
 
-pub fn low_latency(hidden: u32, threads: u32, scope: FlagScope) -> Vec<(&'static str, String)> {
-    vec![("HIDDEN", hidden.to_string()), ("LL_THREADS", threads.to_string()), scope.define()]
+pub fn low_latency(
+    hidden: u32,
+    threads: u32,
+    scope: FlagScope,
+    options: &HwOptions,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("HIDDEN", hidden.to_string()),
+        ("LL_THREADS", threads.to_string()),
+        scope.define(),
+        // The combine's receive loop fetches the next item's top-k indices into L2 ahead
+        // (low_latency.cu `LL_COMBINE_PREFETCH`).
+        ("LL_COMBINE_PREFETCH", if options.ll_combine_prefetch { "1" } else { "0" }.to_string()),
+    ]
 }
 
 /// The normal internode kernels: ranks per node (the NVL peers of a forwarder), 512 threads.
@@ -113,7 +125,11 @@ pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
             ]
         }
         ModuleId::LowLatency => {
-            vec![low_latency(7168, 1024, FlagScope::Gpu), low_latency(4096, 1024, FlagScope::Sys)]
+            let prefetch = HwOptions { ll_combine_prefetch: true, ..HwOptions::default() };
+            vec![
+                low_latency(7168, 1024, FlagScope::Gpu, &HwOptions::default()),
+                low_latency(4096, 1024, FlagScope::Sys, &prefetch),
+            ]
         }
         ModuleId::Cluster => vec![cluster(512), cluster(1024)],
         ModuleId::IntranodeCluster => vec![vec![("NUM_RANKS", "8".to_string())]],

@@ -607,6 +607,9 @@ fn prepare_local(
     if options.l2_clean {
         m.insert("hw.l2_before_op".into(), json!("flushed, then read back: clean lines"));
     }
+    if options.ll_combine_prefetch {
+        m.insert("hw.ll_combine_prefetch".into(), json!(true));
+    }
 
     // Compile and load the helper modules, then the mode's kernels.
     for (id, name) in [
@@ -747,7 +750,8 @@ fn prepare_local(
             normal_shape = Some((threads, 1, resident));
         }
         EpMode::LowLatency => {
-            let defines = kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS, scope);
+            let defines =
+                kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS, scope, options);
             load(&compiler, &mut devs, ModuleId::LowLatency, "low_latency", &defines)?;
         }
     }

@@ -31,7 +31,9 @@
 // and a `Flag` adding 1 per (expert, source) call; the source waits for `call + 1` and reads
 // those rows from the receive region.
 //
-// Compile-time parameters: HIDDEN, LL_THREADS (threads per block).
+// Compile-time parameters: HIDDEN, LL_THREADS (threads per block), LL_COMBINE_PREFETCH (0 or 1:
+// the combine's receive loop prefetches the next item's top-k indices into L2; a measurement aid,
+// hw/src/options.rs `EPTWIN_LL_COMBINE_PREFETCH`).
 #include "common.cuh"
 #include "wire.cuh"
 
@@ -40,6 +42,9 @@
 #endif
 #ifndef LL_THREADS
 #define LL_THREADS 1024
+#endif
+#ifndef LL_COMBINE_PREFETCH
+#define LL_COMBINE_PREFETCH 0
 #endif
 
 #define FINISH_TAG (1 << 30)
@@ -442,6 +447,17 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
             const int lr = it % p.num_local_ranks, t = it / p.num_local_ranks;
             const int rank = p.rank_base + lr;
             const LlRankArgs& a = args[rank];
+#if LL_COMBINE_PREFETCH
+            // The first slot load below waits on `topk_idx[t * K]` (`if (e < 0) continue`),
+            // a line nothing has touched since the flush: fetching the next item's line into
+            // L2 now, a token ahead, measures what that dependent HBM load costs per token.
+            if (tid == 0 && it + G < total) {
+                const int next_t = (it + G) / p.num_local_ranks;
+                const LlRankArgs& na = args[p.rank_base + (it + G) % p.num_local_ranks];
+                if (next_t < na.num_tokens)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(na.topk_idx + next_t * K));
+            }
+#endif
             if (t >= a.num_tokens) continue;
             if (!((verified >> lr) & 1)) {
                 for (int e = tid; e < E; e += LL_THREADS) {
