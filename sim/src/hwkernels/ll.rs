@@ -417,8 +417,9 @@ impl LlProgram {
 
     /// Block `b`'s receive loop: its next (token, rank): wait (once per rank) for every
     /// expert's flag, then each thread sums the top-k partials of its 16 bytes, one dependent
-    /// HBM load for the token's first `topk_idx` and one per selected expert (every SM
-    /// loading), and stores the row.
+    /// HBM load per selected expert (every SM loading), and stores the row. (The token's first
+    /// `topk_idx` load comes before them but is not charged: prefetching it saves 46 ns a
+    /// token, results/h100/ll-combine-prefetch/README.md.)
     fn combine_block(&mut self, core: &mut Core, b: u32) {
         if self.stage[b as usize] != LlStage::Recv {
             return;
@@ -445,12 +446,7 @@ impl LlProgram {
         }
         self.item[b as usize] += 1;
         let valid = self.routing.experts(lr, t).iter().filter(|&&e| e >= 0).count() as u64;
-        // The first slot load is control-dependent on `topk_idx[t * K]` (`if (e < 0)
-        // continue`, kernels/cuda/low_latency.cu `ll_combine`), whose line nothing in the
-        // combine has touched (the timing's flush evicted it) and which the per-token barrier
-        // and discard keep from being prefetched: one more dependent HBM load per token. The
-        // later `topk_idx`/`topk_weights` reads hit that line in L1.
-        let issue = (valid + 1) * self.m.load_hbm_busy;
+        let issue = valid * self.m.load_hbm_busy;
         let row = self.msg_bytes;
         let end = core.sm_traffic(
             start,
