@@ -379,7 +379,7 @@ def main():
         f"l2_bytes = {doc['backend']['l2_bytes']} # backend.l2_bytes (CUDA device attribute) {src}",
         f"l2_bw_gbps = {l2:.0f} # solved from probe.warp_copy_bw_gbps.hbm_to_l2/hbm_to_hbm.132x1024 "
         f"with l2_hbm_bw_gbps {src}",
-        f"dram_bw_gbps = {2 * max(best('hbm_to_hbm'), m['probe.copy_kernel_bw_gbps']):.0f} "
+        f"dram_bw_gbps = {dram:.0f} "
         f"# 2 x max(probe.warp_copy_bw_gbps.hbm_to_hbm full GPU, probe.copy_kernel_bw_gbps) {src}",
         f"l2_hbm_bw_gbps = {l2_hbm:.0f} # solved with l2_bw_gbps {src}",
     ]
