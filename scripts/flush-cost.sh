@@ -12,4 +12,4 @@
 # summary.txt (each pass's per-op lines).
 set -uo pipefail
 EPTWIN_SCENARIOS=${EPTWIN_SCENARIOS:-normal-128 ll-128 normal-4096 ll-4096} \
-    exec bash "$(dirname "$0")/ab-passes.sh" EPTWIN_L2_CLEAN flushed-a clean flushed-b
+    exec bash "$(dirname "$0")/ab-passes.sh" EPTWIN_L2_CLEAN flushed-a clean=1 flushed-b

@@ -14,7 +14,7 @@
 set -uo pipefail
 R=${OUT:-/tmp/eptwin-out}
 EPTWIN_SCENARIOS=${EPTWIN_SCENARIOS:-ll-128 ll-4096} \
-    bash "$(dirname "$0")/ab-passes.sh" EPTWIN_LL_COMBINE_PREFETCH default-a prefetch default-b
+    bash "$(dirname "$0")/ab-passes.sh" EPTWIN_LL_COMBINE_PREFETCH default-a prefetch=1 default-b
 # The cache holds one low_latency cubin per define set (file names carry the sources' hash).
 D=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
 for c in /tmp/eptwin-kernel-cache/low_latency*.cubin; do
