@@ -89,12 +89,6 @@ pub fn low_latency(
         // The combine's receive loop fetches the next item's top-k indices into L2 ahead
         // (low_latency.cu `LL_COMBINE_PREFETCH`).
         ("LL_COMBINE_PREFETCH", if options.ll_combine_prefetch { "1" } else { "0" }.to_string()),
-        // How the receive loop walks a token's top-k slots (low_latency.cu `LL_COMBINE_REDUCE`);
-        // an invalid value never reaches the compiler (prepare refuses it).
-        (
-            "LL_COMBINE_REDUCE",
-            options.ll_combine_reduce.define_and_name().map_or(0, |(d, _)| d).to_string(),
-        ),
     ]
 }
 
@@ -132,19 +126,9 @@ pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
         }
         ModuleId::LowLatency => {
             let prefetch = HwOptions { ll_combine_prefetch: true, ..HwOptions::default() };
-            let chain = HwOptions {
-                ll_combine_reduce: crate::options::LlCombineReduce::HoistChain,
-                ..HwOptions::default()
-            };
-            let hoist = HwOptions {
-                ll_combine_reduce: crate::options::LlCombineReduce::Hoist,
-                ..HwOptions::default()
-            };
             vec![
                 low_latency(7168, 1024, FlagScope::Gpu, &HwOptions::default()),
                 low_latency(4096, 1024, FlagScope::Sys, &prefetch),
-                low_latency(7168, 1024, FlagScope::Gpu, &chain),
-                low_latency(7168, 1024, FlagScope::Sys, &hoist),
             ]
         }
         ModuleId::Cluster => vec![cluster(512), cluster(1024)],

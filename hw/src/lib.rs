@@ -750,25 +750,6 @@ fn prepare_local(
             normal_shape = Some((threads, 1, resident));
         }
         EpMode::LowLatency => {
-            match options.ll_combine_reduce.define_and_name() {
-                None => {
-                    return Err(HwError::Unsupported(format!(
-                        "EPTWIN_LL_COMBINE_REDUCE={}: expected kernel, hoist_chain or hoist",
-                        options.ll_combine_reduce.value()
-                    )));
-                }
-                Some((0, _)) => {}
-                Some((_, name)) if w.topk > LL_REDUCE_MAX_TOPK => {
-                    return Err(HwError::Unsupported(format!(
-                        "EPTWIN_LL_COMBINE_REDUCE={name} holds at most {LL_REDUCE_MAX_TOPK} \
-                         top-k slots in registers; the workload selects {}",
-                        w.topk
-                    )));
-                }
-                Some((_, name)) => {
-                    m.insert("hw.ll_combine_reduce".into(), json!(name));
-                }
-            }
             let defines =
                 kernel_defines::low_latency(w.hidden, low_latency::LL_THREADS, scope, options);
             load(&compiler, &mut devs, ModuleId::LowLatency, "low_latency", &defines)?;
@@ -984,10 +965,6 @@ fn prepare_local(
         first_rank: mine[0],
     })
 }
-
-/// Top-k slots the low-latency combine's register variants hold (low_latency.cu
-/// `LL_REDUCE_MAX_TOPK`; DeepEP's low-latency kernels take at most 9).
-const LL_REDUCE_MAX_TOPK: u32 = 9;
 
 /// How long processes wait at the barrier while process 0 measures the copy ceilings.
 const PROBES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);

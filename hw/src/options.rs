@@ -18,7 +18,6 @@
 //! | `EPTWIN_FLAG_SCOPE` | placement | `sys`: system-scope flags even on one GPU |
 //! | `EPTWIN_L2_CLEAN` | off | `1`: read the flush buffer back after each flush (clean L2) |
 //! | `EPTWIN_LL_COMBINE_PREFETCH` | off | `1`: LL combine prefetches the next token's top-k row |
-//! | `EPTWIN_LL_COMBINE_REDUCE` | `kernel` | `hoist_chain` or `hoist`: LL combine's top-k in registers |
 //! | `EPTWIN_CLUSTER_PROBE` | off | `1`: the cluster handoff and reducer probes (sm_90+) |
 //! | `EPTWIN_CLUSTER_PROBE_ONLY` | all | `warp`, `tma` (comma-separated) or `load` shapes |
 //! | `EPTWIN_KERNEL_CACHE` | see below | compiled-kernel cache directory |
@@ -49,53 +48,6 @@ pub enum RingsWanted {
     Global,
     /// Any other value, kept so that the job that would use it fails with the value named.
     Invalid(String),
-}
-
-/// `EPTWIN_LL_COMBINE_REDUCE`: how the low-latency combine's receive loop walks a token's top-k
-/// slots (low_latency.cu `LL_COMBINE_REDUCE`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum LlCombineReduce {
-    /// Unset, empty or `kernel`: as committed; per slot the index and weight loads, the
-    /// expert's rank test and the slot load, one slot after another.
-    #[default]
-    Kernel,
-    /// `hoist_chain`: the indices, weights and rank tests once per token, in registers; the
-    /// slot loads still one after another (each address takes a zero-valued term from the
-    /// previous slot's data), so the difference to `Kernel` is the per-slot work alone.
-    HoistChain,
-    /// `hoist`: the same without the chain: the slot loads are independent, as in DeepEP.
-    Hoist,
-    /// Any other value, kept so that a low-latency job fails with the value named.
-    Invalid(String),
-}
-
-impl LlCombineReduce {
-    fn parse(value: Option<&str>) -> LlCombineReduce {
-        match value {
-            None | Some("") | Some("kernel") => LlCombineReduce::Kernel,
-            Some("hoist_chain") => LlCombineReduce::HoistChain,
-            Some("hoist") => LlCombineReduce::Hoist,
-            Some(other) => LlCombineReduce::Invalid(other.to_string()),
-        }
-    }
-
-    /// The variable's value as given (the name for the valid ones).
-    pub fn value(&self) -> &str {
-        match self {
-            LlCombineReduce::Invalid(v) => v,
-            other => other.define_and_name().map_or("", |(_, name)| name),
-        }
-    }
-
-    /// The kernel define's value, the name results record; `None` for an invalid value.
-    pub fn define_and_name(&self) -> Option<(u32, &'static str)> {
-        match self {
-            LlCombineReduce::Kernel => Some((0, "kernel")),
-            LlCombineReduce::HoistChain => Some((1, "hoist_chain")),
-            LlCombineReduce::Hoist => Some((2, "hoist")),
-            LlCombineReduce::Invalid(_) => None,
-        }
-    }
 }
 
 impl RingsWanted {
@@ -151,8 +103,6 @@ pub struct HwOptions {
     /// next item's `topk_idx` row into L2 (what its dependent first load costs is the
     /// difference).
     pub ll_combine_prefetch: bool,
-    /// `EPTWIN_LL_COMBINE_REDUCE`: the low-latency combine's receive loop variant.
-    pub ll_combine_reduce: LlCombineReduce,
     /// `EPTWIN_CLUSTER_PROBE=1`: run the cluster handoff and reducer probes (sm_90 or newer).
     pub cluster_probe: bool,
     /// `EPTWIN_CLUSTER_PROBE_ONLY`: the probe kinds to run (`warp`, `tma`, comma-separated, or
@@ -211,7 +161,6 @@ impl HwOptions {
             flag_scope_sys: is("EPTWIN_FLAG_SCOPE", "sys"),
             l2_clean: is("EPTWIN_L2_CLEAN", "1"),
             ll_combine_prefetch: is("EPTWIN_LL_COMBINE_PREFETCH", "1"),
-            ll_combine_reduce: LlCombineReduce::parse(text("EPTWIN_LL_COMBINE_REDUCE").as_deref()),
             cluster_probe: is("EPTWIN_CLUSTER_PROBE", "1"),
             cluster_probe_only: text("EPTWIN_CLUSTER_PROBE_ONLY").unwrap_or_default(),
             kernel_cache_dir,
@@ -246,7 +195,6 @@ mod tests {
         assert!(o.l2_discard && o.l2_discard_dispatch && o.probes && o.nccl_baseline);
         assert!(o.l2_hints && !o.cluster_times && !o.cluster_probe && !o.flag_scope_sys);
         assert!(!o.l2_clean && !o.ll_combine_prefetch);
-        assert_eq!(o.ll_combine_reduce, LlCombineReduce::Kernel);
         assert_eq!((o.normal_sms, o.cluster_slots, o.combine_group_warps), (None, None, None));
         assert_eq!(o.normal_dispatch_rings, RingsWanted::Default);
         assert_eq!((o.kernel_cache_dir, o.rdma_device), (None, None));
@@ -271,7 +219,6 @@ mod tests {
             ("EPTWIN_FLAG_SCOPE", "sys"),
             ("EPTWIN_L2_CLEAN", "1"),
             ("EPTWIN_LL_COMBINE_PREFETCH", "1"),
-            ("EPTWIN_LL_COMBINE_REDUCE", "hoist_chain"),
             ("EPTWIN_CLUSTER_PROBE", "1"),
             ("EPTWIN_CLUSTER_PROBE_ONLY", "load"),
             ("EPTWIN_KERNEL_CACHE", "/tmp/k"),
@@ -286,7 +233,6 @@ mod tests {
         assert_eq!((o.cluster_slots, o.combine_group_warps), (Some(2), Some(3)));
         assert!(o.cluster_times && !o.l2_hints && o.flag_scope_sys && o.cluster_probe);
         assert!(o.l2_clean && o.ll_combine_prefetch);
-        assert_eq!(o.ll_combine_reduce, LlCombineReduce::HoistChain);
         assert_eq!(o.cluster_probe_only, "load");
         assert_eq!(o.kernel_cache_dir, Some(PathBuf::from("/tmp/k")));
         assert_eq!(o.rdma_device.as_deref(), Some("mlx5_0:1"));
@@ -303,7 +249,6 @@ mod tests {
             ("EPTWIN_NORMAL_COMBINE", ""),
             ("EPTWIN_CLUSTER_TIMES", "yes"),
             ("EPTWIN_WIRE", "ib"),
-            ("EPTWIN_LL_COMBINE_REDUCE", "unrolled"),
         ]);
         assert_eq!(o.kernel_timeout_ms, 10_000, "an unparsable number is the default");
         assert!(o.l2_discard, "only 0 turns a default-on knob off");
@@ -311,12 +256,6 @@ mod tests {
         assert_eq!(o.normal_dispatch_rings, RingsWanted::Invalid("shared".into()));
         assert_eq!(o.normal_combine_rings, RingsWanted::Default);
         assert!(!o.cluster_times, "only 1 turns a default-off knob on");
-        assert_eq!(o.ll_combine_reduce, LlCombineReduce::Invalid("unrolled".into()));
-        assert_eq!(o.ll_combine_reduce.define_and_name(), None);
-        assert_eq!(
-            with(&[("EPTWIN_LL_COMBINE_REDUCE", "hoist")]).ll_combine_reduce.define_and_name(),
-            Some((2, "hoist"))
-        );
         let wire = o.wire.unwrap_err();
         assert!(wire.contains("EPTWIN_WIRE") && wire.contains("auto, verbs or tcp"), "{wire}");
     }

@@ -31,12 +31,9 @@
 // and a `Flag` adding 1 per (expert, source) call; the source waits for `call + 1` and reads
 // those rows from the receive region.
 //
-// Compile-time parameters: HIDDEN, LL_THREADS (threads per block), and two measurement aids
-// (hw/src/options.rs): LL_COMBINE_PREFETCH (0 or 1: the combine's receive loop prefetches the
-// next item's top-k indices into L2; `EPTWIN_LL_COMBINE_PREFETCH`) and LL_COMBINE_REDUCE (0: the
-// receive loop as committed; 1: the token's indices, weights and sources in registers before
-// the hidden loop, the K slot loads still one after another; 2: the same with the loads
-// independent of each other; `EPTWIN_LL_COMBINE_REDUCE`).
+// Compile-time parameters: HIDDEN, LL_THREADS (threads per block), LL_COMBINE_PREFETCH (0 or 1:
+// the combine's receive loop prefetches the next item's top-k indices into L2; a measurement aid,
+// hw/src/options.rs `EPTWIN_LL_COMBINE_PREFETCH`).
 #include "common.cuh"
 #include "wire.cuh"
 
@@ -49,11 +46,6 @@
 #ifndef LL_COMBINE_PREFETCH
 #define LL_COMBINE_PREFETCH 0
 #endif
-#ifndef LL_COMBINE_REDUCE
-#define LL_COMBINE_REDUCE 0
-#endif
-// The top-k slots LL_COMBINE_REDUCE 1 and 2 hold in registers (the host refuses more).
-#define LL_REDUCE_MAX_TOPK 9
 
 #define FINISH_TAG (1 << 30)
 #define LL_PHASE_SEND 1
@@ -137,6 +129,15 @@ DEVICE u32 ll_qp(const LlParams& p, int src, int dst, int local_expert) {
 // The receive-region offset of `rank`'s area (every node's region has the same layout).
 DEVICE u64 ll_area(const LlParams& p, int rank) {
     return (u64)(rank % p.ranks_per_node) * p.wire.recv_area_bytes;
+}
+
+// Eight floats rounded to BF16 (common.cuh `f32_to_bf16`) in one 16-byte store.
+DEVICE void st_bf16x8(int4* dst, const float* acc) {
+    u32 w4[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        w4[j] = (u32)f32_to_bf16(acc[2 * j]) | ((u32)f32_to_bf16(acc[2 * j + 1]) << 16);
+    st_na_v4(dst, make_int4((int)w4[0], (int)w4[1], (int)w4[2], (int)w4[3]));
 }
 
 DEVICE void unpack_bf16x8(int4 v, float* f) {
@@ -492,72 +493,39 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                 verified |= 1u << lr;
             }
             const int4* recv = (const int4*)(a.combine_recv_buf + (u64)t * K * p.combine_slot_bytes);
-#if LL_COMBINE_REDUCE
-            // What the committed loop does on each of its K links besides the slot load (the
-            // index and weight loads, `e / L`, the remote test, the pointers from `args`) is
-            // done once per token here, as DeepEP's combine keeps the top-k in registers.
-            int reg_e[LL_REDUCE_MAX_TOPK];
-            float reg_w[LL_REDUCE_MAX_TOPK];
-            unsigned remote_mask = 0;
-            const u8* wire_area = a.wire_recv_area;
+            if (p.ranks_per_node == 0) {
+                // Every rank on this node: no per-slot remote test. Its `e / L` and the `.sys`
+                // load's memory clobber (which makes every link reload the `args` pointers)
+                // cost the one-GPU combine 4-5 % (results/h200/ll-combine-local/README.md).
+                for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
+                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    for (int k = 0; k < K; ++k) {
+                        if (a.topk_idx[t * K + k] < 0) continue;
+                        const float w = a.topk_weights[t * K + k];
+                        float f[8];
+                        unpack_bf16x8(ld_cg_v4(recv + (u64)k * slot_int4 + i), f);
 #pragma unroll
-            for (int k = 0; k < LL_REDUCE_MAX_TOPK; ++k) {
-                reg_e[k] = k < K ? a.topk_idx[t * K + k] : -1;
-                reg_w[k] = reg_e[k] >= 0 ? a.topk_weights[t * K + k] : 0.0f;
-                if (reg_e[k] >= 0 && ll_remote(p, rank, reg_e[k] / L)) remote_mask |= 1u << k;
-            }
-            // 0 at run time (call >= 0), unknown to the compiler: variant 1 adds it, masked
-            // with the previous slot's data, to the next slot's address, which keeps the
-            // committed loop's one-load-after-another chain without its per-link work.
-            const u32 chain_zero = (u32)p.call >> 31;
-#endif
-            for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
-                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#if LL_COMBINE_REDUCE
-                u32 prev = 0;
-#pragma unroll
-                for (int k = 0; k < LL_REDUCE_MAX_TOPK; ++k) {
-                    if (reg_e[k] < 0) continue;
-                    int4 v;
-                    if (remote_mask == 0) {
-                        const int4* s = recv + (u64)k * slot_int4 + i;
-#if LL_COMBINE_REDUCE == 1
-                        s += prev & chain_zero;
-#endif
-                        v = ld_cg_v4(s);
-                    } else {
-                        v = (remote_mask >> k) & 1
-                            ? ld_sys_v4((const int4*)(wire_area + ll_combine_recv(p.wire, reg_e[k], t)) + i)
-                            : ld_cg_v4(recv + (u64)k * slot_int4 + i);
+                        for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(w, f[j], acc[j]);
                     }
-#if LL_COMBINE_REDUCE == 1
-                    prev = (u32)v.x;
-#endif
-                    float f[8];
-                    unpack_bf16x8(v, f);
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(reg_w[k], f[j], acc[j]);
+                    st_bf16x8(a.combined_x + (u64)t * kHiddenBf16Int4 + i, acc);
                 }
-#else
-                for (int k = 0; k < K; ++k) {
-                    const int e = a.topk_idx[t * K + k];
-                    if (e < 0) continue;
-                    const float w = a.topk_weights[t * K + k];
-                    float f[8];
-                    const int4 v = ll_remote(p, rank, e / L)
-                        ? ld_sys_v4((const int4*)(a.wire_recv_area + ll_combine_recv(p.wire, e, t)) + i)
-                        : ld_cg_v4(recv + (u64)k * slot_int4 + i);
-                    unpack_bf16x8(v, f);
+            } else {
+                for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
+                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    for (int k = 0; k < K; ++k) {
+                        const int e = a.topk_idx[t * K + k];
+                        if (e < 0) continue;
+                        const float w = a.topk_weights[t * K + k];
+                        float f[8];
+                        const int4 v = ll_remote(p, rank, e / L)
+                            ? ld_sys_v4((const int4*)(a.wire_recv_area + ll_combine_recv(p.wire, e, t)) + i)
+                            : ld_cg_v4(recv + (u64)k * slot_int4 + i);
+                        unpack_bf16x8(v, f);
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(w, f[j], acc[j]);
+                        for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(w, f[j], acc[j]);
+                    }
+                    st_bf16x8(a.combined_x + (u64)t * kHiddenBf16Int4 + i, acc);
                 }
-#endif
-                u32 w4[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    w4[j] = (u32)f32_to_bf16(acc[2 * j]) | ((u32)f32_to_bf16(acc[2 * j + 1]) << 16);
-                st_na_v4(a.combined_x + (u64)t * kHiddenBf16Int4 + i,
-                         make_int4((int)w4[0], (int)w4[1], (int)w4[2], (int)w4[3]));
             }
             if (p.use_discard) {
                 __syncthreads();
