@@ -496,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
             if (p.ranks_per_node == 0) {
                 // Every rank on this node: no per-slot remote test. Its `e / L` and the `.sys`
                 // load's memory clobber (which makes every link reload the `args` pointers)
-                // cost the one-GPU combine 4-5 % (results/h200/ll-combine-local/README.md).
+                // cost the one-GPU combine 2.7 % on an H100 (results/h100/ll-combine-local/).
                 for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
                     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
                     for (int k = 0; k < K; ++k) {
