@@ -7,7 +7,8 @@
 # scenarios also run the cluster handoff and reducer probes (EPTWIN_CLUSTER_PROBE=1), whose
 # `probe.cluster_*` measurements scripts/h200-profile-from-probes.py turns into the profile's
 # cluster keys (docs/calibration.md, "h200-single"). Then diagnostics that stay in the log: the
-# low-latency scenarios in hook mode (send and receive kernels timed apart), normal 4096 with
+# low-latency scenarios in hook mode (send and receive kernels timed apart) and with the
+# combine's per-block send and receive end stamps (EPTWIN_LL_TIMES=1), normal 4096 with
 # the global-memory-ring kernels, and normal 4096 with the cluster kernels' warp finish times and
 # per-token stamps (EPTWIN_CLUSTER_TIMES=1).
 #
@@ -43,6 +44,11 @@ for s in ll-128 ll-4096; do
     sed 's/^\[job.workload\]/[job.workload]\nhook = true/' scenarios/h200-ep8-$s.toml > "$f"
     echo; echo "== diagnostic: $s in hook mode (send and receive kernels timed apart)"
     EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 timeout 100 $B run "$f" --backend hw --out "$OUT/diag"
+    echo "== exit $?"
+done
+for s in ll-128 ll-4096; do
+    echo; echo "== diagnostic: $s with the combine's per-block stamps (EPTWIN_LL_TIMES=1)"
+    EPTWIN_LL_TIMES=1 EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 timeout 100 $B run scenarios/h200-ep8-$s.toml --backend hw --out /tmp/diag/ll-times
     echo "== exit $?"
 done
 echo; echo "== diagnostic: normal 4096 with the global-memory rings (the previous default kernels)"

@@ -89,6 +89,8 @@ pub fn low_latency(
         // The combine's receive loop fetches the next item's top-k indices into L2 ahead
         // (low_latency.cu `LL_COMBINE_PREFETCH`).
         ("LL_COMBINE_PREFETCH", if options.ll_combine_prefetch { "1" } else { "0" }.to_string()),
+        // The combine's per-block stamps (low_latency.cu `LL_TIMES`).
+        ("LL_TIMES", if options.ll_times { "1" } else { "0" }.to_string()),
     ]
 }
 
@@ -125,7 +127,8 @@ pub fn representative(id: ModuleId) -> Vec<Vec<(&'static str, String)>> {
             ]
         }
         ModuleId::LowLatency => {
-            let prefetch = HwOptions { ll_combine_prefetch: true, ..HwOptions::default() };
+            let prefetch =
+                HwOptions { ll_combine_prefetch: true, ll_times: true, ..HwOptions::default() };
             vec![
                 low_latency(7168, 1024, FlagScope::Gpu, &HwOptions::default()),
                 low_latency(4096, 1024, FlagScope::Sys, &prefetch),

@@ -610,6 +610,9 @@ fn prepare_local(
     if options.ll_combine_prefetch {
         m.insert("hw.ll_combine_prefetch".into(), json!(true));
     }
+    if options.ll_times {
+        m.insert("hw.ll_times".into(), json!(true));
+    }
 
     // Compile and load the helper modules, then the mode's kernels.
     for (id, name) in [

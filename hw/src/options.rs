@@ -18,6 +18,7 @@
 //! | `EPTWIN_FLAG_SCOPE` | placement | `sys`: system-scope flags even on one GPU |
 //! | `EPTWIN_L2_CLEAN` | off | `1`: read the flush buffer back after each flush (clean L2) |
 //! | `EPTWIN_LL_COMBINE_PREFETCH` | off | `1`: LL combine prefetches the next token's top-k row |
+//! | `EPTWIN_LL_TIMES` | off | `1`: log when the LL combine's blocks ended their send and receive |
 //! | `EPTWIN_CLUSTER_PROBE` | off | `1`: the cluster handoff and reducer probes (sm_90+) |
 //! | `EPTWIN_CLUSTER_PROBE_ONLY` | all | `warp`, `tma` (comma-separated) or `load` shapes |
 //! | `EPTWIN_KERNEL_CACHE` | see below | compiled-kernel cache directory |
@@ -103,6 +104,10 @@ pub struct HwOptions {
     /// next item's `topk_idx` row into L2 (what its dependent first load costs is the
     /// difference).
     pub ll_combine_prefetch: bool,
+    /// `EPTWIN_LL_TIMES=1`: the low-latency combine stamps when each block started, when each
+    /// of its send groups sent its last item and when its receive loop ended; logged after the
+    /// host-checked iteration.
+    pub ll_times: bool,
     /// `EPTWIN_CLUSTER_PROBE=1`: run the cluster handoff and reducer probes (sm_90 or newer).
     pub cluster_probe: bool,
     /// `EPTWIN_CLUSTER_PROBE_ONLY`: the probe kinds to run (`warp`, `tma`, comma-separated, or
@@ -161,6 +166,7 @@ impl HwOptions {
             flag_scope_sys: is("EPTWIN_FLAG_SCOPE", "sys"),
             l2_clean: is("EPTWIN_L2_CLEAN", "1"),
             ll_combine_prefetch: is("EPTWIN_LL_COMBINE_PREFETCH", "1"),
+            ll_times: is("EPTWIN_LL_TIMES", "1"),
             cluster_probe: is("EPTWIN_CLUSTER_PROBE", "1"),
             cluster_probe_only: text("EPTWIN_CLUSTER_PROBE_ONLY").unwrap_or_default(),
             kernel_cache_dir,
@@ -194,7 +200,7 @@ mod tests {
         assert_eq!(o.kernel_timeout_ms, 10_000);
         assert!(o.l2_discard && o.l2_discard_dispatch && o.probes && o.nccl_baseline);
         assert!(o.l2_hints && !o.cluster_times && !o.cluster_probe && !o.flag_scope_sys);
-        assert!(!o.l2_clean && !o.ll_combine_prefetch);
+        assert!(!o.l2_clean && !o.ll_combine_prefetch && !o.ll_times);
         assert_eq!((o.normal_sms, o.cluster_slots, o.combine_group_warps), (None, None, None));
         assert_eq!(o.normal_dispatch_rings, RingsWanted::Default);
         assert_eq!((o.kernel_cache_dir, o.rdma_device), (None, None));
@@ -219,6 +225,7 @@ mod tests {
             ("EPTWIN_FLAG_SCOPE", "sys"),
             ("EPTWIN_L2_CLEAN", "1"),
             ("EPTWIN_LL_COMBINE_PREFETCH", "1"),
+            ("EPTWIN_LL_TIMES", "1"),
             ("EPTWIN_CLUSTER_PROBE", "1"),
             ("EPTWIN_CLUSTER_PROBE_ONLY", "load"),
             ("EPTWIN_KERNEL_CACHE", "/tmp/k"),
@@ -232,7 +239,7 @@ mod tests {
         assert_eq!(o.normal_combine_rings, RingsWanted::Cluster);
         assert_eq!((o.cluster_slots, o.combine_group_warps), (Some(2), Some(3)));
         assert!(o.cluster_times && !o.l2_hints && o.flag_scope_sys && o.cluster_probe);
-        assert!(o.l2_clean && o.ll_combine_prefetch);
+        assert!(o.l2_clean && o.ll_combine_prefetch && o.ll_times);
         assert_eq!(o.cluster_probe_only, "load");
         assert_eq!(o.kernel_cache_dir, Some(PathBuf::from("/tmp/k")));
         assert_eq!(o.rdma_device.as_deref(), Some("mlx5_0:1"));

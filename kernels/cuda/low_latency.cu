@@ -31,9 +31,11 @@
 // and a `Flag` adding 1 per (expert, source) call; the source waits for `call + 1` and reads
 // those rows from the receive region.
 //
-// Compile-time parameters: HIDDEN, LL_THREADS (threads per block), LL_COMBINE_PREFETCH (0 or 1:
-// the combine's receive loop prefetches the next item's top-k indices into L2; a measurement aid,
-// hw/src/options.rs `EPTWIN_LL_COMBINE_PREFETCH`).
+// Compile-time parameters: HIDDEN, LL_THREADS (threads per block), and two measurement aids
+// (hw/src/options.rs): LL_COMBINE_PREFETCH (0 or 1: the combine's receive loop prefetches the
+// next item's top-k indices into L2; `EPTWIN_LL_COMBINE_PREFETCH`) and LL_TIMES (0 or 1: the
+// combine stamps, per block, %globaltimer at its start, at each send group's last item and at
+// the end of its receive loop into `LlParams::block_times`; `EPTWIN_LL_TIMES`).
 #include "common.cuh"
 #include "wire.cuh"
 
@@ -46,12 +48,18 @@
 #ifndef LL_COMBINE_PREFETCH
 #define LL_COMBINE_PREFETCH 0
 #endif
+#ifndef LL_TIMES
+#define LL_TIMES 0
+#endif
 
 #define FINISH_TAG (1 << 30)
 #define LL_PHASE_SEND 1
 #define LL_PHASE_RECV 2
 #define LL_MAX_ITEMS_PER_BLOCK 128
 #define LL_MAX_GROUPS 32
+// LL_TIMES words per block: start, one per send group (at most 32 warps / 1 warp per group),
+// receive loop end.
+#define LL_TIME_WORDS (2 + LL_MAX_GROUPS)
 
 // DeepEP's low-latency hidden sizes (2048 ... 8192) are multiples of 512; 256 keeps every
 // 128-channel group of the FP8 cast inside one half-warp of fully active warps.
@@ -115,6 +123,7 @@ struct LlParams {
     int qps_per_peer;
     int call;                // calls of this op before this one (cumulative counters)
     int reserved2;
+    u64* block_times;        // LL_TIMES: kLlTimeWords per block (the combine's stamps), else null
 };
 
 DEVICE bool ll_remote(const LlParams& p, int a, int b) {
@@ -393,6 +402,10 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
     const int G = gridDim.x;
     const int E = p.num_experts, N = p.num_ranks, K = p.num_topk, L = E / N;
     const int slot_int4 = (int)(p.combine_slot_bytes / 16);
+#if LL_TIMES
+    u64* stamps = p.block_times + (u64)blockIdx.x * LL_TIME_WORDS;
+    if (tid == 0) stamps[0] = globaltimer_ns();
+#endif
 
     if (p.phases & LL_PHASE_SEND) {
         const int wpg = p.warps_per_group;
@@ -446,6 +459,9 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                 }
             }
         }
+#if LL_TIMES
+        if (sub_warp == 0 && lane == 0 && group < groups) stamps[1 + group] = globaltimer_ns();
+#endif
     }
 
     if (p.phases & LL_PHASE_RECV) {
@@ -533,5 +549,8 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                     warp_discard(recv + (u64)warp * slot_int4, (int)p.combine_slot_bytes, lane);
             }
         }
+#if LL_TIMES
+        if (tid == 0) stamps[1 + LL_MAX_GROUPS] = globaltimer_ns();
+#endif
     }
 }

@@ -59,6 +59,7 @@ pub(super) struct LlParams {
     pub(super) qps_per_peer: i32,
     pub(super) call: i32,
     pub(super) reserved2: i32,
+    pub(super) block_times: u64,
 }
 
 #[cfg(test)]
@@ -106,10 +107,10 @@ mod tests {
     }
 
     /// `LlParams` in kernels/cuda/low_latency.cu: 3 `u64`, 12 `int`, `LlLayout` (14 `u64`),
-    /// 4 `int`.
+    /// 4 `int`, a pointer.
     #[test]
     fn ll_params_matches_the_cuda_declaration() {
-        assert_eq!(size_of::<LlParams>(), 200);
+        assert_eq!(size_of::<LlParams>(), 208);
         assert_eq!(offset_of!(LlParams, timeout_ns), 0);
         assert_eq!(offset_of!(LlParams, msg_bytes), 8);
         assert_eq!(offset_of!(LlParams, combine_slot_bytes), 16);
@@ -130,5 +131,6 @@ mod tests {
         assert_eq!(offset_of!(LlParams, qps_per_peer), 188);
         assert_eq!(offset_of!(LlParams, call), 192);
         assert_eq!(offset_of!(LlParams, reserved2), 196);
+        assert_eq!(offset_of!(LlParams, block_times), 200);
     }
 }

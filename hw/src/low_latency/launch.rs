@@ -35,6 +35,7 @@ impl LlJob {
             qps_per_peer: self.across.as_ref().map_or(0, |a| a.geometry.qps_per_peer) as i32,
             call: self.across.as_ref().map_or(0, |a| a.calls[!dispatch as usize]) as i32,
             reserved2: 0,
+            block_times: self.block_times.get(i).map_or(0, |b| b.ptr),
         }
     }
 
@@ -251,6 +252,9 @@ impl LlJob {
             }]
         })?;
         let dg = per_rank.values().fold(0u64, |a, &b| a.wrapping_add(b));
+        if !warmup && iteration == 0 {
+            self.report_combine_times(devs)?;
+        }
         let host_check = if !warmup && iteration == 0 {
             self.rank_digests = Some(per_rank);
             Some(self.check_combine(devs, gpu_of_rank)?)

@@ -12,6 +12,7 @@ mod check;
 mod expect;
 mod launch;
 mod prepare;
+mod times;
 
 use std::collections::BTreeMap;
 
@@ -92,6 +93,8 @@ pub struct LlJob {
     pub launch: LlLaunch,
     /// Ranks on several nodes: remote destinations through the wire.
     across: Option<Box<across_nodes::LlAcross>>,
+    /// `EPTWIN_LL_TIMES=1`: per GPU, the combine's per-block stamps (`LL_TIME_WORDS` each).
+    block_times: Vec<DeviceBuffer>,
 }
 
 impl LlJob {

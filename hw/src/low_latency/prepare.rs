@@ -169,6 +169,15 @@ impl LlJob {
             None => None,
         };
         devs.sync("low-latency setup")?;
+        let mut block_times = Vec::new();
+        if options.ll_times {
+            for (i, dev) in devs.list.iter().enumerate() {
+                let words = launch.combine_blocks[i] as usize * super::times::LL_TIME_WORDS;
+                let buf = dev.gpu.alloc(words * 8)?;
+                dev.gpu.memset_u8(buf.ptr, 0, buf.bytes)?;
+                block_times.push(buf);
+            }
+        }
         Ok(LlJob {
             n,
             hidden: w.hidden,
@@ -193,6 +202,7 @@ impl LlJob {
             rank_digests: None,
             launch,
             across,
+            block_times,
         })
     }
 

@@ -1,0 +1,132 @@
+//! `EPTWIN_LL_TIMES=1`: when the low-latency combine's blocks ended their send groups and their
+//! receive loop, logged after the host-checked iteration (a measurement aid: it tells a send
+//! phase whose groups all end together, bound by a rate, from one whose last groups end late).
+
+use super::LlJob;
+use crate::error::HwError;
+use crate::exec::Devices;
+
+/// Stamps per block (low_latency.cu `LL_TIME_WORDS`): start, one per send group slot
+/// (`LL_MAX_GROUPS`), receive loop end.
+pub(super) const LL_TIME_WORDS: usize = 2 + LL_MAX_GROUPS;
+const LL_MAX_GROUPS: usize = 32;
+
+/// min, p10, p50, p90 and max of `v` (sorted here), one decimal.
+fn percentiles(v: &mut [f64]) -> String {
+    if v.is_empty() {
+        return "none".into();
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1}",
+        at(0.0),
+        at(0.1),
+        at(0.5),
+        at(0.9),
+        at(1.0)
+    )
+}
+
+/// The stamps of one GPU's blocks as µs after its first block started: block starts, each
+/// send group's end, each block's send end (its last group) and each receive loop's end.
+pub(super) struct CombineTimes {
+    pub starts: Vec<f64>,
+    pub group_ends: Vec<f64>,
+    pub send_ends: Vec<f64>,
+    pub recv_ends: Vec<f64>,
+}
+
+impl CombineTimes {
+    /// From the downloaded words: `groups` send groups per block; a zero stamp (a group slot
+    /// the kernel does not use) is skipped.
+    pub fn from_words(words: &[u64], groups: usize) -> CombineTimes {
+        let blocks: Vec<&[u64]> = words.chunks_exact(LL_TIME_WORDS).collect();
+        let first = blocks.iter().map(|b| b[0]).filter(|&t| t > 0).min().unwrap_or(0);
+        let us = |t: u64| t.saturating_sub(first) as f64 / 1e3;
+        let mut t = CombineTimes {
+            starts: Vec::new(),
+            group_ends: Vec::new(),
+            send_ends: Vec::new(),
+            recv_ends: Vec::new(),
+        };
+        for b in blocks {
+            if b[0] == 0 {
+                continue;
+            }
+            t.starts.push(us(b[0]));
+            let ends: Vec<f64> = b[1..1 + groups.min(LL_MAX_GROUPS)]
+                .iter()
+                .filter(|&&g| g > 0)
+                .map(|&g| us(g))
+                .collect();
+            if let Some(last) = ends.iter().copied().reduce(f64::max) {
+                t.send_ends.push(last);
+            }
+            t.group_ends.extend(ends);
+            if b[1 + LL_MAX_GROUPS] > 0 {
+                t.recv_ends.push(us(b[1 + LL_MAX_GROUPS]));
+            }
+        }
+        t
+    }
+
+    pub fn line(&mut self) -> String {
+        format!(
+            "block starts {}; send groups' last items {}; blocks' send ends {}; receive ends {}",
+            percentiles(&mut self.starts),
+            percentiles(&mut self.group_ends),
+            percentiles(&mut self.send_ends),
+            percentiles(&mut self.recv_ends)
+        )
+    }
+}
+
+impl LlJob {
+    /// `EPTWIN_LL_TIMES=1`: the last combine launch's stamps, per GPU.
+    pub(super) fn report_combine_times(&self, devs: &Devices) -> Result<(), HwError> {
+        for (i, buf) in self.block_times.iter().enumerate() {
+            let mut words = vec![0u64; buf.bytes / 8];
+            devs.list[i].gpu.download(buf.ptr, &mut words)?;
+            let groups = (self.launch.threads / 32 / super::WARPS_PER_GROUP as u32) as usize;
+            let mut t = CombineTimes::from_words(&words, groups);
+            tracing::info!(
+                "GPU {}: low-latency combine times (us after the first block's start): {}",
+                devs.list[i].gpu.ordinal,
+                t.line()
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_become_us_after_the_first_start_and_unused_slots_are_skipped() {
+        let mut words = vec![0u64; 2 * LL_TIME_WORDS];
+        // Block 0 starts at 1,000 ns; groups end at 11,000 and 21,000; receive at 41,000.
+        words[0] = 1_000;
+        words[1] = 11_000;
+        words[2] = 21_000;
+        words[1 + LL_MAX_GROUPS] = 41_000;
+        // Block 1 starts at 2,000 ns; one group at 6,000; receive at 31,000.
+        let b1 = LL_TIME_WORDS;
+        words[b1] = 2_000;
+        words[b1 + 1] = 6_000;
+        words[b1 + 1 + LL_MAX_GROUPS] = 31_000;
+        let t = CombineTimes::from_words(&words, 8);
+        assert_eq!(t.starts, vec![0.0, 1.0]);
+        assert_eq!(t.group_ends, vec![10.0, 20.0, 5.0]);
+        assert_eq!(t.send_ends, vec![20.0, 5.0]);
+        assert_eq!(t.recv_ends, vec![40.0, 30.0]);
+    }
+
+    #[test]
+    fn percentiles_of_nothing_say_none() {
+        assert_eq!(percentiles(&mut []), "none");
+        assert_eq!(percentiles(&mut [3.0, 1.0, 2.0]), "min 1.0 p10 1.0 p50 2.0 p90 3.0 max 3.0");
+    }
+}
