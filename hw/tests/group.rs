@@ -97,7 +97,12 @@ fn child(role: &str, launch: LaunchInfo) -> Result<String, String> {
             g.barrier("first", T).map_err(e)?;
             if odd_one {
                 match scenario {
-                    "exit-mid-run" => std::process::exit(3),
+                    "exit-mid-run" => {
+                        // Leaving `first` is not simultaneous: exit once the others are in
+                        // the next barrier, as a process dying mid-run would find them.
+                        std::thread::sleep(Duration::from_millis(300));
+                        std::process::exit(3)
+                    }
                     "stopped" => {
                         let pid = std::process::id().to_string();
                         let _ = Command::new("kill").args(["-STOP", &pid]).status();
