@@ -16,9 +16,4 @@ BEFORE=${EPTWIN_BEFORE:-.devbin/eptwin-before}
 EPTWIN_SCENARIOS=${EPTWIN_SCENARIOS:-ll-128 ll-4096} \
     bash "$(dirname "$0")/ab-passes.sh" EPTWIN_BIN \
     "before-a=$BEFORE" local-a "before-b=$BEFORE" local-b
-# The cache holds one low_latency cubin per source and define set.
-D=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-for c in /tmp/eptwin-kernel-cache/low_latency*.cubin; do
-    echo "== $c"
-    "$D" -sass -fun ll_combine "$c" 2>&1 || "$D" -sass "$c" 2>&1
-done > "$R/ll_combine.sass"
+bash "$(dirname "$0")/ll-combine-sass.sh" > "$R/ll_combine.sass"

@@ -15,9 +15,4 @@ set -uo pipefail
 R=${OUT:-/tmp/eptwin-out}
 EPTWIN_SCENARIOS=${EPTWIN_SCENARIOS:-ll-128 ll-4096} \
     bash "$(dirname "$0")/ab-passes.sh" EPTWIN_LL_COMBINE_PREFETCH default-a prefetch=1 default-b
-# The cache holds one low_latency cubin per define set (file names carry the sources' hash).
-D=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-for c in /tmp/eptwin-kernel-cache/low_latency*.cubin; do
-    echo "== $c"
-    "$D" -sass -fun ll_combine "$c" 2>&1 || "$D" -sass "$c" 2>&1
-done > "$R/ll_combine.sass"
+bash "$(dirname "$0")/ll-combine-sass.sh" > "$R/ll_combine.sass"

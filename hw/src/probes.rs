@@ -22,6 +22,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
 }
 
+/// min, p10, p50, p90 and max of `v` (sorted here), one decimal: how the diagnostic stamps
+/// (`EPTWIN_CLUSTER_TIMES`, `EPTWIN_LL_TIMES`) are logged.
+pub(crate) fn percentiles(v: &mut [f64]) -> String {
+    if v.is_empty() {
+        return "none".into();
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1}",
+        at(0.0),
+        at(0.1),
+        at(0.5),
+        at(0.9),
+        at(1.0)
+    )
+}
+
 /// Time `op` `reps` times on one device (L2 flushed before each), median in microseconds.
 pub(crate) fn time_us(
     devs: &mut Devices,
@@ -965,6 +983,12 @@ pub fn nccl_alltoall(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentiles_of_nothing_say_none() {
+        assert_eq!(percentiles(&mut []), "none");
+        assert_eq!(percentiles(&mut [3.0, 1.0, 2.0]), "min 1.0 p10 1.0 p50 2.0 p90 3.0 max 3.0");
+    }
 
     #[test]
     fn median_of_samples() {

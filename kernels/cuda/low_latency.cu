@@ -123,7 +123,7 @@ struct LlParams {
     int qps_per_peer;
     int call;                // calls of this op before this one (cumulative counters)
     int reserved2;
-    u64* block_times;        // LL_TIMES: kLlTimeWords per block (the combine's stamps), else null
+    u64* block_times;        // LL_TIMES: LL_TIME_WORDS per block (the combine's stamps), else null
 };
 
 DEVICE bool ll_remote(const LlParams& p, int a, int b) {
@@ -138,15 +138,6 @@ DEVICE u32 ll_qp(const LlParams& p, int src, int dst, int local_expert) {
 // The receive-region offset of `rank`'s area (every node's region has the same layout).
 DEVICE u64 ll_area(const LlParams& p, int rank) {
     return (u64)(rank % p.ranks_per_node) * p.wire.recv_area_bytes;
-}
-
-// Eight floats rounded to BF16 (common.cuh `f32_to_bf16`) in one 16-byte store.
-DEVICE void st_bf16x8(int4* dst, const float* acc) {
-    u32 w4[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        w4[j] = (u32)f32_to_bf16(acc[2 * j]) | ((u32)f32_to_bf16(acc[2 * j + 1]) << 16);
-    st_na_v4(dst, make_int4((int)w4[0], (int)w4[1], (int)w4[2], (int)w4[3]));
 }
 
 DEVICE void unpack_bf16x8(int4 v, float* f) {
@@ -396,6 +387,39 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
     }
 }
 
+// One token's top-k weighted sum into `combined_x`, thread `tid`'s 16-byte columns: one slot
+// load per selected expert, each after the previous one's multiply-add. kAllLocal (every rank on
+// this node) compiles out the per-slot remote test: its `e / L` and the `.sys` load's memory
+// clobber (which makes every link reload the `args` pointers) cost the one-GPU combine 2.7 % on
+// an H100 (results/h100/ll-combine-local/).
+template <bool kAllLocal>
+DEVICE void ll_combine_reduce(const LlParams& p, const LlRankArgs& a, int rank, int t,
+                              const int4* recv, int tid) {
+    const int K = p.num_topk, L = p.num_experts / p.num_ranks;
+    const int slot_int4 = (int)(p.combine_slot_bytes / 16);
+    for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < K; ++k) {
+            const int e = a.topk_idx[t * K + k];
+            if (e < 0) continue;
+            const float w = a.topk_weights[t * K + k];
+            float f[8];
+            const int4 v = !kAllLocal && ll_remote(p, rank, e / L)
+                ? ld_sys_v4((const int4*)(a.wire_recv_area + ll_combine_recv(p.wire, e, t)) + i)
+                : ld_cg_v4(recv + (u64)k * slot_int4 + i);
+            unpack_bf16x8(v, f);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(w, f[j], acc[j]);
+        }
+        u32 w4[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            w4[j] = (u32)f32_to_bf16(acc[2 * j]) | ((u32)f32_to_bf16(acc[2 * j + 1]) << 16);
+        st_na_v4(a.combined_x + (u64)t * kHiddenBf16Int4 + i,
+                 make_int4((int)w4[0], (int)w4[1], (int)w4[2], (int)w4[3]));
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
     ll_combine(const LlRankArgs* args, LlParams p, ErrorRecord* err) {
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -509,40 +533,10 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                 verified |= 1u << lr;
             }
             const int4* recv = (const int4*)(a.combine_recv_buf + (u64)t * K * p.combine_slot_bytes);
-            if (p.ranks_per_node == 0) {
-                // Every rank on this node: no per-slot remote test. Its `e / L` and the `.sys`
-                // load's memory clobber (which makes every link reload the `args` pointers)
-                // cost the one-GPU combine 2.7 % on an H100 (results/h100/ll-combine-local/).
-                for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
-                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    for (int k = 0; k < K; ++k) {
-                        if (a.topk_idx[t * K + k] < 0) continue;
-                        const float w = a.topk_weights[t * K + k];
-                        float f[8];
-                        unpack_bf16x8(ld_cg_v4(recv + (u64)k * slot_int4 + i), f);
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(w, f[j], acc[j]);
-                    }
-                    st_bf16x8(a.combined_x + (u64)t * kHiddenBf16Int4 + i, acc);
-                }
-            } else {
-                for (int i = tid; i < kHiddenBf16Int4; i += LL_THREADS) {
-                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    for (int k = 0; k < K; ++k) {
-                        const int e = a.topk_idx[t * K + k];
-                        if (e < 0) continue;
-                        const float w = a.topk_weights[t * K + k];
-                        float f[8];
-                        const int4 v = ll_remote(p, rank, e / L)
-                            ? ld_sys_v4((const int4*)(a.wire_recv_area + ll_combine_recv(p.wire, e, t)) + i)
-                            : ld_cg_v4(recv + (u64)k * slot_int4 + i);
-                        unpack_bf16x8(v, f);
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) acc[j] = __fmaf_rn(w, f[j], acc[j]);
-                    }
-                    st_bf16x8(a.combined_x + (u64)t * kHiddenBf16Int4 + i, acc);
-                }
-            }
+            if (p.ranks_per_node == 0)
+                ll_combine_reduce<true>(p, a, rank, t, recv, tid);
+            else
+                ll_combine_reduce<false>(p, a, rank, t, recv, tid);
             if (p.use_discard) {
                 __syncthreads();
                 if (warp < K && a.topk_idx[t * K + warp] >= 0 && !ll_remote(p, rank, a.topk_idx[t * K + warp] / L))

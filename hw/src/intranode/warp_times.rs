@@ -4,6 +4,7 @@
 use super::NormalJob;
 use crate::error::HwError;
 use crate::exec::Devices;
+use crate::probes::percentiles;
 
 /// Per-token stamps of the cluster combine's reducers (`kTokenStamps` in intranode_cluster.cu).
 pub(super) const CLUSTER_TOKEN_STAMPS: u32 = 32;
@@ -41,25 +42,13 @@ impl NormalJob {
             let ends = (c * n..(c + 1) * n).flat_map(|b| (0..warps as usize).map(move |w| (b, w)));
             clusters.push(ends.map(|(b, w)| us(t[b * per_block + 1 + w])).fold(0.0, f64::max));
         }
-        let pct = |v: &mut Vec<f64>| {
-            v.sort_by(|a, b| a.total_cmp(b));
-            let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-            format!(
-                "min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1}",
-                at(0.0),
-                at(0.1),
-                at(0.5),
-                at(0.9),
-                at(1.0)
-            )
-        };
         tracing::info!(
             "cluster {op} warp finish times (us after the first block's start): \
              block starts {}; senders {}; receivers {}; clusters {}",
-            pct(&mut starts),
-            pct(&mut senders),
-            pct(&mut receivers),
-            pct(&mut clusters)
+            percentiles(&mut starts),
+            percentiles(&mut senders),
+            percentiles(&mut receivers),
+            percentiles(&mut clusters)
         );
         if combine {
             // Per token k of a block's channel: when every partial was in shared memory

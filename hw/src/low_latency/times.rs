@@ -5,28 +5,12 @@
 use super::LlJob;
 use crate::error::HwError;
 use crate::exec::Devices;
+use crate::probes::percentiles;
 
 /// Stamps per block (low_latency.cu `LL_TIME_WORDS`): start, one per send group slot
 /// (`LL_MAX_GROUPS`), receive loop end.
 pub(super) const LL_TIME_WORDS: usize = 2 + LL_MAX_GROUPS;
 const LL_MAX_GROUPS: usize = 32;
-
-/// min, p10, p50, p90 and max of `v` (sorted here), one decimal.
-fn percentiles(v: &mut [f64]) -> String {
-    if v.is_empty() {
-        return "none".into();
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    format!(
-        "min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1}",
-        at(0.0),
-        at(0.1),
-        at(0.5),
-        at(0.9),
-        at(1.0)
-    )
-}
 
 /// The stamps of one GPU's blocks as µs after its first block started: block starts, each
 /// send group's end, each block's send end (its last group) and each receive loop's end.
@@ -122,11 +106,5 @@ mod tests {
         assert_eq!(t.group_ends, vec![10.0, 20.0, 5.0]);
         assert_eq!(t.send_ends, vec![20.0, 5.0]);
         assert_eq!(t.recv_ends, vec![40.0, 30.0]);
-    }
-
-    #[test]
-    fn percentiles_of_nothing_say_none() {
-        assert_eq!(percentiles(&mut []), "none");
-        assert_eq!(percentiles(&mut [3.0, 1.0, 2.0]), "min 1.0 p10 1.0 p50 2.0 p90 3.0 max 3.0");
     }
 }
