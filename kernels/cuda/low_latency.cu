@@ -34,8 +34,9 @@
 // Compile-time parameters: HIDDEN, LL_THREADS (threads per block), and two measurement aids
 // (hw/src/options.rs): LL_COMBINE_PREFETCH (0 or 1: the combine's receive loop prefetches the
 // next item's top-k indices into L2; `EPTWIN_LL_COMBINE_PREFETCH`) and LL_TIMES (0 or 1: the
-// combine stamps, per block, %globaltimer at its start, at each send group's last item and at
-// the end of its receive loop into `LlParams::block_times`; `EPTWIN_LL_TIMES`).
+// combine stamps, per block, %globaltimer at its start, at each send group's last item, when its
+// receive loop has seen its first rank's flags and at the end of its receive loop into
+// `LlParams::block_times`; `EPTWIN_LL_TIMES`).
 #include "common.cuh"
 #include "wire.cuh"
 
@@ -58,8 +59,8 @@
 #define LL_MAX_ITEMS_PER_BLOCK 128
 #define LL_MAX_GROUPS 32
 // LL_TIMES words per block: start, one per send group (at most 32 warps / 1 warp per group),
-// receive loop end.
-#define LL_TIME_WORDS (2 + LL_MAX_GROUPS)
+// receive loop end, receive loop start (its first rank's flags seen).
+#define LL_TIME_WORDS (3 + LL_MAX_GROUPS)
 
 // DeepEP's low-latency hidden sizes (2048 ... 8192) are multiples of 512; 256 keeps every
 // 128-channel group of the FP8 cast inside one half-warp of fully active warps.
@@ -530,6 +531,9 @@ extern "C" __global__ void __launch_bounds__(LL_THREADS, 1)
                     }
                 }
                 __syncthreads();
+#if LL_TIMES
+                if (tid == 0 && verified == 0) stamps[2 + LL_MAX_GROUPS] = globaltimer_ns();
+#endif
                 verified |= 1u << lr;
             }
             const int4* recv = (const int4*)(a.combine_recv_buf + (u64)t * K * p.combine_slot_bytes);
