@@ -8,7 +8,7 @@ use eptwin_engine::plan::{
 use eptwin_engine::rng::mix;
 use eptwin_engine::transport::OpSample;
 
-use super::{FlushedL2, MemSnap, memory_servers, warp_copy};
+use super::{FlushedL2, MemSnap, memory_servers, sharing, warp_copy};
 use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
@@ -369,50 +369,100 @@ impl LlProgram {
 
     // ---- combine ----------------------------------------------------------------------------
 
-    /// Send group (b, g): its next (rank, destination, local expert): 4 warps send each row
-    /// back (its source index and slot: a dependent HBM load; the BF16 row from HBM into the
-    /// destination's receive slot), then a release add on the destination's flag.
-    fn combine_group(&mut self, core: &mut Core, b: u32, g: u32) {
-        let gi = (b * LL_GROUPS + g) as usize;
-        let actor = self.a_group(b, g);
-        let item = b * LL_GROUPS + g + self.group_item[gi] * self.blocks * LL_GROUPS;
-        if item >= self.peer_items() {
-            if self.group_item[gi] != u32::MAX {
-                self.group_item[gi] = u32::MAX;
-                self.groups_left[b as usize] -= 1;
-                if self.groups_left[b as usize] == 0 {
-                    // The block's receive loop starts once all its groups are through.
-                    self.send_end = self.send_end.max(core.now);
-                    self.stage[b as usize] = LlStage::Recv;
-                    core.wake_at(core.now, self.me, b);
-                }
-            }
-            return;
+    /// The send phase, all of it at `t0`: each group of 4 warps takes its (rank, destination,
+    /// local expert) items in turn (`layout_range`: a dependent HBM load), each warp copies its
+    /// rows (source index and slot: a dependent HBM load; the BF16 row from HBM into the
+    /// destination's receive slot), the group meets at its barrier and its first warp adds the
+    /// destination's flag with a release. The warps share the memory bandwidth
+    /// (`sharing`), which decides when each item ends; the servers are charged the bytes from
+    /// `t0` on, so the receive steps queue behind them and the op reports them.
+    fn combine_send(&mut self, core: &mut Core, t0: Time) {
+        let groups = (self.blocks * LL_GROUPS) as usize;
+        let row = self.msg_bytes;
+        let g = core.gpus.gpus[self.gpu as usize].clone();
+        // A row's work on the GPU's memory: whichever of L2 and HBM takes longer for its
+        // 2 × bytes (loaded and stored; read from HBM and written back) and its share of the
+        // flush's dirty lines.
+        let work = |extra: u64| {
+            crate::gpu::l2_work(g.l2.rate, g.l2_hbm, 2 * row, 2 * row + extra)
+                .max(g.dram.rate.time(2 * row + extra))
+        };
+        let plain = work(0) as f64;
+        let rates = sharing::Rates {
+            warp: plain / warp_copy(row / 16, self.m.row_hbm) as f64,
+            sm: plain / self.m.sm_port.time(2 * row) as f64,
+        };
+        let rows_of = |p: &LlProgram, item: u32| {
+            let (lr, dst, le) = p.peer_item(item);
+            p.want[(dst * p.experts + lr * p.local + le) as usize] as u64
+        };
+        // The flush's dirty lines go to the first rows copied: the groups' first items first.
+        let items = self.peer_items();
+        let mut extra = vec![0u64; items as usize];
+        for item in 0..items {
+            let rows = rows_of(self, item);
+            extra[item as usize] = self.flushed.take(2 * row * rows);
         }
-        self.group_item[gi] += 1;
-        let (lr, dst, le) = self.peer_item(item);
-        let e = lr * self.local + le;
-        let rows = self.want[(dst * self.experts + e) as usize] as u64;
-        let per_row = self.m.load_hbm + warp_copy(self.msg_bytes / 16, self.m.row_hbm);
-        let issue = rows.div_ceil(LL_WARPS_PER_GROUP as u64) * per_row;
-        let bytes = rows * self.msg_bytes;
-        // The flag is a release after the group's stores.
-        let end = self.m.release
-            + core.sm_traffic(
-                core.now,
-                self.gpu,
-                b % self.sm_count,
-                2 * bytes,
-                2 * bytes + self.flushed.take(2 * bytes),
-                0,
-                issue,
-                Action::None,
-                self.me,
-                bytes,
-            );
-        core.act_at(end, Action::Add { counter: self.flag_ctr + self.n + dst, delta: rows as u32 });
-        core.act_at(end + self.flag, Action::Add { counter: self.flag_ctr + dst, delta: 1 });
-        core.wake_at(end, self.me, actor);
+        let load = self.m.load_hbm_busy;
+        let mut warps = Vec::with_capacity(groups * LL_WARPS_PER_GROUP as usize);
+        for gi in 0..groups as u32 {
+            let sm = (gi / LL_GROUPS) % self.sm_count;
+            for w in 0..LL_WARPS_PER_GROUP as u64 {
+                let mut steps = Vec::new();
+                for item in (gi..items).step_by(groups) {
+                    let rows = rows_of(self, item);
+                    let per_row_extra = extra[item as usize] / rows.max(1);
+                    steps.push(sharing::Step::Wait(load));
+                    for _ in (w..rows).step_by(LL_WARPS_PER_GROUP as usize) {
+                        steps.push(sharing::Step::Wait(load));
+                        steps.push(sharing::Step::Copy(work(per_row_extra)));
+                    }
+                    steps.push(sharing::Step::Barrier);
+                    steps.push(sharing::Step::Wait(self.m.release));
+                }
+                warps.push(sharing::Warp { sm, group: gi, steps });
+            }
+        }
+        let opened = sharing::run(&warps, groups, self.sm_count as usize, rates);
+        let mut block_end = vec![t0; self.blocks as usize];
+        for (gi, times) in opened.iter().enumerate() {
+            let items_of = (gi as u32..items).step_by(groups);
+            for (item, &at) in items_of.zip(times) {
+                let (_, dst, _) = self.peer_item(item);
+                let rows = rows_of(self, item);
+                let bytes = rows * row;
+                core.sm_traffic(
+                    t0,
+                    self.gpu,
+                    (gi as u32 / LL_GROUPS) % self.sm_count,
+                    2 * bytes,
+                    2 * bytes + extra[item as usize],
+                    0,
+                    0,
+                    Action::None,
+                    self.me,
+                    bytes,
+                );
+                // The flag is a release after the group's stores.
+                let end = t0 + at + self.m.release;
+                core.act_at(
+                    end,
+                    Action::Add { counter: self.flag_ctr + self.n + dst, delta: rows as u32 },
+                );
+                core.act_at(
+                    end + self.flag,
+                    Action::Add { counter: self.flag_ctr + dst, delta: 1 },
+                );
+                let b = gi / LL_GROUPS as usize;
+                block_end[b] = block_end[b].max(end);
+            }
+        }
+        // Each block's receive loop starts once all its groups are through.
+        for (b, &end) in block_end.iter().enumerate() {
+            self.send_end = self.send_end.max(end);
+            self.stage[b] = LlStage::Recv;
+            core.wake_at(end, self.me, b as u32);
+        }
     }
 
     /// Block `b`'s receive loop: its next (token, rank): wait (once per rank) for every
@@ -480,14 +530,12 @@ impl Program for LlProgram {
         // One launch for all ranks once all have started: the launch cost as CUDA events see
         // it, then every block.
         let t0 = self.t0 + self.launch;
-        for b in 0..self.blocks {
-            if self.dispatch {
+        if self.dispatch {
+            for b in 0..self.blocks {
                 core.wake_at(t0, me, b);
-            } else {
-                for g in 0..LL_GROUPS {
-                    core.wake_at(t0, me, self.a_group(b, g));
-                }
             }
+        } else {
+            self.combine_send(core, t0);
         }
     }
 
@@ -509,19 +557,16 @@ impl Program for LlProgram {
                 self.combine_block(core, actor);
             }
         } else {
+            // Only the dispatch has group actors: the combine's send is solved at its start.
             let i = actor - self.blocks;
             let (b, g) = (i / LL_GROUPS, i % LL_GROUPS);
-            if self.dispatch {
-                if self.stage[b as usize] == LlStage::Send {
-                    return;
-                }
-                if g == 0 && self.stage[b as usize] == LlStage::Signal {
-                    return;
-                }
-                self.dispatch_group(core, b, g);
-            } else {
-                self.combine_group(core, b, g);
+            if self.stage[b as usize] == LlStage::Send {
+                return;
             }
+            if g == 0 && self.stage[b as usize] == LlStage::Signal {
+                return;
+            }
+            self.dispatch_group(core, b, g);
         }
     }
 

@@ -18,7 +18,9 @@
 //!   than L2, are written back. A slot stored by one SM and loaded by another while in L2
 //!   costs the L2 more than a streaming copy's bytes (`l2_ring_bw_gbps`), and every
 //!   `discard.global.L2` of a consumed slot or message costs it too (`l2_discard_bw_gbps`):
-//!   both measured by the ring-handoff probe, which no plain copy probe is like.
+//!   both measured by the ring-handoff probe, which no plain copy probe is like. The
+//!   low-latency combine's send phase shares the bandwidth among its warps instead of queueing
+//!   (`sharing`): its short runs end when the warps with the most rows do.
 //! * **Latency.** A warp copying a row with 7 loads in flight per lane is latency-bound: it
 //!   needs the measured time per round of loads (source in L2 or in HBM) however many rows it
 //!   copies. Dependent loads, atomics, releases and flags add their measured latencies where
@@ -36,6 +38,7 @@
 pub mod cluster;
 mod ll;
 mod normal;
+mod sharing;
 
 pub use ll::LlProgram;
 pub use normal::NormalProgram;
