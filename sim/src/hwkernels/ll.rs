@@ -53,9 +53,11 @@ pub struct LlProgram {
     /// Per block: stage, next item (send loop or receive loop).
     stage: Vec<LlStage>,
     item: Vec<u32>,
-    /// Per (block, group): next receive item (dispatch) or send item (combine).
-    group_item: Vec<u32>,
-    groups_left: Vec<u32>,
+    /// Dispatch: per (block, group), when its receive loop starts; per (receiver, source, local
+    /// expert), when the count becomes visible; blocks through their signals.
+    recv_start: Vec<Time>,
+    count_at: Vec<Time>,
+    signalled: u32,
     /// (source rank, expert): messages routing selects, and their identity hash.
     want: Vec<u32>,
     want_hash: Vec<u64>,
@@ -120,8 +122,9 @@ impl LlProgram {
             routing: d.routing().clone(),
             stage: vec![LlStage::Send; blocks as usize],
             item: vec![0; blocks as usize],
-            group_item: vec![0; (blocks * LL_GROUPS) as usize],
-            groups_left: vec![LL_GROUPS; blocks as usize],
+            recv_start: vec![0; (blocks * LL_GROUPS) as usize],
+            count_at: Vec::new(),
+            signalled: 0,
             want: vec![0; ne],
             want_hash: vec![0; ne],
             sent_hash: vec![0; ne],
@@ -156,6 +159,7 @@ impl LlProgram {
         p.data_ctr = core.counters(cells);
         p.cnt_ctr = core.counters(cells);
         p.flag_ctr = core.counters(2 * n as usize);
+        p.count_at = vec![0; cells];
         p
     }
 
@@ -163,10 +167,6 @@ impl LlProgram {
     #[inline]
     fn rsl(&self, recv: u32, src: u32, le: u32) -> u32 {
         (recv * self.n + src) * self.local + le
-    }
-
-    fn a_group(&self, b: u32, g: u32) -> u32 {
-        self.blocks + b * LL_GROUPS + g
     }
 
     /// Receive items (dispatch) / send items (combine): (local rank, peer, local expert).
@@ -210,7 +210,8 @@ impl LlProgram {
         match self.stage[b as usize] {
             LlStage::Send => {}
             LlStage::Signal => return self.dispatch_signal(core, b),
-            _ => return,
+            LlStage::Recv => return self.dispatch_recv_end(core, b),
+            LlStage::Done => return,
         }
         let it = b + self.item[b as usize] * self.blocks;
         if it >= self.token_items() {
@@ -218,7 +219,7 @@ impl LlProgram {
             self.stage[b as usize] = LlStage::Signal;
             // Groups 1.. have no count to signal: they start receiving at once.
             for g in 1..LL_GROUPS {
-                core.wake_at(core.now, self.me, self.a_group(b, g));
+                self.recv_start[(b * LL_GROUPS + g) as usize] = core.now;
             }
             return self.dispatch_signal(core, b);
         }
@@ -292,79 +293,133 @@ impl LlProgram {
             let count = self.want[j as usize];
             let at = core.now + self.m.load_l2 + self.flag;
             core.act_at(at, Action::Add { counter: self.cnt_ctr + cell, delta: count + 1 });
+            self.count_at[cell as usize] = at;
         }
         self.stage[b as usize] = LlStage::Recv;
-        core.wake_at(core.now + self.m.load_l2, self.me, self.a_group(b, 0));
+        self.recv_start[(b * LL_GROUPS) as usize] = core.now + self.m.load_l2;
+        self.signalled += 1;
+        if self.signalled == self.blocks {
+            self.dispatch_recv(core);
+        }
     }
 
-    /// Receive group (b, g): its next (rank, source, local expert): poll the counts of sources
-    /// 0..=source (the packed position is the prefix of lower sources' counts), then 4 warps
-    /// copy the messages (header, payload, scales: HBM) into the packed output.
-    fn dispatch_group(&mut self, core: &mut Core, b: u32, g: u32) {
-        let gi = (b * LL_GROUPS + g) as usize;
-        let actor = self.a_group(b, g);
-        let item = b * LL_GROUPS + g + self.group_item[gi] * self.blocks * LL_GROUPS;
-        if item >= self.peer_items() {
-            if self.group_item[gi] != u32::MAX {
-                self.group_item[gi] = u32::MAX;
-                self.groups_left[b as usize] -= 1;
-                if self.groups_left[b as usize] == 0 {
-                    self.block_done(core, b);
+    /// The receive phase, solved once every block has signalled (every count's time is known
+    /// then): each group of 4 warps takes its (rank, source, local expert) items in turn; its
+    /// first warp polls the counts of sources 0..=source (the packed position is the prefix of
+    /// lower sources' counts), the group meets at its barrier, each warp copies every fourth
+    /// message (header, payload, scales: HBM) into the packed output and discards it, and the
+    /// group meets again. The warps share the memory bandwidth (`sharing`), as in the combine's
+    /// send; the servers are charged the bytes now.
+    fn dispatch_recv(&mut self, core: &mut Core) {
+        let groups = (self.blocks * LL_GROUPS) as usize;
+        let items = self.peer_items();
+        let base = self.recv_start.iter().copied().min().unwrap_or(core.now);
+        let g = core.gpus.gpus[self.gpu as usize].clone();
+        let msg = self.msg_bytes;
+        let payload = if msg - 16 >= 2 * self.hidden { 2 * self.hidden } else { self.hidden };
+        // A message's work: loaded (message) and stored (payload) through L2, both crossing
+        // HBM, and its discard.
+        let work = |extra: u64| {
+            (crate::gpu::l2_work(g.l2.rate, g.l2_hbm, msg + payload, msg + payload + extra)
+                + self.m.l2_extra(0, msg))
+            .max(g.dram.rate.time(msg + payload + extra))
+        };
+        let plain = work(0) as f64;
+        // Header, payload (the warp's copy loop), scales.
+        let per_msg = 2 * self.m.load_hbm + warp_copy(payload / 16, self.m.row_hbm);
+        let rates = sharing::Rates {
+            warp: plain / per_msg as f64,
+            sm: plain / self.m.sm_port.time(msg + payload) as f64,
+        };
+        let count_of = |p: &LlProgram, item: u32| {
+            let (lr, src, le) = p.peer_item(item);
+            p.want[(src * p.experts + lr * p.local + le) as usize] as u64
+        };
+        let mut extra = vec![0u64; items as usize];
+        for item in 0..items {
+            let count = count_of(self, item);
+            extra[item as usize] = self.flushed.take(count * (msg + payload));
+        }
+        let poll = self.m.ll_recv_poll.unwrap_or(self.m.load_l2);
+        let mut warps = Vec::with_capacity(groups * LL_WARPS_PER_GROUP as usize);
+        for gi in 0..groups as u32 {
+            let sm = (gi / LL_GROUPS) % self.sm_count;
+            for w in 0..LL_WARPS_PER_GROUP as u64 {
+                let mut steps = vec![sharing::Step::Until(self.recv_start[gi as usize] - base)];
+                for item in (gi..items).step_by(groups) {
+                    let (lr, src, le) = self.peer_item(item);
+                    if w == 0 {
+                        for s in 0..=src {
+                            let seen = self.count_at[self.rsl(lr, s, le) as usize];
+                            steps.push(sharing::Step::Until(seen.max(base) - base));
+                            steps.push(sharing::Step::Wait(poll));
+                        }
+                    }
+                    steps.push(sharing::Step::Barrier);
+                    let count = count_of(self, item);
+                    let per_msg_extra = extra[item as usize] / count.max(1);
+                    for _ in (w..count).step_by(LL_WARPS_PER_GROUP as usize) {
+                        steps.push(sharing::Step::Copy(work(per_msg_extra)));
+                    }
+                    steps.push(sharing::Step::Barrier);
+                }
+                warps.push(sharing::Warp { sm, group: gi, steps });
+            }
+        }
+        let opened = sharing::run(&warps, groups, self.sm_count as usize, rates);
+        let mut block_end = vec![core.now; self.blocks as usize];
+        for (gi, times) in opened.iter().enumerate() {
+            let b = gi / LL_GROUPS as usize;
+            if let Some(&last) = times.last() {
+                block_end[b] = block_end[b].max(base + last);
+            }
+            for item in (gi as u32..items).step_by(groups) {
+                let count = count_of(self, item);
+                let bytes = count * (msg + payload);
+                core.sm_traffic(
+                    core.now,
+                    self.gpu,
+                    (gi as u32 / LL_GROUPS) % self.sm_count,
+                    bytes,
+                    bytes + extra[item as usize],
+                    self.m.l2_extra(0, count * msg),
+                    0,
+                    Action::None,
+                    self.me,
+                    0,
+                );
+            }
+        }
+        for (b, &end) in block_end.iter().enumerate() {
+            core.wake_at(end, self.me, b as u32);
+        }
+    }
+
+    /// Block `b`'s receive is through: check what its groups read against what arrived
+    /// (every count after its messages, each the routing's tokens), and end it.
+    fn dispatch_recv_end(&mut self, core: &mut Core, b: u32) {
+        let groups = self.blocks * LL_GROUPS;
+        for gi in b * LL_GROUPS..(b + 1) * LL_GROUPS {
+            for item in (gi..self.peer_items()).step_by(groups as usize) {
+                let (lr, src, le) = self.peer_item(item);
+                let cell = self.rsl(lr, src, le);
+                let count = core.value(self.cnt_ctr + cell).saturating_sub(1);
+                let delivered = core.value(self.data_ctr + cell);
+                let i = (src * self.experts + lr * self.local + le) as usize;
+                if delivered != count {
+                    self.ranks.fail(format!(
+                        "rank {lr} local expert {le}: count from rank {src} says {count} tokens but {delivered} arrived before it"
+                    ));
+                }
+                if count != self.want[i] as u64 || self.sent_hash[i] != self.want_hash[i] {
+                    self.ranks.fail(format!(
+                        "rank {lr} local expert {le}: received {count} tokens from rank {src}, routing selects {} (or a different set)",
+                        self.want[i]
+                    ));
                 }
             }
-            return;
         }
-        let (lr, src, le) = self.peer_item(item);
-        for s in 0..=src {
-            let c = self.cnt_ctr + self.rsl(lr, s, le);
-            if !core.wait(c, 1, self.me, actor) {
-                return;
-            }
-        }
-        self.group_item[gi] += 1;
-        let cell = self.rsl(lr, src, le);
-        let count = core.value(self.cnt_ctr + cell).saturating_sub(1);
-        let delivered = core.value(self.data_ctr + cell);
-        let e = lr * self.local + le;
-        let i = (src * self.experts + e) as usize;
-        if delivered != count {
-            self.ranks.fail(format!(
-                "rank {lr} local expert {le}: count from rank {src} says {count} tokens but {delivered} arrived before it"
-            ));
-        }
-        if count != self.want[i] as u64 || self.sent_hash[i] != self.want_hash[i] {
-            self.ranks.fail(format!(
-                "rank {lr} local expert {le}: received {count} tokens from rank {src}, routing selects {} (or a different set)",
-                self.want[i]
-            ));
-        }
-        // One acquire load per source, each waiting for the last (measured with every SM
-        // receiving where the profile has it).
-        let polls = (src + 1) as u64 * self.m.ll_recv_poll.unwrap_or(self.m.load_l2);
-        // Header, payload (the warps' copy loop), scales: the header load comes first (its
-        // source index is stored before the copy) and the scales after it.
-        let payload =
-            if self.msg_bytes - 16 >= 2 * self.hidden { 2 * self.hidden } else { self.hidden };
-        let per_msg = 2 * self.m.load_hbm + warp_copy(payload / 16, self.m.row_hbm);
-        let issue = count.div_ceil(LL_WARPS_PER_GROUP as u64) * per_msg;
-        let bytes = count * self.msg_bytes;
-        // The copies start once the counts are read.
-        let end = polls
-            + core.sm_traffic(
-                core.now,
-                self.gpu,
-                b % self.sm_count,
-                bytes + count * payload,
-                bytes + count * payload + self.flushed.take(bytes + count * payload),
-                // Each consumed message is discarded (the same instruction the handoff probe
-                // measured on L2-resident lines).
-                self.m.l2_extra(0, bytes),
-                issue,
-                Action::None,
-                self.me,
-                0,
-            );
-        core.wake_at(end, self.me, actor);
+        self.block_done(core, b);
     }
 
     // ---- combine ----------------------------------------------------------------------------
@@ -550,23 +605,10 @@ impl Program for LlProgram {
     }
 
     fn wake(&mut self, core: &mut Core, _me: ProgId, actor: u32) {
-        if actor < self.blocks {
-            if self.dispatch {
-                self.dispatch_block(core, actor);
-            } else {
-                self.combine_block(core, actor);
-            }
+        if self.dispatch {
+            self.dispatch_block(core, actor);
         } else {
-            // Only the dispatch has group actors: the combine's send is solved at its start.
-            let i = actor - self.blocks;
-            let (b, g) = (i / LL_GROUPS, i % LL_GROUPS);
-            if self.stage[b as usize] == LlStage::Send {
-                return;
-            }
-            if g == 0 && self.stage[b as usize] == LlStage::Signal {
-                return;
-            }
-            self.dispatch_group(core, b, g);
+            self.combine_block(core, actor);
         }
     }
 
@@ -588,11 +630,6 @@ impl Program for LlProgram {
 
     fn describe(&self, actor: u32) -> String {
         let op = if self.dispatch { "dispatch" } else { "combine" };
-        if actor < self.blocks {
-            format!("one-GPU LL {op} block {actor} ({:?})", self.stage[actor as usize])
-        } else {
-            let i = actor - self.blocks;
-            format!("one-GPU LL {op} block {} group {}", i / LL_GROUPS, i % LL_GROUPS)
-        }
+        format!("one-GPU LL {op} block {actor} ({:?})", self.stage[actor as usize])
     }
 }

@@ -19,8 +19,9 @@
 //!   costs the L2 more than a streaming copy's bytes (`l2_ring_bw_gbps`), and every
 //!   `discard.global.L2` of a consumed slot or message costs it too (`l2_discard_bw_gbps`):
 //!   both measured by the ring-handoff probe, which no plain copy probe is like. The
-//!   low-latency combine's send phase shares the bandwidth among its warps instead of queueing
-//!   (`sharing`): its short runs end when the warps with the most rows do.
+//!   low-latency combine's send phase and dispatch's receive share the bandwidth among their
+//!   warps instead of queueing (`sharing`): their short runs end when the warps with the most
+//!   rows do.
 //! * **Latency.** A warp copying a row with 7 loads in flight per lane is latency-bound: it
 //!   needs the measured time per round of loads (source in L2 or in HBM) however many rows it
 //!   copies. Dependent loads, atomics, releases and flags add their measured latencies where
@@ -314,7 +315,7 @@ iterations = 1
         // Single operations: 1,200 + 3 × 400 (copy) + 500 + 500 = 3,400 ns a round at most;
         // measured: 8,000 ns. Four rounds of 4.6 us more, less what the L2 bound already took.
         let more = mean_us(&slow, "dispatch") - mean_us(&plain, "dispatch");
-        assert!(more > 10.0, "{more}");
+        assert!(more > 8.0, "{more}");
         assert_eq!(mean_us(&slow, "combine"), mean_us(&plain, "combine"));
         // Slower count polls (4.5 a receive item on average) lengthen the receive only.
         let polls = run_one_gpu("ll", 64, 6000.0, ", ll_recv_poll_ns = 3000.0");

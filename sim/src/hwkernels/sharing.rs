@@ -1,4 +1,5 @@
-//! Warps sharing the GPU's memory bandwidth (the low-latency combine's send phase): every warp
+//! Warps sharing the GPU's memory bandwidth (the low-latency combine's send phase, the
+//! low-latency dispatch's receive): every warp
 //! that is copying gets an equal share of the L2/HBM rate, no more than its own latency chain
 //! allows (`warp_row_hbm_ns`) and no more than its SM's port shared by the SM's copying warps;
 //! between copies a warp waits out its dependent loads, and a group's warps meet at a barrier
@@ -8,10 +9,10 @@
 //! step was issued first, so a group with little work ends early and the phase ends when the
 //! server's bytes are done, a warp's chain after the last issue. On the GPU the warps share it:
 //! the warps with the most rows are still copying when the rest are done, each then held to its
-//! own chain's rate with the memory system half idle. At 128 tokens (about two rows per warp,
+//! own chain's rate with the memory system partly idle. At 128 tokens (about two rows per warp,
 //! up to five) that tail is what the send phase spends beyond its bytes at the full rate; at
 //! 4096 (about 62 rows per warp) the work evens out and the phase ends near the rate bound
-//! (docs/calibration.md, "The low-latency combine's send phase").
+//! (docs/calibration.md, "The low-latency combine's send phase and dispatch's receive").
 //!
 //! The solver is a fluid model, exact between events: each SM's copying warps progress at one
 //! rate, so each SM keeps a virtual clock of the work one of its copies has received, and a
@@ -28,6 +29,8 @@ use crate::core::time::Time;
 pub(super) enum Step {
     /// A dependent load, an atomic, a release: the warp waits, moving no bytes.
     Wait(Time),
+    /// The warp waits until this time after the start (a flag another phase sets then).
+    Until(Time),
     /// A copy needing `work` picoseconds of the whole GPU's memory rate.
     Copy(Time),
     /// The group's named barrier: the warp waits until every warp of its group is here.
@@ -79,6 +82,7 @@ pub(super) fn run(warps: &[Warp], groups: usize, sms: usize, rates: Rates) -> Ve
             let Some(&step) = warps[wu].steps.get(pc[wu]) else { continue };
             match step {
                 Step::Wait(d) => waits.push(Reverse(((now + d as f64).to_bits(), w))),
+                Step::Until(t) => waits.push(Reverse(((now.max(t as f64)).to_bits(), w))),
                 Step::Copy(work) => {
                     let s = warps[wu].sm as usize;
                     copying[s] += 1;
@@ -222,6 +226,14 @@ mod tests {
             warp(1, 0, vec![Step::Wait(100), Step::Barrier, Step::Copy(100), Step::Barrier]),
         ];
         assert_eq!(run(&w, 1, 2, WIDE), vec![vec![700, 900]]);
+    }
+
+    #[test]
+    fn until_waits_for_a_time_not_a_duration() {
+        // 300 ps of wait, then until 1,000 (700 more); until 200 once past it costs nothing.
+        let w =
+            [warp(0, 0, vec![Step::Wait(300), Step::Until(1000), Step::Until(200), Step::Barrier])];
+        assert_eq!(run(&w, 1, 1, WIDE), vec![vec![1000]]);
     }
 
     proptest! {
