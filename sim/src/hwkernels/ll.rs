@@ -325,10 +325,11 @@ impl LlProgram {
             .max(g.dram.rate.time(msg + payload + extra))
         };
         let plain = work(0) as f64;
-        // Header, payload (the warp's copy loop), scales.
-        let per_msg = 2 * self.m.load_hbm + warp_copy(payload / 16, self.m.row_hbm);
+        // The payload's rounds cap a warp's copy; the header before it and the scales after it
+        // are dependent loads of their own (every SM loading).
+        let load = self.m.load_hbm_busy;
         let rates = sharing::Rates {
-            warp: plain / per_msg as f64,
+            warp: plain / warp_copy(payload / 16, self.m.row_hbm) as f64,
             sm: plain / self.m.sm_port.time(msg + payload) as f64,
         };
         let count_of = |p: &LlProgram, item: u32| {
@@ -359,7 +360,9 @@ impl LlProgram {
                     let count = count_of(self, item);
                     let per_msg_extra = extra[item as usize] / count.max(1);
                     for _ in (w..count).step_by(LL_WARPS_PER_GROUP as usize) {
+                        steps.push(sharing::Step::Wait(load));
                         steps.push(sharing::Step::Copy(work(per_msg_extra)));
+                        steps.push(sharing::Step::Wait(load));
                     }
                     steps.push(sharing::Step::Barrier);
                 }
