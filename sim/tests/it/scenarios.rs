@@ -292,7 +292,8 @@ fn the_first_difference_names_the_field() {
 
 #[test]
 fn same_scenario_gives_byte_identical_results() {
-    for name in ["ep16-ll", "vl-isolation-separate", "ep16-normal-internode"] {
+    // h200-ep8-ll-128: the one-GPU model, whose low-latency phases run the f64 sharing solver.
+    for name in ["ep16-ll", "vl-isolation-separate", "ep16-normal-internode", "h200-ep8-ll-128"] {
         let plan = ScenarioDraft::bundled(name).plan();
         let a = run(&plan).to_json();
         let b = run(&plan).to_json();
