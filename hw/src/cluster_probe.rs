@@ -420,9 +420,91 @@ pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
     Ok(m)
 }
 
+/// Clusters of the normal kernels' grid the launch probe times: `num_sms = 30`, one cluster per
+/// channel (the committed H200 scenarios).
+const LAUNCH_CLUSTERS: u32 = 15;
+
+/// A launch probe shape: its key, kernel, grid, block size and dynamic shared memory.
+fn launch_shapes(sm_count: u32) -> Vec<(String, &'static str, u32, u32, u32)> {
+    let n = REDUCE_RANKS;
+    let dispatch = ClusterSlot::dispatch(7168, 8, eptwin_engine::plan::Dtype::Fp8)
+        .expect("the probe's shape moves in bulk")
+        .smem_bytes(n, 3) as u32;
+    let combine = reduce_smem_bytes(7168, 8, 2);
+    let blocks = LAUNCH_CLUSTERS * n;
+    vec![
+        ("plain_1x32".into(), "probe_launch_plain", 1, 32, 0),
+        (format!("plain_{sm_count}x1024"), "probe_launch_plain", sm_count, 1024, 0),
+        (format!("plain_{blocks}x1024_smem{combine}"), "probe_launch_plain", blocks, 1024, combine),
+        (
+            format!("dispatch_cluster_{blocks}x{}_smem{dispatch}", 2 * n * 32),
+            "probe_launch_dispatch_cluster",
+            blocks,
+            2 * n * 32,
+            dispatch,
+        ),
+        (
+            format!("combine_cluster_{blocks}x{REDUCE_THREADS}_smem{combine}"),
+            "probe_launch_combine_cluster",
+            blocks,
+            REDUCE_THREADS,
+            combine,
+        ),
+    ]
+}
+
+/// What a launch costs as the ops' CUDA events see it, after the same L2 flush
+/// (`probe.cluster_launch_us`): empty kernels, with and without the normal cluster kernels'
+/// clusters, block size and dynamic shared memory, on their grid (15 clusters of 8 blocks),
+/// and a plain one-warp and full-grid launch to hold them against
+/// (`probe.empty_kernel_event_us` is the one-warp one of the probes module). Median of 20.
+pub fn run_launch(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
+    let sm_count = devs.list[0].gpu.sm_count;
+    let mut us_by_shape = serde_json::Map::new();
+    for (key, kernel, grid, threads, smem) in launch_shapes(sm_count) {
+        {
+            let d = &devs.list[0];
+            let f = d.module(REDUCE_MODULE)?.function(kernel);
+            if smem > 0 {
+                d.gpu.set_max_dynamic_smem(f, smem)?;
+            }
+        }
+        let us = time_us(devs, 0, 20, |dev| {
+            let f = dev.module(REDUCE_MODULE)?.function(kernel);
+            // SAFETY: the kernels take no parameters and touch no memory; the dynamic shared
+            // memory was allowed above; cluster grids are whole clusters of NUM_RANKS blocks.
+            unsafe { dev.gpu.launch_with_smem(f, grid, threads, smem, &mut []) }
+        })?;
+        tracing::info!("launch {key}: {us:.3} us between the events");
+        us_by_shape.insert(key, json!(round3(us)));
+    }
+    let mut m = BTreeMap::new();
+    m.insert("probe.cluster_launch_us".into(), Value::Object(us_by_shape));
+    Ok(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_launch_probe_takes_the_normal_kernels_grid_and_shared_memory() {
+        let shapes = launch_shapes(132);
+        let keys: Vec<&str> = shapes.iter().map(|s| s.0.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "plain_1x32",
+                "plain_132x1024",
+                "plain_120x1024_smem230048",
+                "dispatch_cluster_120x512_smem179936",
+                "combine_cluster_120x1024_smem230048",
+            ]
+        );
+        // The H200 results' hw.cluster_kernels: 179,936 and 230,048 bytes, 512 and 1,024 threads.
+        assert_eq!((shapes[3].3, shapes[3].4), (512, 179_936));
+        assert_eq!((shapes[4].3, shapes[4].4), (1024, 230_048));
+    }
 
     #[test]
     fn every_shape_fits_shared_memory_and_the_buffers() {

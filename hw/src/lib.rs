@@ -789,6 +789,7 @@ fn prepare_local(
                 &defines,
             )?;
             m.extend(cluster_probe::run_reduce(&mut devs)?);
+            m.extend(cluster_probe::run_launch(&mut devs)?);
         } else {
             tracing::warn!("EPTWIN_CLUSTER_PROBE ignored: thread-block clusters need sm_90");
         }

@@ -461,3 +461,13 @@ extern "C" __global__ void __launch_bounds__(kCombineClusterThreads, 1)
     }
     if (rtid == 0) block_ns[blockIdx.x] = globaltimer_ns() - start;
 }
+
+// The launch alone (hw/src/cluster_probe.rs `run_launch`): empty kernels with the cluster
+// kernels' cluster shape and block size, and one without clusters, launched with the kernels'
+// grids and dynamic shared memory, to time what a launch costs as the ops' CUDA events see it
+// (after the same L2 flush).
+extern "C" __global__ void __launch_bounds__(kCombineClusterThreads, 1) probe_launch_plain() {}
+extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kClusterThreads, 1)
+    probe_launch_dispatch_cluster() {}
+extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kCombineClusterThreads, 1)
+    probe_launch_combine_cluster() {}
