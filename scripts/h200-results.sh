@@ -4,7 +4,7 @@
 # What it measures, on one H200 with eight ranks sharing it: `eptwin topo` (NVML), then the four
 # H200 scenarios (scenarios/h200-ep8-{normal,ll}-{128,4096}.toml) on the hardware backend with
 # every copy probe, the memcpy ceiling and the NCCL all-to-all baseline; the two normal
-# scenarios also run the cluster handoff and reducer probes (EPTWIN_CLUSTER_PROBE=1), whose
+# scenarios also run the cluster handoff, reducer and launch probes (EPTWIN_CLUSTER_PROBE=1), whose
 # `probe.cluster_*` measurements scripts/h200-profile-from-probes.py turns into the profile's
 # cluster keys (docs/calibration.md, "h200-single"). Then diagnostics that stay in the log: the
 # low-latency scenarios in hook mode (send and receive kernels timed apart) and with the
