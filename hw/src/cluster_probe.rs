@@ -329,6 +329,10 @@ pub const REDUCE_SOURCES: [u32; 4] = [1, 2, 4, 8];
 /// The shared memory of a combine block at hidden `hidden`, top-k `topk`, `slots` per source:
 /// rows and weights, the mbarriers and heads the probe leaves unused (the combine kernel's
 /// layout, engine `cluster_ring`).
+fn combine_slot_bytes() -> u64 {
+    ClusterSlot::combine(7168, 8).expect("the probe's shape moves in bulk").slot_bytes
+}
+
 fn reduce_smem_bytes(hidden: u32, topk: u32, slots: u32) -> u32 {
     let slot = ClusterSlot::combine(hidden, topk).expect("the probe's shape moves in bulk");
     slot.smem_bytes(REDUCE_RANKS, slots) as u32
@@ -424,7 +428,8 @@ pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
 /// channel (the committed H200 scenarios).
 const LAUNCH_CLUSTERS: u32 = 15;
 
-/// A launch probe shape: its key, kernel, grid, block size and dynamic shared memory.
+/// A launch probe shape: its key, kernel, grid, block size and dynamic shared memory (the
+/// `_frame` kernel takes the combine's slots per source and slot bytes).
 fn launch_shapes(sm_count: u32) -> Vec<(String, &'static str, u32, u32, u32)> {
     let n = REDUCE_RANKS;
     let dispatch = ClusterSlot::dispatch(7168, 8, eptwin_engine::plan::Dtype::Fp8)
@@ -450,6 +455,13 @@ fn launch_shapes(sm_count: u32) -> Vec<(String, &'static str, u32, u32, u32)> {
             REDUCE_THREADS,
             combine,
         ),
+        (
+            format!("combine_cluster_frame_{blocks}x{REDUCE_THREADS}_smem{combine}"),
+            "probe_launch_combine_cluster_frame",
+            blocks,
+            REDUCE_THREADS,
+            combine,
+        ),
     ]
 }
 
@@ -469,11 +481,15 @@ pub fn run_launch(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
                 d.gpu.set_max_dynamic_smem(f, smem)?;
             }
         }
+        let (slots, slot_bytes) = (2i32, combine_slot_bytes() as i32);
         let us = time_us(devs, 0, 20, |dev| {
             let f = dev.module(REDUCE_MODULE)?.function(kernel);
-            // SAFETY: the kernels take no parameters and touch no memory; the dynamic shared
-            // memory was allowed above; cluster grids are whole clusters of NUM_RANKS blocks.
-            unsafe { dev.gpu.launch_with_smem(f, grid, threads, smem, &mut []) }
+            let mut frame = kernel_args![slots, slot_bytes];
+            let args: &mut [_] = if kernel.ends_with("_frame") { &mut frame } else { &mut [] };
+            // SAFETY: the kernels touch no global memory; the frame kernel's mbarriers lie
+            // after 2 slots of `slot_bytes` per source inside the combine's shared memory,
+            // allowed above; cluster grids are whole clusters of NUM_RANKS blocks.
+            unsafe { dev.gpu.launch_with_smem(f, grid, threads, smem, args) }
         })?;
         tracing::info!("launch {key}: {us:.3} us between the events");
         us_by_shape.insert(key, json!(round3(us)));
@@ -499,6 +515,7 @@ mod tests {
                 "plain_120x1024_smem230048",
                 "dispatch_cluster_120x512_smem179936",
                 "combine_cluster_120x1024_smem230048",
+                "combine_cluster_frame_120x1024_smem230048",
             ]
         );
         // The H200 results' hw.cluster_kernels: 179,936 and 230,048 bytes, 512 and 1,024 threads.

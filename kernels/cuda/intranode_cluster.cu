@@ -471,3 +471,14 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     probe_launch_dispatch_cluster() {}
 extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kCombineClusterThreads, 1)
     probe_launch_combine_cluster() {}
+// The combine kernel's frame without its work: the mbarriers of `R` slots per source initialised
+// and fenced, the cluster barrier before the first token, the one at exit.
+extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(kCombineClusterThreads, 1)
+    probe_launch_combine_cluster_frame(int R, int slot_bytes) {
+    extern __shared__ __align__(128) u8 ring_smem[];
+    const u32 bars = smem_addr(ring_smem) + (u32)(NUM_RANKS * R) * (u32)slot_bytes;
+    for (int i = threadIdx.x; i < NUM_RANKS * R; i += blockDim.x) mbar_init(bars + 8u * i, 1);
+    mbar_init_fence();
+    cluster_sync_all();
+    cluster_sync_all();
+}

@@ -119,6 +119,7 @@ pub static MODULES: &[KernelModule] = &[
             "probe_launch_plain",
             "probe_launch_dispatch_cluster",
             "probe_launch_combine_cluster",
+            "probe_launch_combine_cluster_frame",
         ],
         required_defines: &["NUM_RANKS"],
     },
