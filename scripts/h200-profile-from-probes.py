@@ -42,6 +42,8 @@ Usage: h200-profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll
   lines; shapes measured more than once are averaged) for the cluster_* keys of the
   simulator's model of the cluster kernels (sim/src/hwkernels/cluster.rs); without it, from
   RESULT if it has them. Every cluster probe shape is printed with the model's time for it.
+  Where the files also have probe.cluster_launch_us, cluster_frame_ns too: the combine kernel's
+  frame (mbarrier init, the cluster barriers at start and exit) less its empty launch.
   --flush FILE: probe.flush_writeback from FILE (a result JSON or a log; every occurrence
   counts) for flush_dirty_bytes, the dirty lines the timing's 256 MB memset leaves for an op:
   median over the reads of 16-128 MiB of after_flush_us - after_clean_us, at dram_bw_gbps.
@@ -193,6 +195,27 @@ def reduce_fit(runs):
     mv = sum(v for _, v in pts) / len(pts)
     per = sum((k - mk) * (v - mv) for k, v in pts) / sum((k - mk) ** 2 for k, _ in pts)
     return mv - per * mk, per, pts
+
+
+def frame_ns(files):
+    """The cluster kernels' frame beyond their launch, ns: probe.cluster_launch_us's
+    combine_cluster_frame_* less combine_cluster_* (the same grid and shared memory, empty),
+    mean over every occurrence in FILES; (ns, occurrences) or None."""
+    deltas = []
+    for f in files:
+        try:
+            runs = probe_values(f, "cluster_launch_us")
+        except KeyError:
+            continue
+        for r in runs:
+            frame = [v for k, v in r.items() if k.startswith("combine_cluster_frame_")]
+            empty = [v for k, v in r.items()
+                     if k.startswith("combine_cluster_") and not k.startswith("combine_cluster_frame_")]
+            if frame and empty:
+                deltas.append((frame[0] - empty[0]) * 1e3)
+    if not deltas:
+        return None
+    return sum(deltas) / len(deltas), len(deltas)
 
 
 def cluster_lines(runs, src, m, mem, runs_reduce=()):
@@ -464,6 +487,11 @@ def main():
         more, notes = cluster_lines(runs, f"({', '.join(cluster_files) or label})", m, mem,
                                     runs_reduce)
         lines += more
+        frame = frame_ns([f for f in cluster_files] or [path])
+        if more and frame is not None:
+            ns, n = frame
+            lines.append(f"cluster_frame_ns = {ns:.0f} # probe.cluster_launch_us combine_cluster_frame - "
+                         f"combine_cluster, mean of {n} ({', '.join(cluster_files) or label})")
     print("\n".join(lines))
     if notes:
         print("\n# cluster probe shapes: measured kernel time against the model's with these values")

@@ -200,6 +200,12 @@ pub struct GpuMemory {
     pub cluster_reduce_ns: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_reduce_source_ns: Option<f64>,
+    /// The cluster kernels' frame, ns: every block initialising and fencing its mbarriers, the
+    /// cluster barrier before the first token and the one at exit, beyond the launch (the
+    /// backend's `probe.cluster_launch_us`: `combine_cluster_frame_*` less `combine_cluster_*`).
+    /// Optional on top of the cluster keys; absent: not charged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_frame_ns: Option<f64>,
 }
 
 impl GpuMemory {

@@ -146,6 +146,9 @@ pub struct ClusterRings {
     /// A combine block's reduction of one token: `reduce` plus `reduce_source` per partial.
     pub reduce: Time,
     pub reduce_source: Time,
+    /// Each cluster's frame (mbarrier init and fence, the cluster barriers at start and exit)
+    /// beyond the launch; 0 where the profile has no `cluster_frame_ns`.
+    pub frame: Time,
 }
 
 /// Steps of one item of the low-latency dispatch's send loop, each measured with every SM
@@ -272,6 +275,7 @@ impl Params {
                         smem_bytes: smem,
                         reduce: ns_f(reduce),
                         reduce_source: ns_f(reduce_source),
+                        frame: m.cluster_frame_ns.map_or(0, ns_f),
                     }),
                     _ => None,
                 },

@@ -333,9 +333,11 @@ impl ClusterProgram {
             let Some(c) = self.waiting.pop_front() else { return };
             self.free_slots.pop();
             self.sm_base[c as usize] = slot * self.n;
+            // The cluster's frame (its mbarriers set up, the barriers at start and exit) is
+            // charged before its workers start.
             for wk in 0..self.num_workers() {
                 if self.channel_of(wk) == c {
-                    core.wake_at(at, self.me, wk);
+                    core.wake_at(at + self.c.frame, self.me, wk);
                 }
             }
         }
@@ -710,6 +712,7 @@ mod tests {
             smem_bytes: 232_448,
             reduce: ns(1000),
             reduce_source: ns(100),
+            frame: 0,
         }
     }
 
@@ -836,6 +839,19 @@ iterations = 1
     }
 
     const EP8: &str = "num_sms = 30";
+
+    #[test]
+    fn the_frame_adds_to_both_kernels_once_per_cluster() {
+        // One wave (15 resident clusters for num_sms = 30): each op is the frame longer.
+        let plain = run_cluster(8, 64, (8, 256), EP8, &memory(REAL, &prov()));
+        let framed = format!("{}, cluster_frame_ns = 2000.0", prov());
+        let framed = run_cluster(8, 64, (8, 256), EP8, &memory(REAL, &framed));
+        assert_eq!(framed.verdict, Verdict::Ok, "{:?}", framed.failures);
+        for op in ["dispatch", "combine"] {
+            let more = mean_us(&framed, op) - mean_us(&plain, op);
+            assert!((more - 2.0).abs() < 1e-6, "{op}: {more}");
+        }
+    }
 
     #[test]
     fn cluster_kernels_run_where_the_backend_runs_them() {
