@@ -473,6 +473,8 @@ fn launch_shapes(sm_count: u32) -> Vec<(String, &'static str, u32, u32, u32)> {
 pub fn run_launch(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
     let sm_count = devs.list[0].gpu.sm_count;
     let mut us_by_shape = serde_json::Map::new();
+    // The frame kernel's mbarriers lie after the combine's 2 slots per source.
+    let (slots, slot_bytes) = (2i32, combine_slot_bytes() as i32);
     for (key, kernel, grid, threads, smem) in launch_shapes(sm_count) {
         {
             let d = &devs.list[0];
@@ -481,7 +483,6 @@ pub fn run_launch(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
                 d.gpu.set_max_dynamic_smem(f, smem)?;
             }
         }
-        let (slots, slot_bytes) = (2i32, combine_slot_bytes() as i32);
         let us = time_us(devs, 0, 20, |dev| {
             let f = dev.module(REDUCE_MODULE)?.function(kernel);
             let mut frame = kernel_args![slots, slot_bytes];

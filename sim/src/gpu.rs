@@ -213,6 +213,15 @@ impl Core {
         end
     }
 
+    /// What `sm_traffic` would charge the busier of GPU `gpu`'s L2 and HBM servers for these
+    /// bytes: a step's work on the whole GPU's memory, for models that share it out
+    /// themselves (hwkernels/sharing.rs).
+    pub fn sm_work(&self, gpu: u32, l2_bytes: u64, dram_bytes: u64, l2_extra: Time) -> Time {
+        let g = &self.gpus.gpus[gpu as usize];
+        (l2_work(g.l2.rate, g.l2_hbm, l2_bytes, dram_bytes) + l2_extra)
+            .max(g.dram.rate.time(dram_bytes))
+    }
+
     /// Trace a copy on its source GPU's NVLink (or HBM) track: issue to the issuer's end.
     fn trace_copy(&mut self, at: Time, src: u32, dst: u32, kind: PathKind, bytes: u64, end: Time) {
         use crate::trace::{PID_GPU, TID_HBM, TID_NVLINK};

@@ -314,16 +314,13 @@ impl LlProgram {
         let groups = (self.blocks * LL_GROUPS) as usize;
         let items = self.peer_items();
         let base = self.recv_start.iter().copied().min().unwrap_or(core.now);
-        let g = core.gpus.gpus[self.gpu as usize].clone();
         let msg = self.msg_bytes;
         let payload = if msg - 16 >= 2 * self.hidden { 2 * self.hidden } else { self.hidden };
         // A message's work: loaded (message) and stored (payload) through L2, both crossing
         // HBM, and its discard.
-        let work = |extra: u64| {
-            (crate::gpu::l2_work(g.l2.rate, g.l2_hbm, msg + payload, msg + payload + extra)
-                + self.m.l2_extra(0, msg))
-            .max(g.dram.rate.time(msg + payload + extra))
-        };
+        let discard = self.m.l2_extra(0, msg);
+        let work =
+            |extra: u64| core.sm_work(self.gpu, msg + payload, msg + payload + extra, discard);
         let plain = work(0) as f64;
         // The payload's rounds cap a warp's copy; the header before it and the scales after it
         // are dependent loads of their own (every SM loading).
@@ -437,14 +434,9 @@ impl LlProgram {
     fn combine_send(&mut self, core: &mut Core, t0: Time) {
         let groups = (self.blocks * LL_GROUPS) as usize;
         let row = self.msg_bytes;
-        let g = core.gpus.gpus[self.gpu as usize].clone();
-        // A row's work on the GPU's memory: whichever of L2 and HBM takes longer for its
-        // 2 × bytes (loaded and stored; read from HBM and written back) and its share of the
-        // flush's dirty lines.
-        let work = |extra: u64| {
-            crate::gpu::l2_work(g.l2.rate, g.l2_hbm, 2 * row, 2 * row + extra)
-                .max(g.dram.rate.time(2 * row + extra))
-        };
+        // A row's work on the GPU's memory: its 2 × bytes (loaded and stored; read from HBM
+        // and written back) and its share of the flush's dirty lines.
+        let work = |extra: u64| core.sm_work(self.gpu, 2 * row, 2 * row + extra, 0);
         let plain = work(0) as f64;
         let rates = sharing::Rates {
             warp: plain / warp_copy(row / 16, self.m.row_hbm) as f64,

@@ -58,11 +58,9 @@ pub(super) struct Warp {
 pub(super) fn run(warps: &[Warp], groups: usize, sms: usize, rates: Rates) -> Vec<Vec<Time>> {
     let n = warps.len();
     let mut pc = vec![0usize; n];
-    let mut at_barrier = vec![0u32; groups];
-    let mut group_size = vec![0u32; groups];
+    let mut at_barrier = vec![0usize; groups];
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); groups];
     for (i, w) in warps.iter().enumerate() {
-        group_size[w.group as usize] += 1;
         members[w.group as usize].push(i as u32);
     }
     let mut opened: Vec<Vec<Time>> = vec![Vec::new(); groups];
@@ -91,7 +89,7 @@ pub(super) fn run(warps: &[Warp], groups: usize, sms: usize, rates: Rates) -> Ve
                 Step::Barrier => {
                     let g = warps[wu].group as usize;
                     at_barrier[g] += 1;
-                    if at_barrier[g] == group_size[g] {
+                    if at_barrier[g] == members[g].len() {
                         at_barrier[g] = 0;
                         opened[g].push((now - 1e-6).ceil().max(0.0) as Time);
                         for &m in &members[g] {
