@@ -236,6 +236,10 @@ constexpr int kCombineReducerThreads = kCombineClusterThreads - NUM_RANKS * 32;
 // Diagnostics: per block of the combine, when its first kTokenStamps tokens had every partial
 // in shared memory and when their reduction was done (hw/src/intranode.rs CLUSTER_TOKEN_STAMPS).
 constexpr int kTokenStamps = 32;
+// And per ring leader, when its wait for each of its ring's first kRingStamps elements ended:
+// the element's landing, where the leader was already waiting for it (the first always is)
+// (hw/src/intranode/warp_times.rs CLUSTER_RING_STAMPS).
+constexpr int kRingStamps = 4;
 
 // One token's reduction by the combine's reducer threads (`rtid` of kCombineReducerThreads),
 // between the two named barriers of the token: the partial row of every ring j with
@@ -312,10 +316,12 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
     cluster_sync_all();
     const u64 t0 = globaltimer_ns();
     u64* times =
-        warp_ns != nullptr ? warp_ns + (u64)blockIdx.x * (1 + kCombineClusterThreads / 32 + 2 * kTokenStamps)
+        warp_ns != nullptr ? warp_ns + (u64)blockIdx.x * (1 + kCombineClusterThreads / 32 + 2 * kTokenStamps +
+                                                 NUM_RANKS * kRingStamps)
                            : nullptr;
     if (times != nullptr && threadIdx.x == 0) times[0] = t0;
     u64* token_ns = times != nullptr ? times + 1 + kCombineClusterThreads / 32 : nullptr;
+    u64* ring_ns = token_ns != nullptr ? token_ns + 2 * kTokenStamps : nullptr;
 
     if (warp < NUM_RANKS) {
         const int d = warp;
@@ -389,6 +395,7 @@ extern "C" __global__ void __cluster_dims__(NUM_RANKS, 1, 1) __launch_bounds__(k
                             break;
                         }
                     }
+                    if (ring_ns != nullptr && e < kRingStamps) ring_ns[d * kRingStamps + e] = globaltimer_ns();
                 }
                 expected[d] = e;
                 token_slot[d] = e >= 0 ? d * R + e % R : -1;

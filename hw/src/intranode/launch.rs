@@ -216,7 +216,7 @@ impl NormalJob {
         let (threads, smem) = (shape.threads, shape.smem_bytes);
         // SAFETY: args match the cluster kernels' (args, params, err, sm_slots, slot_bytes,
         // warp_ns); warp_ns is null or holds (1 + warps) words per block (the
-        // combine: 1 + warps + 2 × CLUSTER_TOKEN_STAMPS); the dynamic shared
+        // combine: 1 + warps + 2 × CLUSTER_TOKEN_STAMPS + n × CLUSTER_RING_STAMPS); the dynamic shared
         // memory is what their layout needs for `slots` of `slot_bytes`; the grid is whole
         // clusters of n blocks (one per channel), which need not be co-resident (channels never
         // wait on each other); `threads` is the kernel's compiled block size.

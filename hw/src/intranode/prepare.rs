@@ -9,7 +9,7 @@ use eptwin_engine::plan::{DeepEpJob, JobPlan, RoutingTable, Workload};
 use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};
-use super::warp_times::CLUSTER_TOKEN_STAMPS;
+use super::warp_times::{CLUSTER_RING_STAMPS, CLUSTER_TOKEN_STAMPS};
 use super::{
     NormalJob, NormalLaunch, NvlLayout, RankBuffers, RecvExpectation, expectations, payload_bytes,
 };
@@ -127,8 +127,11 @@ impl NormalJob {
             rank_digests: None,
             warp_times: if options.cluster_times && launch.rings.any() {
                 // Up to 4 warps per rank per block (the combine) plus the start, and the
-                // combine's per-token stamps, per block.
-                let words = (channels * n * (1 + 4 * n + 2 * CLUSTER_TOKEN_STAMPS)) as usize;
+                // combine's per-token and per-ring stamps, per block.
+                let words = (channels
+                    * n
+                    * (1 + 4 * n + 2 * CLUSTER_TOKEN_STAMPS + n * CLUSTER_RING_STAMPS))
+                    as usize;
                 let buf = devs.list[0].gpu.alloc(words * 8)?;
                 // Zero: a block whose channel has fewer tokens than stamps leaves the rest.
                 devs.list[0].gpu.memset_u32(buf.ptr, 0, words * 2)?;

@@ -8,6 +8,9 @@ use crate::probes::percentiles;
 
 /// Per-token stamps of the cluster combine's reducers (`kTokenStamps` in intranode_cluster.cu).
 pub(super) const CLUSTER_TOKEN_STAMPS: u32 = 32;
+/// Per ring leader of the cluster combine, the end of its wait for each of its ring's first
+/// elements (`kRingStamps` in intranode_cluster.cu).
+pub(super) const CLUSTER_RING_STAMPS: u32 = 4;
 
 impl NormalJob {
     /// `EPTWIN_CLUSTER_TIMES=1`: when the cluster kernel's warps finished (µs after the first
@@ -21,7 +24,11 @@ impl NormalJob {
     ) -> Result<(), HwError> {
         let Some(buf) = &self.warp_times else { return Ok(()) };
         let combine = op == "combine";
-        let stamps = if combine { 2 * CLUSTER_TOKEN_STAMPS as usize } else { 0 };
+        let stamps = if combine {
+            (2 * CLUSTER_TOKEN_STAMPS + self.n * CLUSTER_RING_STAMPS) as usize
+        } else {
+            0
+        };
         let per_block = (1 + warps) as usize + stamps;
         let blocks = (self.channels * self.n) as usize;
         let mut t = vec![0u64; blocks * per_block];
@@ -89,6 +96,41 @@ impl NormalJob {
             tracing::info!(
                 "cluster combine reducers per token (p50 over blocks, us after the \
                  block's start):{line}"
+            );
+            // Per ring element e: when its leader's wait ended, over every (block, ring) with
+            // such an element, and per block the spread of its rings' first elements (one
+            // landing order against landing together). A ring's first element belongs to the
+            // first token that visited that rank: for the rings the channel's first token
+            // visited (about k/n of them) the stamp is the landing; for the others it is when
+            // the reducers got to that later token.
+            let mut line = String::new();
+            let mut spread = Vec::new();
+            for e in 0..CLUSTER_RING_STAMPS as usize {
+                let mut ends = Vec::new();
+                for b in 0..blocks {
+                    let base =
+                        b * per_block + 1 + warps as usize + 2 * CLUSTER_TOKEN_STAMPS as usize;
+                    let mine: Vec<f64> = (0..self.n as usize)
+                        .map(|d| t[base + d * CLUSTER_RING_STAMPS as usize + e])
+                        .filter(|&v| v != 0)
+                        .map(|v| v.saturating_sub(t[b * per_block]) as f64 / 1e3)
+                        .collect();
+                    if e == 0 && mine.len() > 1 {
+                        let lo = mine.iter().copied().fold(f64::MAX, f64::min);
+                        let hi = mine.iter().copied().fold(0.0, f64::max);
+                        spread.push(hi - lo);
+                    }
+                    ends.extend(mine);
+                }
+                if ends.is_empty() {
+                    break;
+                }
+                line.push_str(&format!(" e{e} {};", percentiles(&mut ends)));
+            }
+            tracing::info!(
+                "cluster combine ring elements landed (leader's wait end, us after the \
+                 block's start):{line} first elements' spread within a block {}",
+                percentiles(&mut spread)
             );
         }
         Ok(())
