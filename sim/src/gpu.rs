@@ -213,6 +213,11 @@ impl Core {
         end
     }
 
+    /// When GPU `gpu`'s HBM server is done with the work reserved on it so far.
+    pub fn hbm_free_at(&self, gpu: u32) -> Time {
+        self.gpus.gpus[gpu as usize].dram.free
+    }
+
     /// What `sm_traffic` would charge the busier of GPU `gpu`'s L2 and HBM servers for these
     /// bytes: a step's work on the whole GPU's memory, for models that share it out
     /// themselves (hwkernels/sharing.rs).

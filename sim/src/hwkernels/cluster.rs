@@ -32,6 +32,12 @@
 //! * **Senders take turns.** Senders due at the same time issue one fill each, in turn (a
 //!   picosecond apart), as the SMs issue in parallel; one sender filling all its free slots
 //!   before the next issues at all would hand the first channels all the memory at the start.
+//! * **The start burst lands together.** The fills into slots never used before (every ring's
+//!   free slots, issued at a cluster's start) land no earlier than when HBM has done the whole
+//!   burst's reads: with every copy in flight at once, HBM serves their requests interleaved,
+//!   not in issue order. The combine's first token then waits for its 27.6 MB of expert outputs
+//!   at EP8, as the backend's stamps show on the H100 and the H200
+//!   (results/h100/combine-burst/README.md).
 //! * **Grid.** `num_sms / 2` channels, one cluster of n blocks each, at most
 //!   `cluster_max_active_clusters` × 8 / n clusters resident at once (the rest run in later
 //!   waves, a cluster starting when one ends), one block per SM.
@@ -60,6 +66,9 @@ const MAX_CLUSTER_RANKS: u32 = 8;
 const PROBE_CLUSTER_BLOCKS: u32 = 8;
 /// Tokens whose routing row a dispatch sender warp loads at once (one per lane).
 const WINDOW_TOKENS: u32 = 32;
+/// Fills issued within this long of the burst's first belong to it (senders take turns 1 ps
+/// apart).
+const BURST_WINDOW: Time = 1_000;
 /// The op's ring slot (engine `cluster_ring`, as the backend sizes it), or `None` where bulk
 /// copies cannot move it.
 fn slot_of(w: &Workload, dispatch: bool) -> Option<ClusterSlot> {
@@ -176,6 +185,14 @@ pub struct ClusterProgram {
     /// Every bulk copy into a peer's shared memory; each SM's intake of them.
     handoff: Server,
     ingest: Vec<Server>,
+    /// The start burst: fills into slots never used before (every ring's free slots at once),
+    /// each with when it would land in issue order; when HBM is done with the burst's reads.
+    burst: Vec<(usize, Time)>,
+    burst_hbm_end: Time,
+    /// When each channel's cluster started its workers; per combine block, when its first
+    /// token's partials were all in (after its cluster's start).
+    cluster_start: Vec<Time>,
+    first_ready: Vec<Time>,
     ranks_started: u32,
     t0: Time,
     mem0: MemSnap,
@@ -250,6 +267,10 @@ impl ClusterProgram {
             intake: c.ingest_chunk + c.sm_ingest.time(slot_bytes),
             handoff: Server::new(c.handoff),
             ingest: (0..resident * n).map(|_| Server::new(c.sm_ingest)).collect(),
+            burst: Vec::new(),
+            burst_hbm_end: 0,
+            cluster_start: vec![0; channels as usize],
+            first_ready: Vec::new(),
             ranks_started: 0,
             t0: 0,
             mem0: MemSnap::of(core, gpu),
@@ -333,6 +354,7 @@ impl ClusterProgram {
             let Some(c) = self.waiting.pop_front() else { return };
             self.free_slots.pop();
             self.sm_base[c as usize] = slot * self.n;
+            self.cluster_start[c as usize] = at + self.c.frame;
             // The cluster's frame (its mbarriers set up, the barriers at start and exit) is
             // charged before its workers start.
             for wk in 0..self.num_workers() {
@@ -385,25 +407,50 @@ impl ClusterProgram {
         let handed = handed.max(taken);
         let dram = hbm + self.flushed.take(hbm);
         let sm = self.sm(c, src);
-        let landed = core
-            .sm_traffic(
-                now,
-                self.gpu,
-                sm,
-                self.read_bytes,
-                dram,
-                self.c.transfer_l2,
-                chain,
-                Action::None,
-                self.me,
-                self.wire_bytes,
-            )
-            .max(handed);
+        let read_end = core.sm_traffic(
+            now,
+            self.gpu,
+            sm,
+            self.read_bytes,
+            dram,
+            self.c.transfer_l2,
+            0,
+            Action::None,
+            self.me,
+            self.wire_bytes,
+        );
+        let landed = read_end.max(now + chain).max(handed);
         let ring = &mut self.rings[ri];
         ring.data.push_back(t);
         ring.pushed += 1;
-        core.act_at(landed, Action::Add { counter: ring.tail, delta: 1 });
+        if ring.pushed <= self.slots as u64 {
+            // A slot never used before: the start burst (`close_burst`).
+            if self.burst.is_empty() {
+                core.wake_at(now + BURST_WINDOW, self.me, self.num_workers());
+            }
+            self.burst.push((ri, landed));
+            if dram > 0 {
+                self.burst_hbm_end = self.burst_hbm_end.max(core.hbm_free_at(self.gpu));
+            }
+        } else {
+            core.act_at(landed, Action::Add { counter: ring.tail, delta: 1 });
+        }
         self.sent[ri] += 1;
+    }
+
+    /// The start burst lands together. Every sender issues its ring's free slots at once, so
+    /// all of them are in flight together, and HBM serves the requests of concurrent bulk copies
+    /// interleaved, not in the order the warps issued them: no fill of the burst lands before
+    /// HBM has done the whole burst's reads (the combine's 1,920 expert-output rows, 27.6 MB at
+    /// EP8: its first token waits for them, as the cluster stamps show, docs/calibration.md
+    /// "The start burst"). Fills whose bytes come from L2 only (the dispatch's later copies of
+    /// a row) are not held back by more than the burst's HBM reads.
+    fn close_burst(&mut self, core: &mut Core) {
+        let end = self.burst_hbm_end;
+        for (ri, landed) in std::mem::take(&mut self.burst) {
+            core.act_at(landed.max(end), Action::Add { counter: self.rings[ri].tail, delta: 1 });
+        }
+        self.burst_hbm_end = 0;
     }
 
     // ---- dispatch ---------------------------------------------------------------------------
@@ -585,6 +632,9 @@ impl ClusterProgram {
             self.ledger.arrive(r, mix(d, t, 0));
         }
         let now = core.now;
+        if t == lo {
+            self.first_ready.push(now - self.cluster_start[c as usize]);
+        }
         let reduced = now + self.c.reduce + srcs.len() as u64 * self.c.reduce_source;
         let (gpu, sm) = (self.gpu, self.sm(c, r));
         let stored =
@@ -630,6 +680,9 @@ impl Program for ClusterProgram {
 
     fn wake(&mut self, core: &mut Core, _me: ProgId, actor: u32) {
         let rings = self.num_rings();
+        if actor == self.num_workers() {
+            return self.close_burst(core);
+        }
         if self.done[actor as usize] {
             return;
         }
@@ -664,6 +717,18 @@ impl Program for ClusterProgram {
             self.handoff.bytes as f64 / 1e9,
             100.0 * self.handoff.busy_ps as f64 / span.max(1) as f64,
         ));
+        if !self.first_ready.is_empty() {
+            // The backend's cluster stamps (EPTWIN_CLUSTER_TIMES=1) report the same: "t0 ready".
+            let mut v = self.first_ready.clone();
+            v.sort_unstable();
+            let us = |t: Time| t as f64 / 1e6;
+            s.checks.push(format!(
+                "one-GPU cluster combine: a block's first token has every partial {:.2} us after its cluster's start (median over blocks; {:.2} to {:.2})",
+                us(v[v.len() / 2]),
+                us(v[0]),
+                us(v[v.len() - 1])
+            ));
+        }
         s.checks.push(self.mem0.report(core, self.gpu, span));
         s
     }
@@ -954,6 +1019,41 @@ iterations = 1
         for op in ["dispatch", "combine"] {
             assert!(mean_us(&half, op) > 1.3 * mean_us(&base, op), "{op}");
         }
+    }
+
+    /// The first-token line of the combine's checks: (median, min, max) in µs.
+    fn first_token_us(r: &RunResult) -> (f64, f64, f64) {
+        let line = r.jobs[0].ops[1]
+            .summary
+            .checks
+            .iter()
+            .find(|c| c.contains("first token has every partial"))
+            .expect("the combine reports its first token");
+        let nums: Vec<f64> = line
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let k = nums.len();
+        (nums[k - 3], nums[k - 2], nums[k - 1])
+    }
+
+    #[test]
+    fn the_start_burst_lands_together_when_hbm_binds() {
+        // HBM at 100 GB/s: the burst's expert-output reads (every ring's two slots, 64 tokens
+        // per rank) take far longer than a refill's chain, so every fill of the burst lands
+        // when HBM has done all of them, and every block's first token is ready then; in
+        // issue order the first slots would land in the first half of the burst.
+        let slow = REAL.replace("dram_bw_gbps = 3999.0", "dram_bw_gbps = 100.0");
+        let r = run_cluster(8, 64, (8, 256), EP8, &memory(&slow, &prov()));
+        assert_eq!(r.verdict, Verdict::Ok, "{:?}", r.failures);
+        let (_, lo, hi) = first_token_us(&r);
+        assert!(hi - lo < 0.02, "first tokens ready {lo} to {hi} us");
+        // The burst: ≈ 64 · 5.25 (token, rank) rows per rank, two slots of each ring, 14,368 B.
+        assert!(lo > 100.0, "the burst's reads at 100 GB/s take over 100 us, got {lo}");
+        // With the real HBM the chain and the load ahead of it bind some blocks first.
+        let fast = run_cluster(8, 64, (8, 256), EP8, &memory(REAL, &prov()));
+        let (med, lo, _) = first_token_us(&fast);
+        assert!(lo > 0.0 && med < 20.0, "{lo} {med}");
     }
 
     #[test]
