@@ -12,7 +12,7 @@
 //! | `EPTWIN_NORMAL_DISPATCH` | cluster if possible | `cluster` or `global`: dispatch rings |
 //! | `EPTWIN_NORMAL_COMBINE` | cluster if possible | `cluster` or `global`: combine rings |
 //! | `EPTWIN_CLUSTER_SLOTS` | Config | at most N cluster ring slots per source |
-//! | `EPTWIN_CLUSTER_TIMES` | off | `1`: log when the cluster kernels' warps finished |
+//! | `EPTWIN_CLUSTER_TIMES` | off | `1`: log when the cluster kernels' warps finished, the combine's per-token and per-ring stamps |
 //! | `EPTWIN_COMBINE_GROUP_WARPS` | 5 | warps reducing one token in the normal combine |
 //! | `EPTWIN_L2_HINTS` | on | `0`: no L2 eviction-priority hints in the normal kernels |
 //! | `EPTWIN_FLAG_SCOPE` | placement | `sys`: system-scope flags even on one GPU |
@@ -86,8 +86,8 @@ pub struct HwOptions {
     pub normal_combine_rings: RingsWanted,
     /// `EPTWIN_CLUSTER_SLOTS=N`: at most N cluster ring slots per source (dispatch).
     pub cluster_slots: Option<u32>,
-    /// `EPTWIN_CLUSTER_TIMES=1`: log when the cluster kernels' warps finished, after the
-    /// host-checked iteration.
+    /// `EPTWIN_CLUSTER_TIMES=1`: log when the cluster kernels' warps finished, and the
+    /// combine's per-token and per-ring stamps, after the host-checked iteration.
     pub cluster_times: bool,
     /// `EPTWIN_COMBINE_GROUP_WARPS=N`: warps reducing one token together in the normal combine
     /// (clamped to what the block holds; 5 when unset).
