@@ -443,8 +443,8 @@ impl ClusterProgram {
     /// interleaved, not in the order the warps issued them: no fill of the burst lands before
     /// HBM has done the whole burst's reads (the combine's 1,920 expert-output rows, 27.6 MB at
     /// EP8: its first token waits for them, as the cluster stamps show, docs/calibration.md
-    /// "The start burst lands together"). Fills whose bytes come from L2 only (the dispatch's later copies of
-    /// a row) are not held back by more than the burst's HBM reads.
+    /// "The start burst lands together"). Fills whose bytes come from L2 only (the
+    /// dispatch's later copies of a row) are not held back by more than the burst's HBM reads.
     fn close_burst(&mut self, core: &mut Core) {
         let end = self.burst_hbm_end;
         for (ri, landed) in std::mem::take(&mut self.burst) {
