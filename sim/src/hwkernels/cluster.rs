@@ -719,7 +719,7 @@ impl Program for ClusterProgram {
         ));
         if !self.first_ready.is_empty() {
             // The backend's cluster stamps (EPTWIN_CLUSTER_TIMES=1) report the same: "t0 ready".
-            let mut v = self.first_ready.clone();
+            let v = &mut self.first_ready;
             v.sort_unstable();
             let us = |t: Time| t as f64 / 1e6;
             s.checks.push(format!(
