@@ -30,6 +30,11 @@ pub struct Comparison {
     /// measurement over the TCP wire is no measurement of a fabric.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_compared: Option<String>,
+    /// Other measured results of the same scenario name that were read and not used (a
+    /// directory of diagnostics next to the results holds several): shown so that the pairing
+    /// is never a silent choice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unused_measured: Vec<String>,
     pub rows: Vec<ComparisonRow>,
 }
 
@@ -189,6 +194,7 @@ impl Comparison {
             measured: measured.map(|(p, r)| side(p, r)),
             same_scenario_text,
             not_compared,
+            unused_measured: Vec::new(),
             rows,
         }
     }
@@ -205,9 +211,37 @@ impl Comparison {
     }
 }
 
-/// Pair results by scenario name: the first simulator result with the first measured one
-/// (eptwin's hardware backend or DeepEP's tests imported; results that were waived or have
-/// no ops are taken only when there is nothing else).
+/// The measured result to compare with scenario `name` among `results`, and the paths of the
+/// other measured results of that name (read, not used). One with ops comes before a waived or
+/// empty one; among those, one that ran the scenario text `sha256` (the simulated one's) comes
+/// first: a diagnostic run of a variant (hook mode, other settings) keeps its scenario's name
+/// but not its text. Otherwise the first in `results`' order.
+pub fn pick_measured<'a>(
+    results: &'a [Loaded<RunResult>],
+    name: &str,
+    sha256: Option<&str>,
+) -> (Option<&'a Loaded<RunResult>>, Vec<String>) {
+    let candidates: Vec<&Loaded<RunResult>> =
+        results.iter().filter(|r| r.doc.scenario.name == name && r.doc.is_measured()).collect();
+    let with_ops = |r: &&&Loaded<RunResult>| !r.doc.jobs.is_empty();
+    let taken = candidates
+        .iter()
+        .filter(with_ops)
+        .find(|r| Some(r.doc.scenario.sha256.as_str()) == sha256)
+        .or_else(|| candidates.iter().find(with_ops))
+        .or_else(|| candidates.first())
+        .copied();
+    let unused = candidates
+        .iter()
+        .filter(|r| !taken.is_some_and(|t| std::ptr::eq(**r, t)))
+        .map(|r| r.path.display().to_string())
+        .collect();
+    (taken, unused)
+}
+
+/// Pair results by scenario name: the first simulator result (one with ops first) with the
+/// measured one [`pick_measured`] takes (eptwin's hardware backend or DeepEP's tests imported);
+/// the measured results not taken are listed in the comparison.
 pub fn pair_all(results: &[Loaded<RunResult>]) -> Vec<Comparison> {
     let mut names: Vec<&str> = Vec::new();
     for r in results {
@@ -218,16 +252,22 @@ pub fn pair_all(results: &[Loaded<RunResult>]) -> Vec<Comparison> {
     names
         .into_iter()
         .map(|name| {
-            let pick = |wanted: fn(&RunResult) -> bool| {
-                let of = |r: &&Loaded<RunResult>| r.doc.scenario.name == name && wanted(&r.doc);
-                results
-                    .iter()
-                    .filter(of)
-                    .find(|r| !r.doc.jobs.is_empty())
-                    .or_else(|| results.iter().find(of))
-                    .map(|r| (r.path.as_path(), &r.doc))
+            let sim = |r: &&Loaded<RunResult>| {
+                r.doc.scenario.name == name && r.doc.backend_kind() == "sim"
             };
-            Comparison::new(pick(|r| r.backend_kind() == "sim"), pick(RunResult::is_measured))
+            let simulated = results
+                .iter()
+                .filter(sim)
+                .find(|r| !r.doc.jobs.is_empty())
+                .or_else(|| results.iter().find(sim));
+            let sha256 = simulated.map(|r| r.doc.scenario.sha256.as_str());
+            let (measured, unused) = pick_measured(results, name, sha256);
+            let mut comparison = Comparison::new(
+                simulated.map(|r| (r.path.as_path(), &r.doc)),
+                measured.map(|r| (r.path.as_path(), &r.doc)),
+            );
+            comparison.unused_measured = unused;
+            comparison
         })
         .collect()
 }
@@ -276,6 +316,14 @@ pub fn render_table(comparisons: &[Comparison]) -> String {
         }
         if let Some(why) = &c.not_compared {
             let _ = writeln!(out, "#   NOT COMPARED: {why}");
+        }
+        if !c.unused_measured.is_empty() {
+            let taken = c.measured.as_ref().map_or("none", |m| m.file.as_str());
+            let _ = writeln!(
+                out,
+                "#   NOTE: measured result taken: {taken}; also read, not used: {}",
+                c.unused_measured.join(", ")
+            );
         }
         let _ = writeln!(
             out,
@@ -399,5 +447,32 @@ mod tests {
         assert_eq!(pairs[0].rows[0].latency_error_pct, Some(10.0));
         assert_eq!(pairs[1].measured.as_ref().unwrap().backend, "hw");
         assert!(pairs[1].simulated.is_none());
+    }
+
+    /// Several measured results of one scenario: the one that ran the simulated scenario text
+    /// is taken even when a variant's file sorts first, and the others are named.
+    #[test]
+    fn the_measurement_of_the_simulated_text_is_taken_and_the_others_named() {
+        let mut hook = doc("a", "hw", 130.0);
+        hook.doc.scenario.sha256 = "variant".into();
+        hook.path = "a/diag/a.json".into();
+        let mut main = doc("a", "hw", 100.0);
+        main.path = "a/a.json".into();
+        let all = [doc("a", "sim", 110.0), hook, main];
+        let pairs = pair_all(&all);
+        assert_eq!(pairs[0].measured.as_ref().unwrap().file, "a/a.json");
+        assert_eq!(pairs[0].rows[0].latency_error_pct, Some(10.0));
+        assert_eq!(pairs[0].unused_measured, ["a/diag/a.json"]);
+        let table = render_table(&pairs);
+        assert!(
+            table.contains(
+                "NOTE: measured result taken: a/a.json; also read, not used: a/diag/a.json"
+            ),
+            "{table}"
+        );
+        // One measured result: nothing to name.
+        let pairs = pair_all(&[doc("b", "sim", 1.0), doc("b", "hw", 1.0)]);
+        assert!(pairs[0].unused_measured.is_empty());
+        assert!(!render_table(&pairs).contains("not used"));
     }
 }

@@ -45,9 +45,15 @@ pub fn compare(
             .with_context(|| format!("simulating {}", path.display()))?;
         let sim_path = result_path(out, &name, Some("sim"));
         write_atomic(&sim_path, &sim.to_json())?;
+        let mut unused_measured = Vec::new();
         let (meas, meas_path): (Option<RunResult>, Option<PathBuf>) = match &measured_results {
             Some(list) => {
-                let found = list.iter().find(|r| r.doc.scenario.name == name);
+                let (found, unused) = eptwin_reports::compare::pick_measured(
+                    list,
+                    &name,
+                    Some(plan.scenario_sha256.as_str()),
+                );
+                unused_measured = unused;
                 if found.is_none() {
                     eprintln!(
                         "eptwin: no measured result of {name:?} among {}",
@@ -77,10 +83,11 @@ pub fn compare(
                 plan.scenario_sha256
             );
         }
-        let comparison = Comparison::new(
+        let mut comparison = Comparison::new(
             Some((sim_path.as_path(), &sim)),
             meas.as_ref().zip(meas_path.as_deref()).map(|(r, p)| (p, r)),
         );
+        comparison.unused_measured = unused_measured;
         let cmp_path = eptwin_reports::compare::comparison_path(out, &name);
         write_atomic(&cmp_path, &comparison.to_json())?;
         tracing::info!("wrote {}", cmp_path.display());
