@@ -25,10 +25,15 @@ The committed profile (engine/profiles/h200-single.toml) comes from these runs:
       --cluster results/h200/h200-ep8-normal-4096.json \
       --cluster results/h200/probe-run/load/run1-h200-ep8-normal-128.json \
       --cluster results/h200/probe-run/load/run2-h200-ep8-normal-128.json \
-      --flush /tmp/flush-cost/flushed-a/log.txt --flush /tmp/flush-cost/flushed-b/log.txt
+      --flush /tmp/flush-cost/flushed-a/log.txt --flush /tmp/flush-cost/flushed-b/log.txt \
+      --frame results/h200/probe-run/cluster-launch/h200-ep8-normal-128.json \
+      --frame results/h200/probe-run/cluster-launch/h200-ep8-normal-4096.json \
+      --frame results/h200/probe-run/cluster-launch/passes-2-4-log.txt \
+      --frame results/h200/repeat/h200-ep8-normal-128.json \
+      --frame results/h200/repeat/h200-ep8-normal-4096.json
 
 Usage: h200-profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll-send FILE]...
-       [--cluster FILE]... [--flush FILE]...
+       [--cluster FILE]... [--flush FILE]... [--frame FILE]...
   LABEL names the file in the source comments (default: the path given).
   --handoff FILE: take probe.ring_handoff_bw_gbps from FILE (a result JSON, or a log with
   "# measured probe.ring_handoff_bw_gbps: {...}" lines; every occurrence is averaged) instead
@@ -44,6 +49,9 @@ Usage: h200-profile-from-probes.py RESULT.json [LABEL] [--handoff FILE]... [--ll
   RESULT if it has them. Every cluster probe shape is printed with the model's time for it.
   Where the files also have probe.cluster_launch_us, cluster_frame_ns too: the combine kernel's
   frame (mbarrier init, the cluster barriers at start and exit) less its empty launch.
+  --frame FILE: take cluster_frame_ns from FILE (a result JSON or a log with
+  probe.cluster_launch_us; every occurrence counts) instead of the --cluster files: runs of the
+  launch probe alone, whose few handoff shapes should not enter the other cluster keys.
   --flush FILE: probe.flush_writeback from FILE (a result JSON or a log; every occurrence
   counts) for flush_dirty_bytes, the dirty lines the timing's 256 MB memset leaves for an op:
   median over the reads of 16-128 MiB of after_flush_us - after_clean_us, at dram_bw_gbps.
@@ -367,11 +375,12 @@ def l2_rates(m, l2_bytes):
 
 def main():
     args = sys.argv[1:]
-    opts = ("--handoff", "--ll-send", "--cluster", "--flush")
+    opts = ("--handoff", "--ll-send", "--cluster", "--flush", "--frame")
     flush_files = [args[i + 1] for i, a in enumerate(args) if a == "--flush"]
     handoff_files = [args[i + 1] for i, a in enumerate(args) if a == "--handoff"]
     ll_send_files = [args[i + 1] for i, a in enumerate(args) if a == "--ll-send"]
     cluster_files = [args[i + 1] for i, a in enumerate(args) if a == "--cluster"]
+    frame_files = [args[i + 1] for i, a in enumerate(args) if a == "--frame"]
     pos = [a for i, a in enumerate(args) if a not in opts and (i == 0 or args[i - 1] not in opts)]
     path = pos[0]
     label = pos[1] if len(pos) > 1 else path
@@ -487,11 +496,12 @@ def main():
         more, notes = cluster_lines(runs, f"({', '.join(cluster_files) or label})", m, mem,
                                     runs_reduce)
         lines += more
-        frame = frame_ns([f for f in cluster_files] or [path])
+        frame_src = frame_files or cluster_files
+        frame = frame_ns(frame_src or [path])
         if more and frame is not None:
             ns, n = frame
             lines.append(f"cluster_frame_ns = {ns:.0f} # probe.cluster_launch_us combine_cluster_frame - "
-                         f"combine_cluster, mean of {n} ({', '.join(cluster_files) or label})")
+                         f"combine_cluster, mean of {n} ({', '.join(frame_src) or label})")
     print("\n".join(lines))
     if notes:
         print("\n# cluster probe shapes: measured kernel time against the model's with these values")
