@@ -19,6 +19,7 @@ pub mod replay;
 pub mod result;
 pub mod rng;
 pub mod routing;
+pub mod routing_file;
 pub mod run;
 pub mod scenario;
 pub mod sweep;

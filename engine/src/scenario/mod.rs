@@ -244,7 +244,7 @@ experts = 256
             (
                 "hidden = 7168",
                 "hidden = 7168\nrouting = \"zipff\"",
-                "m.toml:13:11: error[parse]: job[0].workload.routing: expected one of \"uniform\", \"node-limited\", \"zipf\", found \"zipff\"",
+                "m.toml:13:11: error[parse]: job[0].workload.routing: expected one of \"uniform\", \"node-limited\", \"zipf\", \"file\", found \"zipff\"",
             ),
         ];
         for (old, new, expected) in cases {
