@@ -17,8 +17,8 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use crate::error::EngineError;
 use crate::routing::RoutingTable;
 use crate::scenario::limits::MAX_ROUTING_FILE_BYTES;
-use crate::scenario::sha256_hex;
 use crate::scenario::source::SourceMap;
+use crate::scenario::{read_at_most, sha256_hex};
 
 /// The shape a routing file must have for one job: the workload's tokens, top-k and experts;
 /// the job's rank count (the file may hold more ranks: the job takes the first `num_ranks`).
@@ -68,15 +68,8 @@ pub fn load(path: &Path, expect: Expected) -> Result<LoadedRouting, EngineError>
     if meta.len() > MAX_ROUTING_FILE_BYTES {
         return Err(too_large(meta.len()));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    std::fs::File::open(path)
-        .and_then(|f| {
-            std::io::Read::read_to_end(
-                &mut std::io::Read::take(f, MAX_ROUTING_FILE_BYTES + 1),
-                &mut bytes,
-            )
-        })
-        .map_err(|e| fail(e.to_string()))?;
+    let bytes =
+        read_at_most(path, meta.len(), MAX_ROUTING_FILE_BYTES).map_err(|e| fail(e.to_string()))?;
     if bytes.len() as u64 > MAX_ROUTING_FILE_BYTES {
         // The file grew after it was measured.
         return Err(too_large(bytes.len() as u64));
