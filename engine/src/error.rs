@@ -19,6 +19,11 @@ pub enum EngineError {
     /// The scenario parsed but breaks DeepEP/NVSHMEM/fabric rules.
     #[error("{file}: {} error(s):\n{}", count_errors(.diagnostics), render(.diagnostics))]
     Invalid { file: String, diagnostics: Vec<Diagnostic> },
+    /// A routing file (`routing = "file"`) that cannot be read or breaks the format
+    /// (docs/scenario.md, "Routing files"): `at` is the line and column in it; content faults
+    /// name the rank, token and slot in `message`.
+    #[error("{}{}: {message}", path.display(), at.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default())]
+    RoutingFile { path: PathBuf, at: Option<(usize, usize)>, message: String },
     #[error("writing results to {}: {message}", path.display())]
     ResultWrite { path: PathBuf, message: String },
     #[error("{0}")]

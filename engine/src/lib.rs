@@ -2,9 +2,9 @@
 //! hardware profiles, topology, routing and layout, the `Transport` trait, the run loop and
 //! the result documents, and parameter sweeps over them.
 //!
-//! Architecture Invariant: this crate is pure. It reads scenario files and writes result files
-//! (atomically; a sweep writes each point's scenario beside its result) and nothing else: no
-//! clock, no OS randomness, no GPU, no network.
+//! Architecture Invariant: this crate is pure. It reads scenario files (and the routing files
+//! they name) and writes result files (atomically; a sweep writes each point's scenario beside
+//! its result) and nothing else: no clock, no OS randomness, no GPU, no network.
 
 pub mod cluster_ring;
 pub mod deepep;
@@ -19,6 +19,7 @@ pub mod replay;
 pub mod result;
 pub mod rng;
 pub mod routing;
+pub mod routing_file;
 pub mod run;
 pub mod scenario;
 pub mod sweep;

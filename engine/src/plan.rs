@@ -14,6 +14,7 @@ use crate::deepep::bytes::{LogicalBytes, logical_bytes};
 use crate::deepep::env::EnvVar;
 use crate::error::EngineError;
 use crate::ids::{JobId, Rank, Sl, Vl};
+use crate::result::RoutingFileRecord;
 use crate::routing::generate;
 use crate::scenario::LoadedScenario;
 use crate::scenario::schema::{BufferSpec, ReferenceSpec, RoutingKind, TrafficSpec, WorkloadSpec};
@@ -77,7 +78,8 @@ pub enum JobKind {
 
 /// A DeepEP job: its mode, `Buffer` arguments, workload and resolved `Config`s; the routing
 /// and logical byte counts generated from them on first use (validating a scenario never
-/// builds its tables; `Plan::build` does, once).
+/// generates its tables; `Plan::build` does, once). A file routing is the exception: the
+/// validator reads the file to check it and the job holds its table from then on.
 #[derive(Debug, Clone)]
 pub struct DeepEpJob {
     pub mode: EpMode,
@@ -87,8 +89,19 @@ pub struct DeepEpJob {
     pub dispatch_config: Option<Config>,
     pub combine_config: Option<Config>,
     pub num_local_experts: u32,
+    /// The routing file a `Routing::File` job replays: where it was read and its sha256
+    /// (results record both).
+    pub routing_file: Option<RoutingFileRef>,
     num_ranks: u32,
     generated: OnceLock<Generated>,
+}
+
+/// The routing file a job ran, as results name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingFileRef {
+    /// The path it was read from (the scenario's directory joined with a relative path).
+    pub file: String,
+    pub sha256: String,
 }
 
 #[derive(Debug, Clone)]
@@ -112,9 +125,21 @@ impl DeepEpJob {
             workload,
             dispatch_config: configs.0,
             combine_config: configs.1,
+            routing_file: None,
             num_ranks,
             generated: OnceLock::new(),
         }
+    }
+
+    /// The job replaying a routing read from a file (the validator read and checked it for
+    /// this job's shape): the table is held from now on instead of generated.
+    pub fn with_routing_file(mut self, loaded: crate::routing_file::LoadedRouting) -> DeepEpJob {
+        let w = &self.workload;
+        let logical =
+            logical_bytes(self.mode, &loaded.table, w.hidden, w.dispatch_dtype, w.combine_dtype);
+        self.generated = OnceLock::from(Generated { routing: loaded.table, logical });
+        self.routing_file = Some(RoutingFileRef { file: loaded.file, sha256: loaded.sha256 });
+        self
     }
 
     fn generated(&self) -> &Generated {
@@ -127,7 +152,8 @@ impl DeepEpJob {
         })
     }
 
-    /// Routing in job-rank space, generated from the workload's seed.
+    /// Routing in job-rank space: generated from the workload's seed, or the table of its
+    /// routing file.
     pub fn routing(&self) -> &RoutingTable {
         &self.generated().routing
     }
@@ -195,6 +221,9 @@ pub enum Routing {
     NodeLimited { topk_groups: u32 },
     /// Expert popularity ∝ 1/(i+1)^skew.
     Zipf { skew: f64 },
+    /// A recorded routing (`routing_file`): the validator reads the file and the job holds its
+    /// table (`DeepEpJob::routing_file`); the seed does not move it.
+    File,
 }
 
 impl Workload {
@@ -234,6 +263,7 @@ impl Workload {
                     Routing::NodeLimited { topk_groups: w.topk_groups.unwrap_or(groups.min(4)) }
                 }
                 RoutingKind::Zipf => Routing::Zipf { skew: w.skew.unwrap_or(1.0) },
+                RoutingKind::File => Routing::File,
             },
             masked_selections: w.masked_selections,
             seed: w.seed,
@@ -332,5 +362,37 @@ impl Plan {
 
     pub fn job(&self, id: JobId) -> &JobPlan {
         &self.jobs[id.index()]
+    }
+
+    /// The routing files the jobs replay, in job order (results record them).
+    pub fn routing_files(&self) -> Vec<RoutingFileRecord> {
+        self.jobs
+            .iter()
+            .filter_map(|j| {
+                let f = j.deepep()?.routing_file.as_ref()?;
+                Some(RoutingFileRecord {
+                    job: j.name.clone(),
+                    file: f.file.clone(),
+                    sha256: f.sha256.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The sha256 of everything the plan was read from: the scenario's text alone when no job
+    /// replays a routing file (then it is `scenario_sha256`), else the scenario's and every
+    /// routing file's digest together. Processes of one run compare it, so each must have read
+    /// the same routing as well as the same scenario.
+    pub fn inputs_sha256(&self) -> String {
+        let files = self.routing_files();
+        if files.is_empty() {
+            return self.scenario_sha256.clone();
+        }
+        let mut text = self.scenario_sha256.clone();
+        for f in &files {
+            text.push('\n');
+            text.push_str(&f.sha256);
+        }
+        crate::scenario::sha256_hex(text.as_bytes())
     }
 }

@@ -71,6 +71,20 @@ pub struct ScenarioRef {
     /// The workload/cluster knobs reports put on axes (ranks, tokens, hidden, ...).
     #[serde(default)]
     pub facts: BTreeMap<String, serde_json::Value>,
+    /// The routing files the scenario's jobs replayed (`routing = "file"`), so a result names
+    /// the exact routing it ran as `sha256` names the exact text; absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routing_files: Vec<RoutingFileRecord>,
+}
+
+/// One job's routing file in a result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutingFileRecord {
+    pub job: String,
+    /// The path it was read from.
+    pub file: String,
+    /// Hex sha256 of its bytes.
+    pub sha256: String,
 }
 
 /// Who made the result: eptwin version, git commit, and (hardware runs) when.

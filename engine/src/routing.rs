@@ -1,5 +1,6 @@
 //! Token → expert routing, generated from the scenario seed so that the simulator and the
-//! hardware move byte-identical workloads. Conventions follow DeepEP's tests (docs/design.md,
+//! hardware move byte-identical workloads (a recorded routing is read by `routing_file.rs`
+//! instead, and held by the plan the same way). Conventions follow DeepEP's tests (docs/design.md,
 //! DeepEP §17).
 
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,8 @@ impl RoutingTable {
 
 /// Generate the routing of a workload for `num_ranks` ranks. Each rank draws from its own
 /// stream of the seed, so tables for different rank counts share no accidental structure.
+/// A `Routing::File` workload is not generated (its job holds the file's table); here every
+/// one of its selections is masked.
 pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
     let topk = workload.topk as usize;
     let experts = workload.experts as usize;
@@ -147,6 +150,9 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
                         *slot = order[k] as i32;
                     }
                 }
+                // A file routing is read, not drawn (`routing_file.rs`; the job holds the
+                // file's table): nothing to select here, the slots stay masked.
+                Routing::File => {}
                 Routing::Zipf { .. } => {
                     // Efraimidis-Spirakis: top-k of ln(U) / w is weighted sampling without
                     // replacement.

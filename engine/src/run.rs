@@ -171,6 +171,7 @@ pub fn scenario_ref(plan: &Plan) -> ScenarioRef {
         file: plan.scenario_file.clone(),
         description: plan.description.clone(),
         facts,
+        routing_files: plan.routing_files(),
     }
 }
 

@@ -186,6 +186,7 @@ impl SweepPlan {
                 point_values.push(vals[i].clone());
                 suffix.push(clean(&format!("{label}-{}", text_of(&vals[i]))));
             }
+            anchor_routing_files(&mut table, file);
             let name = format!("{base_name}.{}", suffix.join("."));
             table.insert("name".into(), toml::Value::String(name.clone()));
             let assignments = |sep: &str, show: fn(&toml::Value) -> String| {
@@ -223,6 +224,25 @@ impl SweepPlan {
             total_points,
             points,
         })
+    }
+}
+
+/// Point scenarios are written to the sweep's output directory, but a relative
+/// `routing_file` is relative to the base scenario's: make each one absolute, resolved from
+/// there (and from the working directory when the base's path is relative), so the point
+/// reads the same file and `eptwin run <point>.toml` does too.
+fn anchor_routing_files(table: &mut toml::Table, base_file: &str) {
+    let Some(toml::Value::Array(jobs)) = table.get_mut("job") else { return };
+    for job in jobs {
+        let Some(toml::Value::String(file)) =
+            job.get_mut("workload").and_then(|w| w.get_mut("routing_file"))
+        else {
+            continue;
+        };
+        let path = crate::routing_file::resolve(base_file, file);
+        if let Ok(absolute) = std::path::absolute(&path) {
+            *file = absolute.display().to_string();
+        }
     }
 }
 

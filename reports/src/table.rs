@@ -10,10 +10,19 @@ pub fn render(result: &RunResult) -> String {
     let backend = result.backend_kind();
     let detail = match backend {
         "sim" => {
+            // A job replaying a routing file is named by its file: its seed moves nothing.
+            let replayed = |job: &str| result.scenario.routing_files.iter().any(|f| f.job == job);
             let seeds: Vec<String> = result
                 .jobs
                 .iter()
+                .filter(|j| !replayed(&j.name))
                 .filter_map(|j| j.facts.get("seed").map(|s| s.to_string()))
+                .collect();
+            let files: String = result
+                .scenario
+                .routing_files
+                .iter()
+                .map(|f| format!(", routing file {} (sha256 {:.12})", f.file, f.sha256))
                 .collect();
             format!(
                 "simulator {}{}",
@@ -22,8 +31,8 @@ pub fn render(result: &RunResult) -> String {
                     String::new()
                 } else {
                     format!(", routing seed {}", seeds.join("/"))
-                }
-            )
+                },
+            ) + &files
         }
         _ => {
             result.backend.get("gpus").map(|g| g.to_string()).unwrap_or_else(|| backend.to_string())

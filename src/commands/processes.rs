@@ -106,7 +106,8 @@ pub fn run_in_group(
     };
     let config = GroupConfig {
         launch: launch.clone(),
-        scenario_sha256: plan.scenario_sha256.clone(),
+        // The scenario's routing files too: each process reads them on its own machine.
+        scenario_sha256: plan.inputs_sha256(),
         eptwin_version: eptwin_engine::VERSION.to_string(),
         timeouts,
     };

@@ -140,7 +140,7 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
         num_topk_groups: (script == Script::Internode).then(|| match w.routing {
             RoutingKind::NodeLimited => w.topk_groups.unwrap_or(subject.nodes.min(4)),
             // Keeping every node is plain top-k over all experts.
-            RoutingKind::Uniform | RoutingKind::Zipf => subject.nodes,
+            RoutingKind::Uniform | RoutingKind::Zipf | RoutingKind::File => subject.nodes,
         }),
         allow_mnnvl: d.buffer.allow_mnnvl && script != Script::Internode,
         use_fabric: d.buffer.use_fabric && script == Script::Intranode,
@@ -218,17 +218,22 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
         _ => {}
     }
     // Routing: the scripts draw |N(0,1)| + 1 scores and take the top-k (test_internode.py
-    // first keeps the top --num-topk-groups nodes).
+    // first keeps the top --num-topk-groups nodes). They take no routing from outside, so a
+    // recorded routing (`routing = "file"`) cannot be replayed either, even one recorded from
+    // the same script: the draw depends on torch's version and the GPU's SM count.
     let routing_ok = match (w.routing, script) {
         (RoutingKind::Uniform, _) => true,
         (RoutingKind::NodeLimited, Script::Internode) => true,
-        (RoutingKind::NodeLimited | RoutingKind::Zipf, _) => false,
+        (RoutingKind::NodeLimited | RoutingKind::Zipf | RoutingKind::File, _) => false,
     };
     if !routing_ok {
         let scenario = match w.routing {
             RoutingKind::Zipf => format!("zipf (skew {})", w.skew.unwrap_or_default()),
             RoutingKind::NodeLimited => {
                 format!("node-limited (topk_groups {})", w.topk_groups.unwrap_or_default())
+            }
+            RoutingKind::File => {
+                format!("file ({})", w.routing_file.as_deref().unwrap_or_default())
             }
             RoutingKind::Uniform => "uniform".into(),
         };
@@ -246,7 +251,8 @@ fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut
         );
     }
     let script_masked = if script == Script::LowLatency { SCRIPT_LL_MASKED } else { 0 };
-    if w.masked_selections != script_masked {
+    // A file routing carries its own masked entries (the refusal above already covers it).
+    if w.masked_selections != script_masked && w.routing != RoutingKind::File {
         note(
             Warning,
             "job.workload.masked_selections",
@@ -767,6 +773,26 @@ masked_selections = 10
         );
         assert!(find("routing").contains("the scenario has zipf (skew 1.2)"), "{lines:?}");
         assert!(find("masked_selections").starts_with("warning:"), "{lines:?}");
+    }
+
+    /// DeepEP's scripts draw their own routing: a recorded one is refused, naming the file.
+    #[test]
+    fn a_file_routing_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = crate::plan::Plan::build(&parse("test.toml", LL16).unwrap()).unwrap();
+        let table = plan.jobs[0].deepep().unwrap().routing().clone();
+        std::fs::write(dir.path().join("r.json"), crate::routing_file::to_json(&table, "test"))
+            .unwrap();
+        let text = LL16.replace(
+            "masked_selections = 10",
+            &format!("routing = \"file\"\nrouting_file = {:?}", dir.path().join("r.json")),
+        );
+        let notes = launch(&subject(&text), "DeepEP").unwrap_err();
+        let lines: Vec<String> = notes.iter().map(|n| n.to_string()).collect();
+        let routing = lines.iter().find(|l| l.contains("job.workload.routing")).unwrap();
+        assert!(routing.starts_with("refused:"), "{lines:?}");
+        assert!(routing.contains("r.json)"), "{routing}");
+        assert!(!lines.iter().any(|l| l.contains("masked_selections")), "{lines:?}");
     }
 
     #[test]

@@ -38,6 +38,11 @@ pub const MAX_QPS_PER_RANK: u32 = 1024;
 /// 8 bytes each (128 MiB), the simulator about 40 (normal) to 60 (low-latency) bytes each
 /// (≈ 1 GiB at the limit); EP64 × 4,096 tokens × top-8 is 2 Mi.
 pub const MAX_SELECTIONS: u64 = 1 << 24;
+/// A routing file (`routing = "file"`): 256 MiB, 16 bytes per selection of a table of
+/// `MAX_SELECTIONS` — an expert index and an f32 weight printed shortest (≈ 10 characters) with
+/// their separators. The file is read whole before it is parsed; the parse keeps only the job's
+/// table, so a run takes this plus the table's 8 bytes per selection.
+pub const MAX_ROUTING_FILE_BYTES: u64 = 16 * MAX_SELECTIONS;
 /// Ranks × experts of a DeepEP job: the low-latency receivers keep a counter per (local
 /// expert, source rank) on every rank, about 70 bytes each in the simulator (≈ 600 MiB at the
 /// limit); EP256 × 256 experts is 64 Ki.

@@ -62,15 +62,7 @@ pub fn load(path: &Path) -> Result<LoadedScenario, EngineError> {
     if meta.len() > MAX_SCENARIO_BYTES {
         return Err(too_large(meta.len()));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    std::fs::File::open(path)
-        .and_then(|f| {
-            std::io::Read::read_to_end(
-                &mut std::io::Read::take(f, MAX_SCENARIO_BYTES + 1),
-                &mut bytes,
-            )
-        })
-        .map_err(io)?;
+    let bytes = read_at_most(path, meta.len(), MAX_SCENARIO_BYTES).map_err(io)?;
     if bytes.len() as u64 > MAX_SCENARIO_BYTES {
         // The file grew after it was measured.
         return Err(too_large(bytes.len() as u64));
@@ -88,6 +80,15 @@ pub fn load(path: &Path) -> Result<LoadedScenario, EngineError> {
         }
     })?;
     parse(&file, &text)
+}
+
+/// The bytes of the file at `path` (measured at `len` bytes), never more than `limit` + 1 of
+/// them: a file that grew past `limit` after it was measured shows as longer than `limit`.
+pub(crate) fn read_at_most(path: &Path, len: u64, limit: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(len.min(limit) as usize);
+    let file = std::fs::File::open(path)?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes)?;
+    Ok(bytes)
 }
 
 fn file_kind(meta: &std::fs::Metadata) -> &'static str {
@@ -244,7 +245,7 @@ experts = 256
             (
                 "hidden = 7168",
                 "hidden = 7168\nrouting = \"zipff\"",
-                "m.toml:13:11: error[parse]: job[0].workload.routing: expected one of \"uniform\", \"node-limited\", \"zipf\", found \"zipff\"",
+                "m.toml:13:11: error[parse]: job[0].workload.routing: expected one of \"uniform\", \"node-limited\", \"zipf\", \"file\", found \"zipff\"",
             ),
         ];
         for (old, new, expected) in cases {

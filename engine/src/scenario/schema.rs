@@ -340,6 +340,8 @@ pub enum RoutingKind {
     NodeLimited,
     /// Expert popularity ∝ 1/(i+1)^skew: hot experts.
     Zipf,
+    /// A recorded routing read from `routing_file` (docs/scenario.md, "Routing files").
+    File,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -393,6 +395,10 @@ pub struct WorkloadSpec {
     /// Zipf exponent under `routing = "zipf"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skew: Option<f64>,
+    /// The recorded routing under `routing = "file"`: a JSON file, relative to the scenario
+    /// file's directory unless absolute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_file: Option<String>,
     /// (token, slot) entries masked to -1 per rank, as DeepEP's low-latency test does (~10).
     #[serde(default)]
     pub masked_selections: u32,

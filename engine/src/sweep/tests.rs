@@ -242,3 +242,45 @@ fn the_grid_keeps_point_order_at_any_thread_count() {
         assert_eq!(order, (0..6).collect::<Vec<_>>());
     }
 }
+
+/// A swept `routing_file` is relative to the base scenario's directory, not to the output
+/// directory the points are written to; each point records the sha256 of the file it read.
+#[test]
+fn swept_routing_files_resolve_against_the_base_scenario() {
+    let root = tempfile::tempdir().unwrap();
+    let (base_dir, out) = (root.path().join("base"), root.path().join("out"));
+    std::fs::create_dir_all(base_dir.join("r")).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    let draft =
+        crate::testing::one_gpu_low_latency("t").set("job[0].workload.masked_selections", 0);
+    let mut shas = Vec::new();
+    for (name, seed) in [("a", 1), ("b", 2)] {
+        let table = draft.clone().set("job[0].workload.seed", seed).plan().jobs[0]
+            .deepep()
+            .unwrap()
+            .routing()
+            .clone();
+        let text = crate::routing_file::to_json(&table, name);
+        std::fs::write(base_dir.join(format!("r/{name}.json")), &text).unwrap();
+        shas.push(crate::scenario::sha256_hex(text.as_bytes()));
+    }
+    let file = base_dir.join("t.toml").display().to_string();
+    let text = draft.text();
+    let loaded = crate::parse(&file, &text).unwrap();
+    let sets = keys(&["job.workload.routing=file", "job.workload.routing_file=r/a.json,r/b.json"]);
+    let p = SweepPlan::new(&file, &text, &loaded, &sets, Shard::ALL).unwrap();
+    for (point, (name, sha)) in p.points.iter().zip(["a", "b"].iter().zip(&shas)) {
+        let want = std::path::absolute(base_dir.join(format!("r/{name}.json"))).unwrap();
+        assert!(
+            point.text.contains(&format!("routing_file = {:?}", want.display().to_string())),
+            "{}",
+            point.text
+        );
+        // Read as `run_point` reads it: from the output directory.
+        let label = out.join(format!("{}.toml", point.name)).display().to_string();
+        let plan = Plan::build(&crate::parse(&label, &point.text).unwrap()).unwrap();
+        let records = crate::run::scenario_ref(&plan).routing_files;
+        assert_eq!(records.len(), 1);
+        assert_eq!((&records[0].sha256, records[0].job.as_str()), (sha, "ep"));
+    }
+}

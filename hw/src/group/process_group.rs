@@ -102,7 +102,8 @@ impl Timeouts {
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
     pub launch: LaunchInfo,
-    /// sha256 of the scenario text: every process must run the same one.
+    /// sha256 of the scenario text, and of its routing files when it replays any
+    /// (`Plan::inputs_sha256`): every process must run the same ones.
     pub scenario_sha256: String,
     /// Every process must run the same eptwin; [`eptwin_engine::VERSION`] in the binary.
     pub eptwin_version: String,

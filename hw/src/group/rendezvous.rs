@@ -171,7 +171,7 @@ fn refusal(
     if hello.scenario_sha256 != arrival.scenario_sha256 {
         return Some(format!(
             "read a scenario with sha256 {} but {me} read one with sha256 {}: every process must \
-             run the same scenario text",
+             run the same scenario text and routing files",
             short(&hello.scenario_sha256),
             short(arrival.scenario_sha256)
         ));

@@ -7,6 +7,7 @@ mod conformance;
 mod isolation;
 mod properties;
 mod qp_depth;
+mod routing_file;
 mod scenarios;
 mod trace;
 mod util;

@@ -33,6 +33,7 @@ pub(super) fn check(
     check_nvl_domains(job, b, mode, d);
     buffer::check(job, b, mode, d);
     let shape = workload::check(job, b, w, mode, d)?;
+    let routing_file = workload::routing_file(job, w, d);
     let configs = match mode {
         EpMode::LowLatency => {
             if shape.experts_divisible {
@@ -43,7 +44,11 @@ pub(super) fn check(
         EpMode::Intranode | EpMode::Internode => normal::check(job, b, w, mode, d),
     };
     check_nvlink(job, bypass, d);
-    Some(DeepEpJob::new(mode, BufferSettings::from(b), Workload::from_spec(w, n), configs, n))
+    let job = DeepEpJob::new(mode, BufferSettings::from(b), Workload::from_spec(w, n), configs, n);
+    Some(match routing_file {
+        Some(loaded) => job.with_routing_file(loaded),
+        None => job,
+    })
 }
 
 /// Rank counts DeepEP accepts and its kernels are instantiated for (deep_ep.cpp:158-161,

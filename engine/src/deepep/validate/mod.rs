@@ -37,7 +37,8 @@ const IBGDA_MIN_QP_DEPTH: u32 = 64;
 
 /// Validate a parsed scenario and resolve it: every diagnostic (errors and advisories) and,
 /// when there are no errors, the plan. `Plan::build` wraps this; routing is generated only
-/// when first asked for, so validating never builds workload tables.
+/// when first asked for, so validating never builds workload tables (a routing file is read
+/// here: checking it is validating it, and the plan holds its table).
 pub fn validate(scn: &Scenario, src: &SourceMap) -> (Vec<Diagnostic>, Option<Plan>) {
     let mut d = Diagnostics::new(src);
     let plan = resolve(scn, &mut d);

@@ -3,6 +3,7 @@
 use super::Job;
 use crate::deepep::config::{EpMode, num_rdma_ranks};
 use crate::diag::Diagnostics;
+use crate::routing_file::{self, Expected, LoadedRouting};
 use crate::scenario::schema::{BufferSpec, Dtype, OpKind, RoutingKind, WorkloadSpec};
 
 /// `NUM_MAX_LOCAL_EXPERTS` (configs.cuh).
@@ -167,7 +168,43 @@ fn check_routing(job: &Job<'_>, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
                 );
             }
         }
+        RoutingKind::File => {
+            if w.routing_file.is_none() {
+                d.error(
+                    "routing-file",
+                    &wkey("routing"),
+                    name,
+                    "routing = \"file\" needs routing_file (the JSON file of the recorded routing)"
+                        .into(),
+                );
+            }
+            if w.masked_selections > 0 {
+                d.error(
+                    "routing-file",
+                    &wkey("masked_selections"),
+                    name,
+                    "a file routing is replayed as recorded: mask selections in the file (-1)"
+                        .into(),
+                );
+            }
+            if w.skew.is_some() {
+                d.advisory(
+                    "zipf-skew",
+                    &wkey("skew"),
+                    name,
+                    "skew is used only with routing = \"zipf\"".into(),
+                );
+            }
+        }
         RoutingKind::Uniform => {}
+    }
+    if w.routing_file.is_some() && w.routing != RoutingKind::File {
+        d.error(
+            "routing-file",
+            &wkey("routing_file"),
+            name,
+            "routing_file is read only with routing = \"file\"".into(),
+        );
     }
     if w.topk_groups.is_some() && w.routing != RoutingKind::NodeLimited {
         d.advisory(
@@ -220,5 +257,30 @@ fn check_ops(job: &Job<'_>, b: &BufferSpec, w: &WorkloadSpec, d: &mut Diagnostic
             name,
             "num_max_dispatch_tokens_per_rank sizes low-latency buffers only".into(),
         );
+    }
+}
+
+/// A file routing's table, read and checked against the job's shape; `None` (with the
+/// error at `routing_file`, naming the file and where in it) when it cannot be used, or when
+/// the routing is not a file's. A relative path is relative to the scenario file's directory.
+pub(super) fn routing_file(
+    job: &Job<'_>,
+    w: &WorkloadSpec,
+    d: &mut Diagnostics<'_>,
+) -> Option<LoadedRouting> {
+    let file = w.routing_file.as_deref().filter(|_| w.routing == RoutingKind::File)?;
+    let path = routing_file::resolve(d.source().file(), file);
+    let expect = Expected {
+        num_ranks: job.ranks.len() as u32,
+        tokens_per_rank: w.tokens_per_rank,
+        topk: w.topk,
+        num_experts: w.experts,
+    };
+    match routing_file::load(&path, expect) {
+        Ok(loaded) => Some(loaded),
+        Err(e) => {
+            d.error("routing-file", &wkey(job, "routing_file"), job.name(), e.to_string());
+            None
+        }
     }
 }
