@@ -144,6 +144,9 @@ impl DeepEpJob {
 
     fn generated(&self) -> &Generated {
         self.generated.get_or_init(|| {
+            // A file routing's table is set when the job is built (`with_routing_file`);
+            // generating one here would replay an all-masked routing.
+            debug_assert!(self.workload.routing != Routing::File, "file routing without its table");
             let routing = generate(&self.workload, self.num_ranks);
             let w = &self.workload;
             let logical =
