@@ -34,6 +34,10 @@ pub struct SourceMap {
     /// Byte offset where each line starts: a location is a binary search, not a scan of the
     /// text (validation of many jobs resolves many locations).
     line_starts: Vec<usize>,
+    /// The directory `file` is relative to when it is not the process's working directory
+    /// (a test harness names bundled scenarios `scenarios/x.toml` from another directory):
+    /// the files a scenario names (`routing_file`) are read from there.
+    root: Option<std::path::PathBuf>,
 }
 
 impl SourceMap {
@@ -53,6 +57,21 @@ impl SourceMap {
             key_spans: index.keys,
             spans: index.spans,
             line_starts,
+            root: None,
+        }
+    }
+
+    /// `file` (and every relative path derived from it) is relative to `root`.
+    pub fn set_root(&mut self, root: impl Into<std::path::PathBuf>) {
+        self.root = Some(root.into());
+    }
+
+    /// Where a path derived from `file` is on disk: under the root when one is set and the
+    /// path is relative, else the path itself.
+    pub fn on_disk(&self, path: &std::path::Path) -> std::path::PathBuf {
+        match &self.root {
+            Some(root) if path.is_relative() => root.join(path),
+            _ => path.to_path_buf(),
         }
     }
 
@@ -199,5 +218,20 @@ mod tests {
         assert_eq!(at("\"b\"").as_deref(), Some("job[1].name"));
         assert_eq!(at("\"h800-cx7\"").as_deref(), Some("cluster.profile"));
         assert!(SourceMap::new("s.toml", "a = [").path_at(0).is_none());
+    }
+
+    /// Paths a scenario names are read under its root when it has one (a harness running
+    /// elsewhere), and as they are otherwise or when absolute.
+    #[test]
+    fn paths_are_read_under_the_root() {
+        let rel = std::path::Path::new("scenarios/../results/r.json");
+        let mut m = SourceMap::new("scenarios/x.toml", "schema = 1\n");
+        assert_eq!(m.on_disk(rel), rel);
+        m.set_root("/repo");
+        assert_eq!(m.on_disk(rel), std::path::Path::new("/repo/scenarios/../results/r.json"));
+        assert_eq!(
+            m.on_disk(std::path::Path::new("/abs/r.json")),
+            std::path::Path::new("/abs/r.json")
+        );
     }
 }

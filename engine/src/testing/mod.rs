@@ -185,7 +185,11 @@ impl ScenarioDraft {
 
     /// Parse the text, or `Err` with the parser's file:line:col message.
     pub fn try_load(&self) -> Result<LoadedScenario, EngineError> {
-        crate::parse(&self.file, &self.text())
+        // Bundled scenarios are named relative to the repository root (`scenarios/x.toml`),
+        // which is not a test's working directory: their routing files resolve from there.
+        let mut loaded = crate::parse(&self.file, &self.text())?;
+        loaded.source.set_root(repo_root());
+        Ok(loaded)
     }
 
     pub fn load(&self) -> LoadedScenario {

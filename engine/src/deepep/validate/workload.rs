@@ -276,8 +276,9 @@ pub(super) fn routing_file(
         topk: w.topk,
         num_experts: w.experts,
     };
-    match routing_file::load(&path, expect) {
-        Ok(loaded) => Some(loaded),
+    // Read where it is on disk, named as the scenario's file names it (results record that).
+    match routing_file::load(&d.source().on_disk(&path), expect) {
+        Ok(loaded) => Some(LoadedRouting { file: path.display().to_string(), ..loaded }),
         Err(e) => {
             d.error("routing-file", &wkey(job, "routing_file"), job.name(), e.to_string());
             None
