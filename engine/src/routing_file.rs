@@ -200,6 +200,7 @@ fn join(items: impl Iterator<Item = String>) -> String {
 }
 
 /// What the streaming pass keeps of a file.
+#[derive(Default)]
 struct RoutingFile {
     num_experts: Option<u64>,
     topk: Option<u64>,
@@ -210,6 +211,7 @@ struct RoutingFile {
 
 /// One `[rank][token][slot]` array: the first `num_ranks` ranks flattened (into `experts` or
 /// `weights`, whichever it holds), and how many ranks the file has.
+#[derive(Default)]
 struct Ranks {
     experts: Vec<i32>,
     weights: Vec<f32>,
@@ -248,13 +250,7 @@ impl<'de> Visitor<'de> for FileSeed<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RoutingFile, A::Error> {
         let e = self.expect;
-        let mut file = RoutingFile {
-            num_experts: None,
-            topk: None,
-            tokens_per_rank: None,
-            topk_idx: None,
-            topk_weights: None,
-        };
+        let mut file = RoutingFile::default();
         let mut seen: Vec<String> = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
             if seen.contains(&key) {
@@ -323,7 +319,7 @@ impl<'de> Visitor<'de> for RanksSeed<'_, '_> {
         let e = self.file.expect;
         // The job's table: at most MAX_SELECTIONS entries, the scenario limits hold first.
         let total = e.num_ranks as usize * e.tokens_per_rank as usize * e.topk as usize;
-        let mut out = Ranks { experts: Vec::new(), weights: Vec::new(), ranks: 0 };
+        let mut out = Ranks::default();
         if self.weights {
             out.weights.reserve_exact(total);
         } else {
