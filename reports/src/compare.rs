@@ -70,6 +70,23 @@ pub struct ComparisonRow {
     /// The same on logical bandwidth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bw_error_pct: Option<f64>,
+    /// The op's named phases (hook mode's `send` and `recv`, normal mode's `notify`) that
+    /// both sides timed, in the order the op runs them: where the op's error lies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<PhaseRow>,
+}
+
+/// One named phase of an op, simulated against measured (mean microseconds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseRow {
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_us: Option<f64>,
+    /// (simulated − measured) / measured × 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_pct: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,6 +137,12 @@ fn side(path: &Path, r: &RunResult) -> Side {
     }
 }
 
+/// Phases in the order an op runs them (then by name).
+fn phase_order(phase: &str) -> (usize, &str) {
+    let known = ["notify", "send", "recv"];
+    (known.iter().position(|&k| k == phase).unwrap_or(known.len()), phase)
+}
+
 fn error_pct(value: f64, reference: f64) -> Option<f64> {
     (reference > 0.0 && value.is_finite()).then(|| (value - reference) / reference * 100.0)
 }
@@ -154,6 +177,7 @@ impl Comparison {
                                 published: None,
                                 latency_error_pct: None,
                                 bw_error_pct: None,
+                                phases: Vec::new(),
                             });
                             rows.len() - 1
                         }
@@ -163,6 +187,32 @@ impl Comparison {
                         row.simulated = Some(numbers(op));
                     } else {
                         row.measured = Some(numbers(op));
+                    }
+                    for (phase, &us) in &op.summary.phases_us {
+                        let at = match row
+                            .phases
+                            .binary_search_by(|p| phase_order(&p.phase).cmp(&phase_order(phase)))
+                        {
+                            Ok(i) => i,
+                            Err(i) => {
+                                row.phases.insert(
+                                    i,
+                                    PhaseRow {
+                                        phase: phase.clone(),
+                                        simulated_us: None,
+                                        measured_us: None,
+                                        error_pct: None,
+                                    },
+                                );
+                                i
+                            }
+                        };
+                        let slot = if is_sim {
+                            &mut row.phases[at].simulated_us
+                        } else {
+                            &mut row.phases[at].measured_us
+                        };
+                        *slot = Some(us);
                     }
                     // The simulator's error against the published number comes first; a
                     // measured-only row shows the measurement's.
@@ -179,11 +229,21 @@ impl Comparison {
                 }
             }
         }
+        // A phase one side alone times (the simulator names the fused op's send phase) has
+        // nothing to be set against.
+        for row in &mut rows {
+            row.phases.retain(|p| p.simulated_us.is_some() && p.measured_us.is_some());
+        }
         let not_compared = measured.and_then(|(_, m)| describe::not_a_fabric_measurement(m));
         for row in rows.iter_mut().filter(|_| not_compared.is_none()) {
             if let (Some(s), Some(m)) = (&row.simulated, &row.measured) {
                 row.latency_error_pct = error_pct(s.latency_us_mean, m.latency_us_mean);
                 row.bw_error_pct = error_pct(s.logical_bw_gbps, m.logical_bw_gbps);
+            }
+            for p in &mut row.phases {
+                if let (Some(s), Some(m)) = (p.simulated_us, p.measured_us) {
+                    p.error_pct = error_pct(s, m);
+                }
             }
         }
         Comparison {
@@ -359,6 +419,19 @@ pub fn render_table(comparisons: &[Comparison]) -> String {
                 opt(p.and_then(|p| p.latency_us), 10, 1),
                 opt_pct(p.map(|p| p.error_pct)),
             );
+            for phase in &r.phases {
+                let _ = writeln!(
+                    out,
+                    "  {:<10} {:<9} {:>5} {} {} {}",
+                    r.job,
+                    // Indented under the op it divides.
+                    format!("  {}", phase.phase),
+                    r.ranks,
+                    opt(phase.simulated_us, 10, 2),
+                    opt(phase.measured_us, 10, 2),
+                    opt_pct(phase.error_pct),
+                );
+            }
         }
     }
     out
@@ -417,6 +490,41 @@ mod tests {
         hw.backend.insert("wire".into(), serde_json::json!("verbs"));
         let c = Comparison::new(Some((Path::new("s"), &sim)), Some((Path::new("h"), &hw)));
         assert!(c.not_compared.is_none() && c.rows.iter().all(|r| r.latency_error_pct.is_some()));
+    }
+
+    /// Hook mode's phases, timed on both sides, get their own rows and errors; a phase only
+    /// one side names gets none.
+    #[test]
+    fn phases_both_sides_timed_are_compared() {
+        let (mut sim, mut hw) = pair();
+        let phases = |pairs: &[(&str, f64)]| {
+            pairs
+                .iter()
+                .map(|&(k, v)| (k.to_string(), v))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        sim.jobs[0].ops[1].summary.phases_us = phases(&[("recv", 60.0), ("send", 66.0)]);
+        hw.jobs[0].ops[1].summary.phases_us = phases(&[("send", 60.0), ("recv", 50.0)]);
+        sim.jobs[0].ops[0].summary.phases_us = phases(&[("send", 40.0)]);
+        let c = Comparison::new(Some((Path::new("s"), &sim)), Some((Path::new("h"), &hw)));
+        assert!(c.rows[0].phases.is_empty(), "{:?}", c.rows[0].phases);
+        let combine = &c.rows[1];
+        assert_eq!(combine.op, "combine");
+        let got: Vec<(&str, f64)> =
+            combine.phases.iter().map(|p| (p.phase.as_str(), p.error_pct.unwrap())).collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, "send");
+        assert!((got[0].1 - 10.0).abs() < 1e-9 && (got[1].1 - 20.0).abs() < 1e-9, "{got:?}");
+        let table = render_table(std::slice::from_ref(&c));
+        let recv = table.lines().find(|l| l.contains("   recv ")).expect(&table);
+        assert!(recv.contains("+20.0"), "{table}");
+        assert_eq!(table.lines().filter(|l| l.contains("   send ")).count(), 1, "{table}");
+        let back: Comparison = serde_json::from_str(&c.to_json()).unwrap();
+        assert_eq!(back, c);
+        // Over the TCP wire nothing is compared, phases included.
+        hw.backend.insert("wire".into(), serde_json::json!("tcp"));
+        let c = Comparison::new(Some((Path::new("s"), &sim)), Some((Path::new("h"), &hw)));
+        assert!(c.rows[1].phases.iter().all(|p| p.measured_us.is_some() && p.error_pct.is_none()));
     }
 
     fn doc(name: &str, kind: &str, latency_us: f64) -> Loaded<RunResult> {
