@@ -28,7 +28,7 @@ pub fn program(
     let d = plan.job(job).deepep().expect("a DeepEP job");
     let meta = Meta { job, op, iteration, warmup };
     // Ranks sharing one GPU run the hardware backend's one-GPU kernels (DeepEP has none).
-    if hwkernels::applies(plan, core, &meta) {
+    if hwkernels::applies(core, &meta) {
         match d.mode {
             EpMode::LowLatency => return Box::new(hwkernels::LlProgram::new(plan, core, meta)),
             // At most 8 ranks on a GPU with thread-block clusters: the rings in shared memory.

@@ -1,6 +1,9 @@
 //! The backend's low-latency kernels on one GPU (`kernels/cuda/low_latency.cu`): one
 //! 1,024-thread block per SM, the items of every rank interleaved over them (the model:
-//! `hwkernels`).
+//! `hwkernels`). In hook mode the backend launches the send phase and the receive phase as two
+//! kernels, back to back on the stream, each timed with its own events
+//! (`hw/src/low_latency/launch.rs`): the receive kernel starts, with its own launch, once every
+//! block of the send kernel is through.
 
 use eptwin_engine::plan::{
     OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes,
@@ -34,6 +37,8 @@ pub struct LlProgram {
     meta: Meta,
     me: ProgId,
     dispatch: bool,
+    /// Hook mode: send and receive phases are two launches.
+    hook: bool,
     n: u32,
     tokens: u32,
     topk: u32,
@@ -74,6 +79,9 @@ pub struct LlProgram {
     expected_msgs: Vec<u64>,
     blocks_left: u32,
     send_end: Time,
+    /// Dispatch: when the last block's count signalling is through (the send kernel's end in
+    /// hook mode).
+    signal_end: Time,
     t0: Time,
     started: u32,
     end: Time,
@@ -104,6 +112,7 @@ impl LlProgram {
             meta,
             me: 0,
             dispatch,
+            hook: w.hook,
             n,
             tokens: w.tokens_per_rank,
             topk: w.topk,
@@ -136,6 +145,7 @@ impl LlProgram {
             expected_msgs: vec![0; n as usize],
             blocks_left: blocks,
             send_end: 0,
+            signal_end: 0,
             t0: 0,
             started: 0,
             end: 0,
@@ -192,9 +202,18 @@ impl LlProgram {
         self.blocks_left -= 1;
         if self.blocks_left == 0 {
             self.end = core.now;
+            // Hook mode: the two launches' times (their sum is the op's); fused: when the
+            // send loops were through.
+            let send_kernel_end = if self.dispatch { self.signal_end } else { self.send_end };
             for r in 0..self.n {
                 self.ranks.touch(r, core.now);
-                self.ranks.phase("send", r, self.send_end.saturating_sub(self.t0), self.n);
+                if self.hook {
+                    let send = self.ranks.since_start(r, send_kernel_end);
+                    self.ranks.phase("send", r, send, self.n);
+                    self.ranks.phase("recv", r, core.now - send_kernel_end, self.n);
+                } else {
+                    self.ranks.phase("send", r, self.send_end.saturating_sub(self.t0), self.n);
+                }
                 self.ranks.finish(r, core.now);
             }
         }
@@ -297,8 +316,14 @@ impl LlProgram {
         }
         self.stage[b as usize] = LlStage::Recv;
         self.recv_start[(b * LL_GROUPS) as usize] = core.now + self.m.load_l2;
+        self.signal_end = self.signal_end.max(core.now + self.m.load_l2);
         self.signalled += 1;
         if self.signalled == self.blocks {
+            if self.hook {
+                // Every group starts in the receive kernel, after the send kernel and a launch.
+                let at = self.signal_end + self.launch;
+                self.recv_start.iter_mut().for_each(|t| *t = at);
+            }
             self.dispatch_recv(core);
         }
     }
@@ -367,7 +392,10 @@ impl LlProgram {
             }
         }
         let opened = sharing::run(&warps, groups, self.sm_count as usize, rates);
-        let mut block_end = vec![core.now; self.blocks as usize];
+        // The servers take the receive's bytes from when it starts (hook mode: the receive
+        // kernel's launch, after now).
+        let charged_from = core.now.max(base);
+        let mut block_end = vec![charged_from; self.blocks as usize];
         for (gi, times) in opened.iter().enumerate() {
             let b = gi / LL_GROUPS as usize;
             if let Some(&last) = times.last() {
@@ -377,7 +405,7 @@ impl LlProgram {
                 let count = count_of(self, item);
                 let bytes = count * (msg + payload);
                 core.sm_traffic(
-                    core.now,
+                    charged_from,
                     self.gpu,
                     (gi as u32 / LL_GROUPS) % self.sm_count,
                     bytes,
@@ -507,11 +535,13 @@ impl LlProgram {
                 block_end[b] = block_end[b].max(end);
             }
         }
-        // Each block's receive loop starts once all its groups are through.
+        // Each block's receive loop starts once all its groups are through (hook mode: every
+        // block in the receive kernel, after the send kernel and a launch).
+        self.send_end = block_end.iter().copied().fold(self.send_end, Time::max);
         for (b, &end) in block_end.iter().enumerate() {
-            self.send_end = self.send_end.max(end);
             self.stage[b] = LlStage::Recv;
-            core.wake_at(end, self.me, b as u32);
+            let at = if self.hook { self.send_end + self.launch } else { end };
+            core.wake_at(at, self.me, b as u32);
         }
     }
 

@@ -59,12 +59,9 @@ const PROBE_ROW_ROUNDS: u64 = 2;
 
 /// Whether job `job` runs the one-GPU kernels: the profile describes the GPU's memory system
 /// and every rank of the job is on the same GPU (and there are at least two).
-pub fn applies(plan: &Plan, core: &Core, meta: &Meta) -> bool {
+pub fn applies(core: &Core, meta: &Meta) -> bool {
     let gpus = &core.jobs[meta.job.index()].gpu;
-    core.params.one_gpu.is_some()
-        && gpus.len() > 1
-        && gpus.iter().all(|&g| g == gpus[0])
-        && !deepep_job(plan, meta.job).workload.hook
+    core.params.one_gpu.is_some() && gpus.len() > 1 && gpus.iter().all(|&g| g == gpus[0])
 }
 
 /// Time of the latency chain of one warp copying `int4` 16-byte words with 7 loads in flight
@@ -215,6 +212,17 @@ mod tests {
         l2_gbps: f64,
         extra: &str,
     ) -> eptwin_engine::result::RunResult {
+        run_one_gpu_with(mode, tokens, l2_gbps, extra, "")
+    }
+
+    /// [`run_one_gpu`] with `workload` (TOML lines) added to `[job.workload]`.
+    fn run_one_gpu_with(
+        mode: &str,
+        tokens: u32,
+        l2_gbps: f64,
+        extra: &str,
+        workload: &str,
+    ) -> eptwin_engine::result::RunResult {
         let ll = mode == "ll";
         let text = format!(
             r#"
@@ -235,7 +243,7 @@ topk = 8
 experts = 256
 warmup = 0
 iterations = 1
-"#,
+{workload}"#,
             buffer = if ll {
                 "low_latency_mode = true\nnum_rdma_bytes = \"2GiB\"\nnum_qps_per_rank = 32"
             } else {
@@ -252,6 +260,33 @@ iterations = 1
     fn mean_us(r: &eptwin_engine::result::RunResult, op: &str) -> f64 {
         let o = r.jobs[0].ops.iter().find(|o| o.op == op).expect("op");
         o.summary.latency_us.mean
+    }
+
+    fn phase_us(r: &eptwin_engine::result::RunResult, op: &str, phase: &str) -> f64 {
+        let o = r.jobs[0].ops.iter().find(|o| o.op == op).expect("op");
+        *o.summary.phases_us.get(phase).unwrap_or_else(|| panic!("{op}: no {phase} phase"))
+    }
+
+    /// Hook mode runs the same kernels as two launches: the combine's send kernel is the fused
+    /// kernel's send phase, each receive kernel starts a launch after the last send block, and
+    /// the two phases add up to the op.
+    #[test]
+    fn hook_mode_times_the_one_gpu_kernels_apart() {
+        let fused = run_one_gpu("ll", 64, 6000.0, "");
+        let hook = run_one_gpu_with("ll", 64, 6000.0, "", "hook = true\n");
+        assert_eq!(hook.verdict, eptwin_engine::result::Verdict::Ok, "{:?}", hook.failures);
+        let launch_us = 2.0; // h200-single's kernel_launch_ns is above it
+        for op in ["dispatch", "combine"] {
+            let o = hook.jobs[0].ops.iter().find(|o| o.op == op).expect("op");
+            assert!(o.summary.checks.iter().any(|c| c.starts_with("one-GPU")), "{op}");
+            let (send, recv) = (phase_us(&hook, op, "send"), phase_us(&hook, op, "recv"));
+            assert!((send + recv - mean_us(&hook, op)).abs() < 1e-6, "{op}: {send} + {recv}");
+            assert!(send > launch_us && recv > launch_us, "{op}: {send}, {recv}");
+            assert!(mean_us(&hook, op) > mean_us(&fused, op), "{op}");
+        }
+        assert_eq!(phase_us(&hook, "combine", "send"), phase_us(&fused, "combine", "send"));
+        // The dispatch's send kernel also signals the counts, after its send loops.
+        assert!(phase_us(&hook, "dispatch", "send") > phase_us(&fused, "dispatch", "send"));
     }
 
     #[test]
