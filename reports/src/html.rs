@@ -193,6 +193,20 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
                         .unwrap_or_default()
                 ),
             );
+            // The op's phases both sides timed (hook mode), under it: mean times and error.
+            for phase in &r.phases {
+                let _ = writeln!(
+                    h,
+                    "<tr><td class=\"l n\"></td><td class=l></td><td class=l>&ensp;{name}</td>\
+                     <td>{ranks}</td><td>{sm}</td><td>–</td><td>{mm}</td><td>–</td><td>{le}</td>\
+                     <td colspan=6></td></tr>",
+                    name = escape(&phase.phase),
+                    ranks = r.ranks,
+                    sm = num(phase.simulated_us, 2),
+                    mm = num(phase.measured_us, 2),
+                    le = pct(phase.error_pct, false),
+                );
+            }
         }
         if !verdicts.is_empty() {
             let _ = writeln!(
@@ -290,8 +304,35 @@ fn sources(h: &mut String, inputs: &Inputs) {
 
 #[cfg(test)]
 mod tests {
+    use crate::compare::Comparison;
+
     #[test]
     fn escapes_markup() {
         assert_eq!(super::escape("<a href=\"x\">&'"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+    }
+
+    /// A hook-mode comparison's phases get a row each under their op.
+    #[test]
+    fn the_summary_shows_the_phases_under_their_op() {
+        let c: Comparison = serde_json::from_value(serde_json::json!({
+            "schema": 1, "kind": "eptwin-comparison", "scenario": "s", "same_scenario_text": true,
+            "rows": [{
+                "job": "ll", "op": "combine", "ranks": 8,
+                "phases": [
+                    {"phase": "send", "simulated_us": 66.0, "measured_us": 60.0, "error_pct": 10.0},
+                    {"phase": "recv", "simulated_us": 40.0, "measured_us": 50.0, "error_pct": -20.0}
+                ]
+            }]
+        }))
+        .unwrap();
+        let mut h = String::new();
+        super::summary_table(&mut h, &[c]);
+        let send = h.find("&ensp;send").expect(&h);
+        let recv = h.find("&ensp;recv").expect(&h);
+        assert!(h.find(">combine<").expect(&h) < send && send < recv, "{h}");
+        assert!(
+            h[send..recv].contains("<td>66.00</td>") && h[send..recv].contains("<td>+10.0</td>")
+        );
+        assert!(h[recv..].contains("<td>-20.0</td>"), "{h}");
     }
 }
