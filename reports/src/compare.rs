@@ -1,6 +1,7 @@
 //! Simulated against measured (and published): the comparison `eptwin compare` writes and
 //! prints, and the summary table of `index.html`.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -80,11 +81,9 @@ pub struct ComparisonRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PhaseRow {
     pub phase: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub simulated_us: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub measured_us: Option<f64>,
-    /// (simulated − measured) / measured × 100.
+    pub simulated_us: f64,
+    pub measured_us: f64,
+    /// (simulated − measured) / measured × 100 (none where the measurement is not compared).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_pct: Option<f64>,
 }
@@ -161,6 +160,8 @@ impl Comparison {
             _ => true,
         };
         let mut rows: Vec<ComparisonRow> = Vec::new();
+        // Per row, the phases each side timed (simulated, measured).
+        let mut timed: Vec<[Option<&BTreeMap<String, f64>>; 2]> = Vec::new();
         for (is_sim, result) in [(true, simulated), (false, measured)] {
             let Some((_, result)) = result else { continue };
             for job in &result.jobs {
@@ -179,6 +180,7 @@ impl Comparison {
                                 bw_error_pct: None,
                                 phases: Vec::new(),
                             });
+                            timed.push([None, None]);
                             rows.len() - 1
                         }
                     };
@@ -188,32 +190,7 @@ impl Comparison {
                     } else {
                         row.measured = Some(numbers(op));
                     }
-                    for (phase, &us) in &op.summary.phases_us {
-                        let at = match row
-                            .phases
-                            .binary_search_by(|p| phase_order(&p.phase).cmp(&phase_order(phase)))
-                        {
-                            Ok(i) => i,
-                            Err(i) => {
-                                row.phases.insert(
-                                    i,
-                                    PhaseRow {
-                                        phase: phase.clone(),
-                                        simulated_us: None,
-                                        measured_us: None,
-                                        error_pct: None,
-                                    },
-                                );
-                                i
-                            }
-                        };
-                        let slot = if is_sim {
-                            &mut row.phases[at].simulated_us
-                        } else {
-                            &mut row.phases[at].measured_us
-                        };
-                        *slot = Some(us);
-                    }
+                    timed[idx][!is_sim as usize] = Some(&op.summary.phases_us);
                     // The simulator's error against the published number comes first; a
                     // measured-only row shows the measurement's.
                     if let (Some(r), None) = (&op.reference, &row.published) {
@@ -229,10 +206,23 @@ impl Comparison {
                 }
             }
         }
-        // A phase one side alone times (the simulator names the fused op's send phase) has
-        // nothing to be set against.
-        for row in &mut rows {
-            row.phases.retain(|p| p.simulated_us.is_some() && p.measured_us.is_some());
+        // Only a phase both sides timed is set against the other (the simulator alone names
+        // the fused op's send phase).
+        for (row, [sim, meas]) in rows.iter_mut().zip(&timed) {
+            let (Some(sim), Some(meas)) = (sim, meas) else { continue };
+            row.phases = sim
+                .iter()
+                .filter_map(|(phase, &s)| {
+                    let &m = meas.get(phase)?;
+                    Some(PhaseRow {
+                        phase: phase.clone(),
+                        simulated_us: s,
+                        measured_us: m,
+                        error_pct: None,
+                    })
+                })
+                .collect();
+            row.phases.sort_by(|a, b| phase_order(&a.phase).cmp(&phase_order(&b.phase)));
         }
         let not_compared = measured.and_then(|(_, m)| describe::not_a_fabric_measurement(m));
         for row in rows.iter_mut().filter(|_| not_compared.is_none()) {
@@ -241,9 +231,7 @@ impl Comparison {
                 row.bw_error_pct = error_pct(s.logical_bw_gbps, m.logical_bw_gbps);
             }
             for p in &mut row.phases {
-                if let (Some(s), Some(m)) = (p.simulated_us, p.measured_us) {
-                    p.error_pct = error_pct(s, m);
-                }
+                p.error_pct = error_pct(p.simulated_us, p.measured_us);
             }
         }
         Comparison {
@@ -427,8 +415,8 @@ pub fn render_table(comparisons: &[Comparison]) -> String {
                     // Indented under the op it divides.
                     format!("  {}", phase.phase),
                     r.ranks,
-                    opt(phase.simulated_us, 10, 2),
-                    opt(phase.measured_us, 10, 2),
+                    opt(Some(phase.simulated_us), 10, 2),
+                    opt(Some(phase.measured_us), 10, 2),
                     opt_pct(phase.error_pct),
                 );
             }
@@ -524,7 +512,8 @@ mod tests {
         // Over the TCP wire nothing is compared, phases included.
         hw.backend.insert("wire".into(), serde_json::json!("tcp"));
         let c = Comparison::new(Some((Path::new("s"), &sim)), Some((Path::new("h"), &hw)));
-        assert!(c.rows[1].phases.iter().all(|p| p.measured_us.is_some() && p.error_pct.is_none()));
+        assert!(!c.rows[1].phases.is_empty());
+        assert!(c.rows[1].phases.iter().all(|p| p.measured_us > 0.0 && p.error_pct.is_none()));
     }
 
     fn doc(name: &str, kind: &str, latency_us: f64) -> Loaded<RunResult> {

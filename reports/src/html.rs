@@ -202,8 +202,8 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
                      <td colspan=6></td></tr>",
                     name = escape(&phase.phase),
                     ranks = r.ranks,
-                    sm = num(phase.simulated_us, 2),
-                    mm = num(phase.measured_us, 2),
+                    sm = num(Some(phase.simulated_us), 2),
+                    mm = num(Some(phase.measured_us), 2),
                     le = pct(phase.error_pct, false),
                 );
             }
