@@ -573,8 +573,10 @@ impl LlProgram {
         let done = self.send_done[h as usize].max(core.now);
         self.ranks.touch(h, done);
         self.ranks.phase("send", h, self.ranks.since_start(h, done), self.n);
-        let t = if self.hook { done } else { done + self.costs.grid_sync };
-        core.wake_at(t, self.me, self.a_recv_start(h));
+        // The receive phase follows in the same blocks: each group waits for its expert's flag,
+        // then the kernel's one grid sync (`combine_reduce`); DeepEP's combine has no sync
+        // between its send and receive phases (internode_ll.cu), unlike its dispatch.
+        core.wake_at(done, self.me, self.a_recv_start(h));
     }
 
     fn combine_recv_start(&mut self, core: &mut Core, r: u32) {
