@@ -344,6 +344,15 @@ pub struct DeepEpCosts {
     pub ll_signal_ns: u64,
     /// Low-latency receive: per received message unpack cost per warp group, ns.
     pub ll_recv_per_msg_ns: u64,
+    /// Low-latency dispatch: GPU time of each kernel launch that does not scale with tokens
+    /// and no other cost covers (start-up, first loads, the receive's count and layout
+    /// atomics), ns. A hook-mode dispatch is two kernels and pays it twice. Absent = 0.
+    #[serde(default)]
+    pub ll_dispatch_fixed_ns: u64,
+    /// Low-latency combine: the same for the combine kernel (start-up, TMA and barrier setup,
+    /// the flag wait, the reduction's first loads), ns. Absent = 0.
+    #[serde(default)]
+    pub ll_combine_fixed_ns: u64,
 }
 
 /// Why a profile could not be resolved.

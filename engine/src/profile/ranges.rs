@@ -129,6 +129,8 @@ pub fn entries(p: &HardwareProfile) -> Vec<Entry> {
         e("deepep.per_token_issue_ns", n(dp.per_token_issue_ns), Range::LatencyNs),
         e("deepep.ll_signal_ns", n(dp.ll_signal_ns), Range::LatencyNs),
         e("deepep.ll_recv_per_msg_ns", n(dp.ll_recv_per_msg_ns), Range::LatencyNs),
+        e("deepep.ll_dispatch_fixed_ns", n(dp.ll_dispatch_fixed_ns), Range::LatencyNs),
+        e("deepep.ll_combine_fixed_ns", n(dp.ll_combine_fixed_ns), Range::LatencyNs),
     ];
     if let Some(m) = &g.memory {
         let opt = |key, value: Option<f64>, range| {

@@ -52,6 +52,10 @@ pub struct LlProgram {
     /// Global rank of each job rank (trace tracks).
     global: Vec<u32>,
     costs: GpuCosts,
+    /// GPU time of each kernel launch that does not scale with the work and no other cost
+    /// covers, charged before its first send; a hook-mode op is two kernels and pays it in
+    /// each (docs/calibration.md).
+    fixed: Time,
     ranks: Ranks,
     // --- dispatch -----------------------------------------------------------------------
     /// Next token per (rank, block).
@@ -156,6 +160,7 @@ impl LlProgram {
             routes,
             gpu: core.jobs[job].gpu.clone(),
             global: core.jobs[job].ranks.iter().map(|r| r.0).collect(),
+            fixed: if dispatch { costs.ll_dispatch_fixed } else { costs.ll_combine_fixed },
             costs,
             ranks: Ranks::new(n),
             next_token: Vec::new(),
@@ -404,7 +409,7 @@ impl LlProgram {
         if self.groups_left[r as usize] == 0 {
             if self.hook {
                 let start = core.now;
-                let end = start + self.hook_recv[r as usize];
+                let end = start + self.fixed + self.hook_recv[r as usize];
                 self.ranks.phase("recv", r, end - start, self.n);
                 self.ranks.touch(r, end);
             }
@@ -594,7 +599,7 @@ impl LlProgram {
                 self.expected_msgs[r as usize]
             ));
         }
-        let start = core.now + if self.hook { 0 } else { self.costs.grid_sync };
+        let start = core.now + if self.hook { self.fixed } else { self.costs.grid_sync };
         let mut end = start;
         let mut block_end = vec![start; self.blocks as usize];
         let mut bytes_total = 0;
@@ -627,7 +632,8 @@ impl LlProgram {
             core.gpus.gpus[self.gpu[r as usize] as usize].hbm.reserve(start, bytes_total / 2);
         let end = end.max(hbm_end);
         if self.hook {
-            self.ranks.phase("recv", r, end - start, self.n);
+            // The receive kernel: its fixed part, then the reduction.
+            self.ranks.phase("recv", r, end - core.now, self.n);
         }
         self.ranks.touch(r, end);
         core.wake_at(end, self.me, self.a_final(r));
@@ -641,6 +647,8 @@ impl Program for LlProgram {
 
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
         self.ranks.begin(r, t);
+        // The kernel's fixed part comes first: nothing is sent before its start-up is done.
+        let t = t + self.fixed;
         if self.dispatch {
             for b in 0..self.blocks {
                 core.wake_at(t, me, self.a_block(r, b));
@@ -742,6 +750,91 @@ impl Program for LlProgram {
             }
         } else {
             format!("LL {op} rank {} receiver", (actor - nb - ng) % self.n)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use eptwin_engine::plan::Plan;
+    use eptwin_engine::result::RunResult;
+
+    /// A DeepEP low-latency job on `nodes` × `gpus` H100s with the per-kernel fixed costs set.
+    fn run(
+        nodes: u32,
+        gpus: u32,
+        hook: bool,
+        dispatch_fixed_ns: u64,
+        combine_fixed_ns: u64,
+    ) -> RunResult {
+        let text = format!(
+            r#"
+schema = 1
+name = "ll-fixed"
+[cluster]
+profile = "h100-cx7"
+nodes = {nodes}
+gpus_per_node = {gpus}
+[cluster.overrides.deepep]
+ll_dispatch_fixed_ns = {dispatch_fixed_ns}
+ll_combine_fixed_ns = {combine_fixed_ns}
+[[job]]
+name = "ll"
+[job.buffer]
+low_latency_mode = true
+num_rdma_bytes = "2GiB"
+num_qps_per_rank = {qps}
+[job.workload]
+tokens_per_rank = 32
+hidden = 7168
+topk = 8
+experts = 288
+warmup = 0
+iterations = 1
+hook = {hook}
+"#,
+            qps = 288 / (nodes * gpus),
+        );
+        let loaded = eptwin_engine::parse("ll-fixed.toml", &text).expect("scenario parses");
+        let plan = Plan::build(&loaded).expect("plan");
+        let mut sim = crate::Simulator::new(crate::SimOptions::default());
+        let r =
+            eptwin_engine::run::run(&plan, &mut sim, eptwin_engine::result::Provenance::default())
+                .expect("run");
+        assert_eq!(r.verdict, eptwin_engine::result::Verdict::Ok);
+        r
+    }
+
+    fn op_us(r: &RunResult, op: &str) -> (f64, Vec<(String, f64)>) {
+        let o = r.jobs[0].ops.iter().find(|o| o.op == op).expect("op");
+        let phases = o.summary.phases_us.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        (o.summary.latency_us.mean, phases)
+    }
+
+    #[test]
+    fn each_kernel_launch_pays_its_fixed_part_once() {
+        let (d_ns, c_ns) = (3_000, 5_000);
+        for hook in [false, true] {
+            let base = run(1, 1, hook, 0, 0);
+            let fixed = run(1, 1, hook, d_ns, c_ns);
+            // A hook-mode op is two kernels, each with its fixed part.
+            let launches = if hook { 2.0 } else { 1.0 };
+            for (op, ns) in [("dispatch", d_ns), ("combine", c_ns)] {
+                let ((t0, p0), (t1, p1)) = (op_us(&base, op), op_us(&fixed, op));
+                let want = launches * ns as f64 / 1e3;
+                assert!((t1 - t0 - want).abs() < 1e-6, "{op} hook={hook}: {t0} -> {t1}");
+                for ((name, a), (_, b)) in p0.iter().zip(&p1) {
+                    let want = if hook { ns as f64 / 1e3 } else { want };
+                    if hook || name == "send" {
+                        assert!((b - a - want).abs() < 1e-6, "{op} {name}: {a} -> {b}");
+                    }
+                }
+            }
+        }
+        // Across nodes the fixed part delays every rank's sends: nothing finishes sooner.
+        let (base, fixed) = (run(2, 2, false, 0, 0), run(2, 2, false, d_ns, c_ns));
+        for (op, ns) in [("dispatch", d_ns), ("combine", c_ns)] {
+            assert!(op_us(&fixed, op).0 >= op_us(&base, op).0 + ns as f64 / 1e3 - 1e-6, "{op}");
         }
     }
 }

@@ -117,6 +117,9 @@ pub struct GpuCosts {
     pub per_token: Time,
     pub ll_signal: Time,
     pub ll_recv_per_msg: Time,
+    /// Fixed GPU time of each low-latency dispatch / combine kernel launch.
+    pub ll_dispatch_fixed: Time,
+    pub ll_combine_fixed: Time,
     pub wqe_post: Time,
     pub notify: Time,
     /// Fraction of an SM each of the kernel's blocks gets: co-located ranks (ranks_per_gpu)
@@ -140,6 +143,8 @@ impl GpuCosts {
             per_token: crate::core::time::ns(prof.deepep.per_token_issue_ns),
             ll_signal: crate::core::time::ns(prof.deepep.ll_signal_ns),
             ll_recv_per_msg: crate::core::time::ns(prof.deepep.ll_recv_per_msg_ns),
+            ll_dispatch_fixed: crate::core::time::ns(prof.deepep.ll_dispatch_fixed_ns),
+            ll_combine_fixed: crate::core::time::ns(prof.deepep.ll_combine_fixed_ns),
             wqe_post: p.wqe_post,
             notify: crate::core::time::ns(prof.deepep.notify_host_roundtrip_ns),
             sm_share: 1.0,
