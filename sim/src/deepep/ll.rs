@@ -113,6 +113,10 @@ impl LlProgram {
     fn a_flags(&self, r: u32) -> u32 {
         self.n * (self.blocks + self.experts + 2) + r
     }
+    /// The end of rank `r`'s kernel start-up (its fixed part): its blocks or groups start.
+    fn a_launch(&self, r: u32) -> u32 {
+        self.n * (self.blocks + self.experts + 3) + r
+    }
 }
 
 impl LlProgram {
@@ -568,6 +572,22 @@ impl LlProgram {
         core.wake_at(end, self.me, self.a_group(h, g));
     }
 
+    /// Rank `r`'s blocks (dispatch) or warp groups (combine) start at `t`.
+    fn launch(&mut self, core: &mut Core, r: u32, t: Time) {
+        if self.dispatch {
+            for b in 0..self.blocks {
+                core.wake_at(t, self.me, self.a_block(r, b));
+            }
+        } else {
+            // All groups start at once on different SMs, so a holder's stores interleave
+            // across destinations: issue them destination-minor (the egress model is FIFO).
+            for k in 0..self.experts {
+                let g = (k % self.n) * self.local + k / self.n;
+                core.wake_at(t, self.me, self.a_group(r, g));
+            }
+        }
+    }
+
     fn weight_of(&self, d: u32, t: u32, e: u32) -> f64 {
         let ex = self.routing.experts(d, t);
         let w = self.routing.weights(d, t);
@@ -648,18 +668,11 @@ impl Program for LlProgram {
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
         self.ranks.begin(r, t);
         // The kernel's fixed part comes first: nothing is sent before its start-up is done.
-        let t = t + self.fixed;
-        if self.dispatch {
-            for b in 0..self.blocks {
-                core.wake_at(t, me, self.a_block(r, b));
-            }
+        // One wake per rank then starts its blocks, not one per block.
+        if self.fixed == 0 {
+            self.launch(core, r, t);
         } else {
-            // All groups start at once on different SMs, so a holder's stores interleave
-            // across destinations: issue them destination-minor (the egress model is FIFO).
-            for k in 0..self.experts {
-                let g = (k % self.n) * self.local + k / self.n;
-                core.wake_at(t, me, self.a_group(r, g));
-            }
+            core.wake_at(t + self.fixed, me, self.a_launch(r));
         }
     }
 
@@ -676,7 +689,9 @@ impl Program for LlProgram {
     fn wake(&mut self, core: &mut Core, _me: ProgId, actor: u32) {
         let nb = self.n * self.blocks;
         let ng = self.n * self.experts;
-        if self.dispatch {
+        if actor >= nb + ng + 3 * self.n {
+            self.launch(core, actor - nb - ng - 3 * self.n, core.now);
+        } else if self.dispatch {
             if actor < nb {
                 self.block_step(core, actor / self.blocks, actor % self.blocks);
             } else if actor < nb + ng {
@@ -748,6 +763,8 @@ impl Program for LlProgram {
                     g % self.local
                 )
             }
+        } else if actor >= nb + ng + 3 * self.n {
+            format!("LL {op} rank {} kernel start-up", actor - nb - ng - 3 * self.n)
         } else {
             format!("LL {op} rank {} receiver", (actor - nb - ng) % self.n)
         }
