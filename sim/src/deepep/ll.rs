@@ -52,10 +52,6 @@ pub struct LlProgram {
     /// Global rank of each job rank (trace tracks).
     global: Vec<u32>,
     costs: GpuCosts,
-    /// GPU time of each kernel launch that does not scale with the work and no other cost
-    /// covers, charged before its first send; a hook-mode op is two kernels and pays it in
-    /// each (docs/calibration.md).
-    fixed: Time,
     ranks: Ranks,
     // --- dispatch -----------------------------------------------------------------------
     /// Next token per (rank, block).
@@ -164,7 +160,6 @@ impl LlProgram {
             routes,
             gpu: core.jobs[job].gpu.clone(),
             global: core.jobs[job].ranks.iter().map(|r| r.0).collect(),
-            fixed: if dispatch { costs.ll_dispatch_fixed } else { costs.ll_combine_fixed },
             costs,
             ranks: Ranks::new(n),
             next_token: Vec::new(),
@@ -207,6 +202,13 @@ impl LlProgram {
             }
         }
         p
+    }
+
+    /// GPU time of each kernel launch that does not scale with the work and no other cost
+    /// covers, charged before its first send; a hook-mode op is two kernels and pays it in
+    /// each (docs/calibration.md).
+    fn fixed(&self) -> Time {
+        if self.dispatch { self.costs.ll_dispatch_fixed } else { self.costs.ll_combine_fixed }
     }
 
     fn route(&self, a: u32, b: u32) -> Route {
@@ -413,7 +415,7 @@ impl LlProgram {
         if self.groups_left[r as usize] == 0 {
             if self.hook {
                 let start = core.now;
-                let end = start + self.fixed + self.hook_recv[r as usize];
+                let end = start + self.fixed() + self.hook_recv[r as usize];
                 self.ranks.phase("recv", r, end - start, self.n);
                 self.ranks.touch(r, end);
             }
@@ -619,7 +621,7 @@ impl LlProgram {
                 self.expected_msgs[r as usize]
             ));
         }
-        let start = core.now + if self.hook { self.fixed } else { self.costs.grid_sync };
+        let start = core.now + if self.hook { self.fixed() } else { self.costs.grid_sync };
         let mut end = start;
         let mut block_end = vec![start; self.blocks as usize];
         let mut bytes_total = 0;
@@ -669,10 +671,11 @@ impl Program for LlProgram {
         self.ranks.begin(r, t);
         // The kernel's fixed part comes first: nothing is sent before its start-up is done.
         // One wake per rank then starts its blocks, not one per block.
-        if self.fixed == 0 {
+        let fixed = self.fixed();
+        if fixed == 0 {
             self.launch(core, r, t);
         } else {
-            core.wake_at(t + self.fixed, me, self.a_launch(r));
+            core.wake_at(t + fixed, me, self.a_launch(r));
         }
     }
 
@@ -689,9 +692,7 @@ impl Program for LlProgram {
     fn wake(&mut self, core: &mut Core, _me: ProgId, actor: u32) {
         let nb = self.n * self.blocks;
         let ng = self.n * self.experts;
-        if actor >= nb + ng + 3 * self.n {
-            self.launch(core, actor - nb - ng - 3 * self.n, core.now);
-        } else if self.dispatch {
+        if self.dispatch {
             if actor < nb {
                 self.block_step(core, actor / self.blocks, actor % self.blocks);
             } else if actor < nb + ng {
@@ -702,6 +703,8 @@ impl Program for LlProgram {
             } else if actor < nb + ng + 2 * self.n {
                 let r = actor - nb - ng - self.n;
                 self.ranks.finish(r, core.now);
+            } else if actor >= nb + ng + 3 * self.n {
+                self.launch(core, actor - nb - ng - 3 * self.n, core.now);
             }
         } else if actor >= nb && actor < nb + ng {
             let a = actor - nb;
@@ -711,8 +714,10 @@ impl Program for LlProgram {
         } else if actor >= nb + ng + self.n && actor < nb + ng + 2 * self.n {
             let r = actor - nb - ng - self.n;
             self.ranks.finish(r, core.now);
-        } else if actor >= nb + ng + 2 * self.n {
+        } else if actor >= nb + ng + 2 * self.n && actor < nb + ng + 3 * self.n {
             self.combine_reduce(core, actor - nb - ng - 2 * self.n);
+        } else if actor >= nb + ng + 3 * self.n {
+            self.launch(core, actor - nb - ng - 3 * self.n, core.now);
         }
     }
 
