@@ -670,7 +670,8 @@ impl Program for LlProgram {
     fn start_rank(&mut self, core: &mut Core, me: ProgId, r: u32, t: Time) {
         self.ranks.begin(r, t);
         // The kernel's fixed part comes first: nothing is sent before its start-up is done.
-        // One wake per rank then starts its blocks, not one per block.
+        // One wake per rank then starts its blocks, not one per block; without a fixed part the
+        // blocks start now, with no extra event.
         let fixed = self.fixed();
         if fixed == 0 {
             self.launch(core, r, t);

@@ -117,8 +117,9 @@ pub struct GpuCosts {
     pub per_token: Time,
     pub ll_signal: Time,
     pub ll_recv_per_msg: Time,
-    /// Fixed GPU time of each low-latency dispatch / combine kernel launch.
+    /// Fixed GPU time of each low-latency dispatch kernel launch.
     pub ll_dispatch_fixed: Time,
+    /// Fixed GPU time of each low-latency combine kernel launch.
     pub ll_combine_fixed: Time,
     pub wqe_post: Time,
     pub notify: Time,
