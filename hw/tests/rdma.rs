@@ -226,10 +226,6 @@ mod with_rdma {
                 nic.create_qp(&QpSettings { depth: max_wr + 1, ..settings(&nic) }).err().unwrap();
             assert!(e.to_string().contains("NVSHMEM_QP_DEPTH"), "{e}");
         }
-        if port.link_layer.is_roce() {
-            let e = nic.create_qp(&QpSettings { sl: 9, ..settings(&nic) }).err().unwrap();
-            assert!(e.to_string().contains("Ethernet priority"), "{e}");
-        }
         let e =
             nic.create_qp(&QpSettings { gid_index: Some(4000), ..settings(&nic) }).err().unwrap();
         assert!(e.to_string().contains("NVSHMEM_IB_GID_INDEX 4000"), "{e}");
