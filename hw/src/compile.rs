@@ -7,11 +7,12 @@ use std::ffi::{CStr, CString, c_char};
 use std::path::{Path, PathBuf};
 
 use cudarc::nvrtc::sys as nvrtc;
-use eptwin_kernels::KernelModule;
+use eptwin_kernels::{KernelModule, ModuleId};
 use sha2::{Digest, Sha256};
 
 use crate::cuda::guarded;
 use crate::error::HwError;
+use crate::exec::Devices;
 
 /// NVRTC is loadable; its version.
 pub fn nvrtc_version() -> Result<(i32, i32), String> {
@@ -99,6 +100,32 @@ impl Compiler {
             }
         }
         Ok(cubin)
+    }
+}
+
+impl Compiler {
+    /// Compile module `id` with `defines` for every device of `devs` and load it there under
+    /// `name` (replacing a module loaded under that name before).
+    pub fn load(
+        &self,
+        devs: &mut Devices,
+        id: ModuleId,
+        name: &'static str,
+        defines: &[(&str, String)],
+    ) -> Result<(), HwError> {
+        let module = eptwin_kernels::module(id);
+        for dev in &mut devs.list {
+            let cubin = self.cubin(module, dev.gpu.compute_capability, defines)?;
+            let loaded = dev.gpu.load_module(&cubin, module.entry_points)?;
+            dev.modules.insert(name, loaded);
+        }
+        Ok(())
+    }
+
+    /// `"H cached, C compiled"`: where this run's kernels came from.
+    pub fn describe_stats(&self) -> String {
+        let (hits, compiles) = self.stats.get();
+        format!("{hits} cached, {compiles} compiled")
     }
 }
 

@@ -47,6 +47,30 @@ impl Device {
     pub fn rank_base(&self) -> u32 {
         self.ranks.first().copied().unwrap_or(0)
     }
+
+    /// Blocks of `threads` resident per SM for every kernel of `kernels` in `module`: the
+    /// fewest of them.
+    pub fn occupancy(&self, module: &str, kernels: &[&str], threads: u32) -> Result<u32, HwError> {
+        let m = self.module(module)?;
+        let mut resident = u32::MAX;
+        for k in kernels {
+            resident = resident.min(self.gpu.occupancy(m.function(k), threads)?);
+        }
+        Ok(resident)
+    }
+
+    /// (registers per thread, local memory bytes per thread): the most any kernel of
+    /// `kernels` in `module` uses.
+    pub fn resources(&self, module: &str, kernels: &[&str]) -> Result<(i32, i32), HwError> {
+        let m = self.module(module)?;
+        let (mut registers, mut local) = (0, 0);
+        for k in kernels {
+            let (r, l) = self.gpu.function_resources(m.function(k))?;
+            registers = registers.max(r);
+            local = local.max(l);
+        }
+        Ok((registers, local))
+    }
 }
 
 /// The device a rank's GPU ordinal names (every rank's GPU is in the placement).

@@ -28,7 +28,8 @@ pub fn normal_threads(num_ranks: u32, min_blocks: u32) -> u32 {
 
 /// Scope of the flags between ranks: `.gpu` when every rank of the job is on one GPU, `.sys`
 /// when peers are on other GPUs (common.cuh `FLAG_SCOPE_SYS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FlagScope {
     Gpu,
     Sys,

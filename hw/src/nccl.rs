@@ -1,11 +1,18 @@
-//! NCCL through cudarc's dynamic loading: presence and version, one communicator rank per GPU
-//! in use (`ncclCommInitAll`), and grouped send/receive for the all-to-all baseline.
+//! The NCCL all-to-all baseline, in one place: NCCL through cudarc's dynamic loading (presence
+//! and version, one communicator rank per GPU in use through `ncclCommInitAll`, grouped
+//! send/receive), and [`baseline`], which moves the same bytes per (source, destination) rank
+//! pair as a job's dispatch and combine and times it the way the kernels are timed.
+
+use std::collections::BTreeMap;
 
 use cudarc::nccl::sys;
+use eptwin_engine::plan::OpKind;
 
 use crate::cuda::guarded;
 use crate::error::HwError;
 use crate::exec::Devices;
+use crate::family::BaselineTraffic;
+use crate::probes::median;
 
 /// NCCL is loadable; its version code (e.g. 22803 for 2.28.3).
 pub fn nccl_version() -> Result<i32, String> {
@@ -128,6 +135,121 @@ impl Drop for Comms {
             }
         }
     }
+}
+
+/// What the baseline measured of one op: the median time of the all-to-all and the bytes it
+/// moved over all ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AlltoallTime {
+    pub us: f64,
+    pub bytes_all_ranks: u64,
+}
+
+/// How the baseline runs, for the result (`hw.nccl_baseline`).
+pub const BASELINE_METHOD: &str = "grouped ncclSend/ncclRecv of every (source, destination) rank \
+     pair's bytes; ranks sharing a GPU share its one communicator rank (NCCL allows one rank per \
+     GPU), so their chunks are sends to self";
+
+/// NCCL all-to-all of the same bytes per (source, destination) rank pair as the job's dispatch
+/// and combine (combine's the transpose of dispatch's), on the GPUs of `devs`.
+pub fn baseline(
+    devs: &mut Devices,
+    traffic: &BaselineTraffic,
+    gpu_of_rank: &[u32],
+) -> Result<BTreeMap<OpKind, AlltoallTime>, HwError> {
+    let mut times = BTreeMap::new();
+    {
+        let comms = Comms::init(devs)?;
+        let rows = &traffic.pair_rows;
+        let transposed: Vec<Vec<u64>> =
+            (0..rows.len()).map(|s| (0..rows.len()).map(|d| rows[d][s]).collect()).collect();
+        for (op, r, row_bytes) in [
+            (OpKind::Dispatch, rows, traffic.dispatch_row_bytes),
+            (OpKind::Combine, &transposed, traffic.combine_row_bytes),
+        ] {
+            let (us, bytes_all_ranks) = alltoall(devs, &comms, gpu_of_rank, r, row_bytes)?;
+            times.insert(op, AlltoallTime { us, bytes_all_ranks });
+        }
+    }
+    devs.sync("NCCL baseline")?;
+    Ok(times)
+}
+
+/// The NCCL all-to-all baseline on the same data: every (source, destination) rank pair sends
+/// `rows[s][d] · row_bytes` bytes with grouped `ncclSend`/`ncclRecv`. NCCL refuses two ranks of
+/// one communicator on one GPU, so co-located ranks' chunks travel within their GPU's single
+/// communicator rank (a send to itself); across GPUs they go to the peer's rank.
+fn alltoall(
+    devs: &mut Devices,
+    comms: &Comms,
+    gpu_of_rank: &[u32],
+    rows: &[Vec<u64>],
+    row_bytes: u64,
+) -> Result<(f64, u64), HwError> {
+    let n = rows.len();
+    let idx_of = |gpu: u32| {
+        devs.list
+            .iter()
+            .position(|d| d.gpu.ordinal == gpu as usize)
+            .expect("rank GPU is in the placement")
+    };
+    // Per rank: one send buffer (its chunks to every destination) and one receive buffer.
+    let mut send = Vec::with_capacity(n);
+    let mut recv = Vec::with_capacity(n);
+    for r in 0..n {
+        let g = &devs.list[idx_of(gpu_of_rank[r])].gpu;
+        let out: u64 = rows[r].iter().sum::<u64>() * row_bytes;
+        let inn: u64 = rows.iter().map(|row| row[r]).sum::<u64>() * row_bytes;
+        let s = g.alloc(out as usize)?;
+        g.memset_u32(s.ptr, 0x5a5a_1234, s.bytes / 4)?;
+        send.push(s);
+        recv.push(g.alloc(inn as usize)?);
+    }
+    let mut pairs = Vec::new();
+    let mut recv_off = vec![0u64; n];
+    for s in 0..n {
+        let mut send_off = 0u64;
+        for d in 0..n {
+            let bytes = rows[s][d] * row_bytes;
+            if bytes > 0 {
+                pairs.push(Transfer {
+                    src_comm: idx_of(gpu_of_rank[s]),
+                    dst_comm: idx_of(gpu_of_rank[d]),
+                    send_ptr: send[s].ptr + send_off,
+                    recv_ptr: recv[d].ptr + recv_off[d],
+                    bytes,
+                });
+            }
+            send_off += bytes;
+            recv_off[d] += bytes;
+        }
+    }
+    let total: u64 = pairs.iter().map(|p| p.bytes).sum();
+    let mut samples = Vec::new();
+    for rep in 0..11 {
+        devs.flush_l2()?;
+        let starts: Vec<_> =
+            devs.list.iter().map(|d| d.gpu.new_event()).collect::<Result<_, _>>()?;
+        let ends: Vec<_> = devs.list.iter().map(|d| d.gpu.new_event()).collect::<Result<_, _>>()?;
+        for (d, e) in devs.list.iter().zip(&starts) {
+            d.gpu.record(e)?;
+        }
+        comms.alltoallv(devs, &pairs)?;
+        for (d, e) in devs.list.iter().zip(&ends) {
+            d.gpu.record(e)?;
+        }
+        for d in &devs.list {
+            d.gpu.wait("NCCL all-to-all baseline", devs.host_timeout_ms, &|| None)?;
+        }
+        if rep > 0 {
+            let mut worst = 0f64;
+            for (a, b) in starts.iter().zip(&ends) {
+                worst = worst.max(a.elapsed_ms(b)? as f64 * 1e3);
+            }
+            samples.push(worst);
+        }
+    }
+    Ok((median(samples), total))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //!
 //! Pure logic over a [`GpuInventory`] so that it is tested without GPUs (mockall).
 
-use serde_json::{Value, json};
+use crate::measurements::PlacementReport;
 
 /// What placement needs to know about the machine.
 #[cfg_attr(test, mockall::automock)]
@@ -55,13 +55,14 @@ impl Placement {
         }
     }
 
-    pub fn to_json(&self) -> Value {
-        json!({
-            "description": self.describe(),
-            "ranks_per_gpu": self.ranks_per_gpu,
-            "gpus": self.gpus,
-            "gpu_of_rank": self.gpu_of_rank,
-        })
+    /// `hw.placement` of the result.
+    pub fn report(&self) -> PlacementReport {
+        PlacementReport {
+            description: self.describe(),
+            ranks_per_gpu: self.ranks_per_gpu,
+            gpus: self.gpus.clone(),
+            gpu_of_rank: self.gpu_of_rank.clone(),
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! (experts divide over ranks, rings of a multiple of the send chunk and at least twice it, FP8
 //! rows of whole 128-element blocks, at least one QP), so nothing here checks them again.
 
-use eptwin_engine::plan::{Dtype, channel_range};
+use eptwin_engine::plan::{DeepEpJob, Dtype, JobPlan, channel_range};
 
 /// How a dispatched token's payload is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +72,34 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// The geometry of `job` (its DeepEP part `d` as the backend runs it) on the wire, its
+    /// ranks in blocks of `ranks_per_node` consecutive ranks, one block per "node" of the wire.
+    pub fn for_job(job: &JobPlan, d: &DeepEpJob, ranks_per_node: u32) -> Result<Geometry, String> {
+        let w = &d.workload;
+        let dispatch_dtype = match w.dispatch_dtype {
+            Dtype::Fp8 => TokenDtype::Fp8,
+            Dtype::Bf16 => TokenDtype::Bf16,
+            Dtype::Logfmt => return Err("LogFMT is a combine encoding".into()),
+        };
+        let (dc, cc) = (d.dispatch_config.as_ref(), d.combine_config.as_ref());
+        Ok(Geometry {
+            num_ranks: job.num_ranks(),
+            ranks_per_node,
+            hidden: w.hidden,
+            topk: w.topk,
+            num_experts: w.experts,
+            tokens_per_rank: w.tokens_per_rank,
+            max_tokens_per_rank: w.max_dispatch_tokens_per_rank,
+            dispatch_dtype,
+            num_channels: dc.map_or(0, |c| c.num_channels()),
+            rdma_send_tokens: dc.map_or(0, |c| c.num_max_rdma_chunked_send_tokens),
+            rdma_recv_tokens: dc.map_or(0, |c| c.rdma_recv_rounded()),
+            combine_rdma_send_tokens: cc.map_or(0, |c| c.num_max_rdma_chunked_send_tokens),
+            combine_rdma_recv_tokens: cc.map_or(0, |c| c.rdma_recv_rounded()),
+            qps_per_peer: job.qps_per_peer(),
+        })
+    }
+
     pub fn num_nodes(&self) -> u32 {
         self.num_ranks / self.ranks_per_node.max(1)
     }

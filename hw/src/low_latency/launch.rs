@@ -9,6 +9,7 @@ use super::args::LlParams;
 use super::{LlJob, PHASE_RECV, PHASE_SEND, WARPS_PER_GROUP};
 use crate::error::HwError;
 use crate::exec::{Devices, DigestRegion, Timer, dev_of_ref, digest_ranks, record_digest};
+use crate::family::OpRun;
 use crate::kernel_args;
 
 impl LlJob {
@@ -113,14 +114,9 @@ impl LlJob {
         Ok(())
     }
 
-    pub fn dispatch(
-        &mut self,
-        devs: &mut Devices,
-        gpu_of_rank: &[u32],
-        iteration: u32,
-        warmup: bool,
-        job_id: eptwin_engine::ids::JobId,
-    ) -> Result<OpSample, HwError> {
+    pub fn dispatch(&mut self, devs: &mut Devices, op: &OpRun<'_>) -> Result<OpSample, HwError> {
+        let (gpu_of_rank, iteration, warmup, job_id) =
+            (op.gpu_of_rank, op.iteration, op.warmup, op.job);
         // Counters start at zero (DeepEP's kernels clean them for the next call; here the host
         // does it before the timed region) and outputs are poisoned.
         for (&r, b) in &self.bufs {
@@ -201,16 +197,12 @@ impl LlJob {
         Ok(sample)
     }
 
-    pub fn combine(
-        &mut self,
-        devs: &mut Devices,
-        gpu_of_rank: &[u32],
-        iteration: u32,
-        warmup: bool,
-        job_id: eptwin_engine::ids::JobId,
-    ) -> Result<OpSample, HwError> {
+    pub fn combine(&mut self, devs: &mut Devices, op: &OpRun<'_>) -> Result<OpSample, HwError> {
+        let (gpu_of_rank, iteration, warmup, job_id) =
+            (op.gpu_of_rank, op.iteration, op.warmup, op.job);
         if !self.dispatched {
-            self.dispatch(devs, gpu_of_rank, 0, true, job_id)?;
+            let untimed = OpRun { op: OpKind::Dispatch, iteration: 0, warmup: true, ..*op };
+            self.dispatch(devs, &untimed)?;
         }
         let l = (self.experts / self.n) as i32;
         for (&r, b) in &self.bufs {

@@ -2,26 +2,32 @@
 //! DeepEP's `test_low_latency.py` (per-expert counts, layout ranges, every received message
 //! equals its source token's FP8 cast, combine = top-k weighted sum within bf16 rounding).
 //!
-//! `prepare` sets a job up (buffers, argument arrays), `launch` runs and times the ops, `check`
-//! holds the host checks; `args` mirrors the kernels' structs, `expect` derives what each local
-//! expert must receive; `across_nodes` holds the wire of a job whose ranks span nodes.
+//! The family ([`LowLatency`]): `fit` compiles and sizes the kernels, `prepare` sets a job up
+//! (buffers, argument arrays), `launch` runs and times the ops, `check` holds the host checks;
+//! `args` mirrors the kernels' structs, `expect` derives what each local expert must receive;
+//! `across_nodes` holds the wire to the ranks the plan's path rule puts on RDMA (other nodes,
+//! or every peer with `allow_nvlink_for_low_latency_mode = false`).
 
 mod across_nodes;
 mod args;
 mod check;
 mod expect;
+mod fit;
 mod launch;
 mod prepare;
 mod times;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::routing::RoutingTable;
+use eptwin_engine::plan::{Dtype, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
 pub use expect::{ExpertExpectation, expectations};
 
 use crate::cuda::DeviceBuffer;
 use crate::data::RankTokens;
+use crate::error::HwError;
+use crate::family::{self, BaselineTraffic, FamilyContext, KernelFamily};
+use crate::measurements::{KernelReport, LowLatencyKernels};
 use crate::processes::SharedBuffers;
 
 const PHASE_SEND: i32 = 1;
@@ -131,13 +137,21 @@ impl LlJob {
         self.bufs.keys().flat_map(|&r| &self.expect[r as usize]).map(|e| e.count() as u64).sum()
     }
 
-    /// The output digest of each local rank on the last op's host-checked iteration, once.
-    pub fn take_rank_digests(&mut self) -> Option<BTreeMap<u32, u64>> {
-        self.rank_digests.take()
+    /// The NCCL baseline moves a dispatch message (FP8, or the BF16 row) and a BF16 combine
+    /// row per selection.
+    fn baseline_traffic(&self) -> BaselineTraffic {
+        BaselineTraffic {
+            pair_rows: self.pair_rows(),
+            dispatch_row_bytes: match self.fp8 {
+                true => ll_dispatch_msg_bytes(self.hidden, Dtype::Fp8),
+                false => 2 * self.hidden as u64,
+            },
+            combine_row_bytes: ll_combine_msg_bytes(self.hidden, Dtype::Bf16),
+        }
     }
 
     /// Selections from each source rank to each destination rank (NCCL baseline volumes).
-    pub fn pair_rows(&self) -> Vec<Vec<u64>> {
+    fn pair_rows(&self) -> Vec<Vec<u64>> {
         let n = self.n as usize;
         let mut rows = vec![vec![0u64; n]; n];
         for (d, experts) in self.expect.iter().enumerate() {
@@ -148,6 +162,31 @@ impl LlJob {
             }
         }
         rows
+    }
+}
+
+/// The low-latency kernels: fitted to the placement, then a prepared job.
+pub struct LowLatency {
+    launch: LlLaunch,
+    report: LowLatencyKernels,
+    job: Option<LlJob>,
+}
+
+impl KernelFamily for LowLatency {
+    fn fit(ctx: &mut FamilyContext<'_>) -> Result<LowLatency, HwError> {
+        let (launch, report) = fit::fit(ctx)?;
+        Ok(LowLatency { launch, report, job: None })
+    }
+
+    fn prepare(&mut self, ctx: &mut FamilyContext<'_>) -> Result<(), HwError> {
+        self.job = Some(LlJob::prepare(ctx, self.launch.clone())?);
+        Ok(())
+    }
+
+    family::steps_of_the_prepared_job!();
+
+    fn report(&self) -> KernelReport {
+        KernelReport { low_latency: Some(self.report.clone()), ..KernelReport::default() }
     }
 }
 

@@ -4,8 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::Dtype;
-use eptwin_engine::plan::{DeepEpJob, JobPlan};
+use eptwin_engine::plan::{DeepEpJob, Dtype, RoutingTable, Workload};
 use rayon::prelude::*;
 
 use super::across_nodes::LlAcross;
@@ -18,9 +17,8 @@ use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
-use crate::internode::Geometry;
-use crate::internode::gpu::{EndpointExchange, SingleProcess, WireConfig};
-use crate::options::HwOptions;
+use crate::family::FamilyContext;
+use crate::internode::gpu::{EndpointExchange, SingleProcess};
 use crate::processes::{Processes, share_buffers};
 
 impl LlJob {
@@ -49,15 +47,9 @@ impl LlJob {
         (most.max(1).div_ceil(16) * 16) as u32
     }
 
-    pub fn prepare(
-        devs: &mut Devices,
-        job: &JobPlan,
-        d: &DeepEpJob,
-        gpu_of_rank: &[u32],
-        options: &HwOptions,
-        launch: LlLaunch,
-        across: Option<(Geometry, WireConfig)>,
-    ) -> Result<LlJob, HwError> {
+    pub fn prepare(ctx: &mut FamilyContext<'_>, launch: LlLaunch) -> Result<LlJob, HwError> {
+        let (job, d, options) = (ctx.job, ctx.deepep, ctx.options);
+        let (devs, gpu_of_rank) = (&mut *ctx.devs, ctx.placement.gpu_of_rank.as_slice());
         let n = job.num_ranks();
         let w = &d.workload;
         let setup =
@@ -116,55 +108,17 @@ impl LlJob {
                 data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
             })
             .collect();
-        let (t, tt, h, k) =
-            (max_tokens as usize, w.tokens_per_rank as usize, w.hidden as usize, w.topk as usize);
-        let (e, l, nn, cap) =
-            (w.experts as usize, (w.experts / n) as usize, n as usize, capacity as usize);
-        let msg = msg_stride(w.hidden, fp8) as usize;
-        let cslot = combine_slot(w.hidden) as usize;
-        let pay = if fp8 { h } else { 2 * h };
         let local: Vec<u32> = devs.list.iter().flat_map(|d| d.ranks.iter().copied()).collect();
-        let mut bufs = BTreeMap::new();
-        for &rank in &local {
-            let r = rank as usize;
-            let g = &dev_of(devs, gpu_of_rank[r]).gpu;
-            let b = RankBuffers {
-                x: g.alloc(tt * h * 2)?,
-                topk_idx: g.alloc(tt * k * 4)?,
-                topk_weights: g.alloc(tt * k * 4)?,
-                send_buf: g.alloc(t * msg)?,
-                atomic_counter: g.alloc(e * 4)?,
-                finish_counter: g.alloc(e * 4)?,
-                recv_buf: g.alloc(l * nn * t * msg)?,
-                recv_count: g.alloc(l * nn * 4)?,
-                packed_recv_x: g.alloc(l * cap * pay)?,
-                packed_recv_scales: g.alloc(l * cap * (h / 128) * 4)?,
-                packed_recv_src_info: g.alloc(l * cap * 4)?,
-                packed_recv_slot: g.alloc(l * cap * 4)?,
-                packed_recv_layout_range: g.alloc(l * nn * 8)?,
-                packed_recv_count: g.alloc(l * 4)?,
-                combine_x: g.alloc(l * cap * h * 2)?,
-                combine_recv_buf: g.alloc(t * k * cslot)?,
-                combine_recv_flag: g.alloc(e * 4)?,
-                combined_x: g.alloc(tt * h * 2)?,
-            };
-            g.upload(&b.x, &tokens[r].bf16)?;
-            let base = r * tt * k;
-            g.upload(&b.topk_idx, &routing.topk_idx[base..base + tt * k])?;
-            g.upload(&b.topk_weights, &routing.topk_weights[base..base + tt * k])?;
-            // Poison the receive slots once: a message that never arrives cannot look valid.
-            g.memset_u8(b.recv_buf.ptr, 0xff, b.recv_buf.bytes)?;
-            g.memset_u8(b.combine_recv_buf.ptr, 0xff, b.combine_recv_buf.bytes)?;
-            bufs.insert(rank, b);
-        }
-        let across = match across {
-            Some((geometry, config)) => Some(Box::new(LlAcross::prepare(
+        let shape = BufferShape::new(w, n, max_tokens, capacity, fp8);
+        let bufs = alloc_rank_buffers(devs, gpu_of_rank, &shape, &routing, &tokens)?;
+        let across = match ctx.crossing {
+            Some(c) => Some(Box::new(LlAcross::prepare(
                 devs,
                 gpu_of_rank,
                 &routing,
                 &local,
-                geometry,
-                config,
+                c.geometry.clone(),
+                c.config.clone(),
             )?)),
             None => None,
         };
@@ -187,8 +141,8 @@ impl LlJob {
             capacity,
             fp8,
             hook: w.hook,
-            msg_bytes: msg as u64,
-            combine_slot_bytes: cslot as u64,
+            msg_bytes: shape.msg_bytes,
+            combine_slot_bytes: shape.combine_slot_bytes,
             tokens,
             routing,
             expect,
@@ -277,6 +231,91 @@ impl LlJob {
         self.peers = Some(peers);
         Ok(())
     }
+}
+
+/// The sizes a rank's low-latency buffers are allocated from.
+struct BufferShape {
+    /// `num_max_dispatch_tokens_per_rank`, tokens per rank, hidden, top-k.
+    max_tokens: usize,
+    tokens: usize,
+    hidden: usize,
+    topk: usize,
+    experts: usize,
+    local_experts: usize,
+    ranks: usize,
+    /// Packed rows per local expert.
+    capacity: usize,
+    /// Payload bytes of a received row (FP8: one per element).
+    payload_bytes: usize,
+    msg_bytes: u64,
+    combine_slot_bytes: u64,
+}
+
+impl BufferShape {
+    fn new(w: &Workload, n: u32, max_tokens: u32, capacity: u32, fp8: bool) -> BufferShape {
+        let h = w.hidden as usize;
+        BufferShape {
+            max_tokens: max_tokens as usize,
+            tokens: w.tokens_per_rank as usize,
+            hidden: h,
+            topk: w.topk as usize,
+            experts: w.experts as usize,
+            local_experts: (w.experts / n) as usize,
+            ranks: n as usize,
+            capacity: capacity as usize,
+            payload_bytes: if fp8 { h } else { 2 * h },
+            msg_bytes: msg_stride(w.hidden, fp8),
+            combine_slot_bytes: combine_slot(w.hidden),
+        }
+    }
+}
+
+/// This process's ranks' buffers (the ranks `devs` holds), inputs uploaded and the receive
+/// slots poisoned once: a message that never arrives cannot look valid.
+fn alloc_rank_buffers(
+    devs: &mut Devices,
+    gpu_of_rank: &[u32],
+    s: &BufferShape,
+    routing: &RoutingTable,
+    tokens: &[RankTokens],
+) -> Result<BTreeMap<u32, RankBuffers>, HwError> {
+    let (t, tt, h, k) = (s.max_tokens, s.tokens, s.hidden, s.topk);
+    let (e, l, nn, cap, pay) = (s.experts, s.local_experts, s.ranks, s.capacity, s.payload_bytes);
+    let (msg, cslot) = (s.msg_bytes as usize, s.combine_slot_bytes as usize);
+    let local: Vec<u32> = devs.list.iter().flat_map(|d| d.ranks.iter().copied()).collect();
+    let mut bufs = BTreeMap::new();
+    for &rank in &local {
+        let r = rank as usize;
+        let g = &dev_of(devs, gpu_of_rank[r]).gpu;
+        let b = RankBuffers {
+            x: g.alloc(tt * h * 2)?,
+            topk_idx: g.alloc(tt * k * 4)?,
+            topk_weights: g.alloc(tt * k * 4)?,
+            send_buf: g.alloc(t * msg)?,
+            atomic_counter: g.alloc(e * 4)?,
+            finish_counter: g.alloc(e * 4)?,
+            recv_buf: g.alloc(l * nn * t * msg)?,
+            recv_count: g.alloc(l * nn * 4)?,
+            packed_recv_x: g.alloc(l * cap * pay)?,
+            packed_recv_scales: g.alloc(l * cap * (h / 128) * 4)?,
+            packed_recv_src_info: g.alloc(l * cap * 4)?,
+            packed_recv_slot: g.alloc(l * cap * 4)?,
+            packed_recv_layout_range: g.alloc(l * nn * 8)?,
+            packed_recv_count: g.alloc(l * 4)?,
+            combine_x: g.alloc(l * cap * h * 2)?,
+            combine_recv_buf: g.alloc(t * k * cslot)?,
+            combine_recv_flag: g.alloc(e * 4)?,
+            combined_x: g.alloc(tt * h * 2)?,
+        };
+        g.upload(&b.x, &tokens[r].bf16)?;
+        let base = r * tt * k;
+        g.upload(&b.topk_idx, &routing.topk_idx[base..base + tt * k])?;
+        g.upload(&b.topk_weights, &routing.topk_weights[base..base + tt * k])?;
+        g.memset_u8(b.recv_buf.ptr, 0xff, b.recv_buf.bytes)?;
+        g.memset_u8(b.combine_recv_buf.ptr, 0xff, b.combine_recv_buf.bytes)?;
+        bufs.insert(rank, b);
+    }
+    Ok(bufs)
 }
 
 /// A local rank's wire fields of `LlRankArgs` (zero when the job stays on one node).

@@ -10,12 +10,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eptwin_engine::plan::Dtype;
 use eptwin_engine::plan::{JobPlan, Plan};
 use eptwin_engine::routing::RoutingTable;
 use eptwin_hw::internode::{
-    Geometry, HostLinks, HostStats, LlLayout, NormalLayout, QpTable, TokenDtype, Traffic,
-    run_low_latency, run_normal,
+    Geometry, HostLinks, HostStats, LlLayout, NormalLayout, QpTable, Traffic, run_low_latency,
+    run_normal,
 };
 use eptwin_hw::wire::{
     Proxy, ProxySpec, ProxyStats, Region, TcpEndpoint, TcpSetup, TcpTimeouts, WireReport,
@@ -31,35 +30,13 @@ pub fn plan() -> Plan {
     Plan::build(&loaded).expect("fixture is valid")
 }
 
-/// The protocol geometry a job's plan gives (the mapping the hardware backend will make).
+/// The protocol geometry a job's plan gives, its plan nodes as the wire's (the mapping the
+/// hardware backend makes for the fixture's jobs).
 pub fn geometry(plan: &Plan, job: &JobPlan) -> (Geometry, Traffic) {
     let d = job.deepep().expect("a DeepEP job");
-    let n = job.num_ranks();
     let nodes = job.ranks.iter().map(|&r| plan.topology.node_of_rank(r)).max().unwrap() + 1;
-    let w = &d.workload;
-    let dtype = match w.dispatch_dtype {
-        Dtype::Fp8 => TokenDtype::Fp8,
-        Dtype::Bf16 => TokenDtype::Bf16,
-        Dtype::Logfmt => panic!("LogFMT is a combine encoding"),
-    };
-    let (dc, cc) = (d.dispatch_config.as_ref(), d.combine_config.as_ref());
-    let traffic = if dc.is_some() { Traffic::Normal } else { Traffic::LowLatency };
-    let g = Geometry {
-        num_ranks: n,
-        ranks_per_node: n / nodes,
-        hidden: w.hidden,
-        topk: w.topk,
-        num_experts: w.experts,
-        tokens_per_rank: w.tokens_per_rank,
-        max_tokens_per_rank: w.max_dispatch_tokens_per_rank,
-        dispatch_dtype: dtype,
-        num_channels: dc.map_or(0, |c| c.num_channels()),
-        rdma_send_tokens: dc.map_or(0, |c| c.num_max_rdma_chunked_send_tokens),
-        rdma_recv_tokens: dc.map_or(0, |c| c.rdma_recv_rounded()),
-        combine_rdma_send_tokens: cc.map_or(0, |c| c.num_max_rdma_chunked_send_tokens),
-        combine_rdma_recv_tokens: cc.map_or(0, |c| c.rdma_recv_rounded()),
-        qps_per_peer: job.qps_per_peer(),
-    };
+    let traffic = if d.dispatch_config.is_some() { Traffic::Normal } else { Traffic::LowLatency };
+    let g = Geometry::for_job(job, d, job.num_ranks() / nodes).expect("FP8 or BF16 dispatch");
     (g, traffic)
 }
 

@@ -17,12 +17,15 @@
 use std::collections::BTreeMap;
 
 use eptwin_engine::plan::ClusterSlot;
-use serde_json::{Value, json};
+use eptwin_kernels::ModuleId;
 
+use crate::compile::Compiler;
 use crate::error::HwError;
 use crate::exec::Devices;
 use crate::kernel_args;
-use crate::probes::{round3, time_us};
+use crate::kernel_defines;
+use crate::measurements::{HandoffCheck, Probes, ReduceCheck, round3};
+use crate::probes::time_us;
 
 const BUFFER_BYTES: usize = 1 << 30;
 
@@ -210,8 +213,7 @@ fn chunks_per_warp(s: &ProbeShape) -> u32 {
 
 /// Measure every shape on the first GPU; `probe.cluster_handoff_bw_gbps` (bytes handed over per
 /// second) and the check's outcome per shape.
-pub fn run(devs: &mut Devices, only: &str) -> Result<BTreeMap<String, Value>, HwError> {
-    let mut m = BTreeMap::new();
+fn run(devs: &mut Devices, only: &str, p: &mut Probes) -> Result<(), HwError> {
     let words = BUFFER_BYTES / 4;
     let pattern: Vec<u32> =
         (0..words as u32).map(|i| i.wrapping_mul(0x9e37_79b1) ^ 0x5bd1_e995).collect();
@@ -221,8 +223,8 @@ pub fn run(devs: &mut Devices, only: &str) -> Result<BTreeMap<String, Value>, Hw
         g.upload(&src, &pattern)?;
         (src, g.alloc(BUFFER_BYTES)?)
     };
-    let mut bw = serde_json::Map::new();
-    let mut checks = serde_json::Map::new();
+    let mut bw = BTreeMap::new();
+    let mut checks = BTreeMap::new();
     let mut out = vec![0u32; words];
     // Clusters of the bulk-copy kernel that fit at once (the same for both chunk sizes: one
     // block per SM either way).
@@ -233,7 +235,7 @@ pub fn run(devs: &mut Devices, only: &str) -> Result<BTreeMap<String, Value>, Hw
         d.gpu.set_max_dynamic_smem(f, probe.smem_bytes())?;
         d.gpu.max_active_clusters(f, CLUSTER_SIZE, probe.threads, probe.smem_bytes())?
     };
-    m.insert("probe.cluster_handoff_max_active_clusters".into(), json!(fit));
+    p.cluster_handoff_max_active_clusters = Some(fit);
     for s in selected(fit, only) {
         let cpw = chunks_per_warp(&s);
         let resident;
@@ -283,20 +285,20 @@ pub fn run(devs: &mut Devices, only: &str) -> Result<BTreeMap<String, Value>, Hw
         let wrong = if s.store {
             devs.list[0].gpu.download(dst.ptr, &mut out)?;
             let moved_words = (moved / 4) as usize;
-            Some(out[..moved_words].iter().zip(&pattern).filter(|(a, b)| a != b).count())
+            Some(out[..moved_words].iter().zip(&pattern).filter(|(a, b)| a != b).count() as u64)
         } else {
             None
         };
-        bw.insert(s.key(), json!(round3(moved as f64 / (us * 1e3))));
+        bw.insert(s.key(), round3(moved as f64 / (us * 1e3)));
         checks.insert(
             s.key(),
-            json!({
-                "bytes": moved,
-                "wrong_words": wrong,
-                "kernel_us": round3(us),
-                "smem_bytes": smem,
-                "max_active_clusters": resident,
-            }),
+            HandoffCheck {
+                bytes: moved,
+                wrong_words: wrong,
+                kernel_us: round3(us),
+                smem_bytes: smem,
+                max_active_clusters: resident,
+            },
         );
         tracing::info!(
             "cluster handoff {}: {:.1} GB/s ({} bytes in {:.1} us, {} wrong words, \
@@ -309,9 +311,33 @@ pub fn run(devs: &mut Devices, only: &str) -> Result<BTreeMap<String, Value>, Hw
             resident
         );
     }
-    m.insert("probe.cluster_handoff_bw_gbps".into(), Value::Object(bw));
-    m.insert("probe.cluster_handoff_checks".into(), Value::Object(checks));
-    Ok(m)
+    p.cluster_handoff_bw_gbps = Some(bw);
+    p.cluster_handoff_checks = Some(checks);
+    Ok(())
+}
+
+/// The cluster probes (`EPTWIN_CLUSTER_PROBE=1`): the handoff shapes `only` selects, the
+/// combine's reducer and the launch costs, each module compiled here. Thread-block clusters
+/// need sm_90; on an older GPU nothing runs and the log says so. Opt-in, and never gating a
+/// run's kernels.
+pub fn run_all(
+    compiler: &Compiler,
+    devs: &mut Devices,
+    only: &str,
+    p: &mut Probes,
+) -> Result<(), HwError> {
+    if devs.list[0].gpu.compute_capability.0 < 9 {
+        tracing::warn!("EPTWIN_CLUSTER_PROBE ignored: thread-block clusters need sm_90");
+        return Ok(());
+    }
+    for (name, threads) in MODULES {
+        compiler.load(devs, ModuleId::Cluster, name, &kernel_defines::cluster(threads))?;
+    }
+    run(devs, only, p)?;
+    let defines = vec![("NUM_RANKS", REDUCE_RANKS.to_string())];
+    compiler.load(devs, ModuleId::IntranodeCluster, REDUCE_MODULE, &defines)?;
+    run_reduce(devs, p)?;
+    run_launch(devs, p)
 }
 
 /// Module name of the reducer probe: `intranode_cluster.cu` compiled for 8 ranks (the combine
@@ -343,9 +369,9 @@ fn reduce_smem_bytes(hidden: u32, topk: u32, slots: u32) -> u32 {
 /// block and on a block per SM at once. `probe.cluster_reduce_ns_per_token` (median over blocks
 /// of the kernel's own timer, per token) and the check that every output element and weight is
 /// the exact sum `k (k + 1) / 2`.
-pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
+fn run_reduce(devs: &mut Devices, p: &mut Probes) -> Result<(), HwError> {
     // The EP8 DeepSeek shape of the committed scenarios: BF16 rows of hidden 7,168, top-8, two
-    // slots per source (what fits a block's shared memory: hw/src/intranode/rings.rs
+    // slots per source (what fits a block's shared memory: hw/src/normal/rings.rs
     // cluster_shape).
     let (hidden, topk, slots) = (7168u32, 8u32, 2u32);
     let hidden_int4 = (hidden * 2 / 16) as i32;
@@ -361,8 +387,8 @@ pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
             g.alloc(sm_count as usize * 8)?,
         )
     };
-    let mut per_token = serde_json::Map::new();
-    let mut checks = serde_json::Map::new();
+    let mut per_token = BTreeMap::new();
+    let mut checks = BTreeMap::new();
     for blocks in [1, sm_count] {
         for k in REDUCE_SOURCES {
             let rows = (blocks * REDUCE_TOKENS) as usize;
@@ -398,19 +424,20 @@ pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
             g.download(out.ptr, &mut got)?;
             let mut got_w = vec![0f32; rows * topk as usize];
             g.download(out_w.ptr, &mut got_w)?;
-            let wrong = got.iter().filter(|&&v| v != want_bf16).count()
-                + got_w.iter().filter(|&&w| w != want as f32).count();
+            let wrong = (got.iter().filter(|&&v| v != want_bf16).count()
+                + got_w.iter().filter(|&&w| w != want as f32).count())
+                as u64;
             let key = format!("{blocks}blk.k{k}");
-            per_token.insert(key.clone(), json!(round3(ns_per_token)));
+            per_token.insert(key.clone(), round3(ns_per_token));
             checks.insert(
                 key.clone(),
-                json!({
-                    "tokens_per_block": REDUCE_TOKENS,
-                    "kernel_us": round3(us),
-                    "block_ns_min": block_ns[0],
-                    "block_ns_max": block_ns[block_ns.len() - 1],
-                    "wrong_values": wrong,
-                }),
+                ReduceCheck {
+                    tokens_per_block: REDUCE_TOKENS,
+                    kernel_us: round3(us),
+                    block_ns_min: block_ns[0],
+                    block_ns_max: block_ns[block_ns.len() - 1],
+                    wrong_values: wrong,
+                },
             );
             tracing::info!(
                 "cluster reduce {key}: {ns_per_token:.1} ns per token (median of {blocks} \
@@ -418,10 +445,9 @@ pub fn run_reduce(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
             );
         }
     }
-    let mut m = BTreeMap::new();
-    m.insert("probe.cluster_reduce_ns_per_token".into(), Value::Object(per_token));
-    m.insert("probe.cluster_reduce_checks".into(), Value::Object(checks));
-    Ok(m)
+    p.cluster_reduce_ns_per_token = Some(per_token);
+    p.cluster_reduce_checks = Some(checks);
+    Ok(())
 }
 
 /// Clusters of the normal kernels' grid the launch probe times: `num_sms = 30`, one cluster per
@@ -470,9 +496,9 @@ fn launch_shapes(sm_count: u32) -> Vec<(String, &'static str, u32, u32, u32)> {
 /// clusters, block size and dynamic shared memory, on their grid (15 clusters of 8 blocks),
 /// and a plain one-warp and full-grid launch to hold them against
 /// (`probe.empty_kernel_event_us` is the one-warp one of the probes module). Median of 20.
-pub fn run_launch(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError> {
+fn run_launch(devs: &mut Devices, p: &mut Probes) -> Result<(), HwError> {
     let sm_count = devs.list[0].gpu.sm_count;
-    let mut us_by_shape = serde_json::Map::new();
+    let mut us_by_shape = BTreeMap::new();
     // The frame kernel's mbarriers lie after the combine's 2 slots per source.
     let (slots, slot_bytes) = (2i32, combine_slot_bytes() as i32);
     for (key, kernel, grid, threads, smem) in launch_shapes(sm_count) {
@@ -493,11 +519,10 @@ pub fn run_launch(devs: &mut Devices) -> Result<BTreeMap<String, Value>, HwError
             unsafe { dev.gpu.launch_with_smem(f, grid, threads, smem, args) }
         })?;
         tracing::info!("launch {key}: {us:.3} us between the events");
-        us_by_shape.insert(key, json!(round3(us)));
+        us_by_shape.insert(key, round3(us));
     }
-    let mut m = BTreeMap::new();
-    m.insert("probe.cluster_launch_us".into(), Value::Object(us_by_shape));
-    Ok(m)
+    p.cluster_launch_us = Some(us_by_shape);
+    Ok(())
 }
 
 #[cfg(test)]

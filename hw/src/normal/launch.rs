@@ -13,6 +13,7 @@ use super::{NormalJob, payload_bytes};
 use crate::data;
 use crate::error::HwError;
 use crate::exec::{Devices, Timer, dev_of_ref, digest_ranks, record_digest};
+use crate::family::OpRun;
 use crate::kernel_args;
 
 impl NormalJob {
@@ -95,19 +96,13 @@ impl NormalJob {
         Ok(())
     }
 
-    pub fn dispatch(
-        &mut self,
-        devs: &mut Devices,
-        gpu_of_rank: &[u32],
-        iteration: u32,
-        warmup: bool,
-        job_id: eptwin_engine::ids::JobId,
-    ) -> Result<OpSample, HwError> {
+    pub fn dispatch(&mut self, devs: &mut Devices, op: &OpRun<'_>) -> Result<OpSample, HwError> {
         if self.across.is_some() {
-            return self.dispatch_across(devs, gpu_of_rank, iteration, warmup, job_id);
+            return self.dispatch_across(devs, op);
         }
+        let (gpu_of_rank, iteration, warmup) = (op.gpu_of_rank, op.iteration, op.warmup);
         self.poison_dispatch(devs, gpu_of_rank)?;
-        if !warmup && iteration == 0 {
+        if op.checked() {
             self.poison_rings(devs, gpu_of_rank)?;
         }
         self.epoch += 1;
@@ -133,7 +128,7 @@ impl NormalJob {
         )?;
         devs.finish("dispatch")?;
         let latency_ns = timer.between_ns("notify", "end")?;
-        let mut sample = OpSample::new(job_id, OpKind::Dispatch, iteration, warmup, latency_ns);
+        let mut sample = OpSample::new(op.job, OpKind::Dispatch, iteration, warmup, latency_ns);
         sample.phases = vec![
             PhaseTime { name: "layout".into(), latency_ns: timer.between_ns("start", "layout")? },
             PhaseTime { name: "notify".into(), latency_ns: timer.between_ns("layout", "notify")? },
@@ -223,16 +218,11 @@ impl NormalJob {
         unsafe { dev.gpu.launch_with_smem(f, grid, threads, smem, &mut a) }
     }
 
-    pub fn combine(
-        &mut self,
-        devs: &mut Devices,
-        gpu_of_rank: &[u32],
-        iteration: u32,
-        warmup: bool,
-        job_id: eptwin_engine::ids::JobId,
-    ) -> Result<OpSample, HwError> {
+    pub fn combine(&mut self, devs: &mut Devices, op: &OpRun<'_>) -> Result<OpSample, HwError> {
+        let (gpu_of_rank, iteration, warmup) = (op.gpu_of_rank, op.iteration, op.warmup);
         if !self.dispatched {
-            self.dispatch(devs, gpu_of_rank, 0, true, job_id)?;
+            let untimed = OpRun { op: OpKind::Dispatch, iteration: 0, warmup: true, ..*op };
+            self.dispatch(devs, &untimed)?;
         }
         // Stand-in experts: combine input = dequantised token × a per-rank factor (untimed).
         for (&r, b) in &self.bufs {
@@ -273,7 +263,7 @@ impl NormalJob {
             };
             (timer.between_ns("notify", "end")?, vec![notify], 0)
         };
-        let mut sample = OpSample::new(job_id, OpKind::Combine, iteration, warmup, latency_ns);
+        let mut sample = OpSample::new(op.job, OpKind::Combine, iteration, warmup, latency_ns);
         sample.phases = phases;
         sample.rdma_bytes = rdma_bytes;
         sample.nvlink_bytes =

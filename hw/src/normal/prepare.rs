@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use eptwin_engine::plan::Dtype;
-use eptwin_engine::plan::{DeepEpJob, JobPlan, RoutingTable, Workload};
+use eptwin_engine::plan::{RoutingTable, Workload};
 use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};
@@ -17,7 +17,7 @@ use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
-use crate::options::HwOptions;
+use crate::family::FamilyContext;
 use crate::processes::share_buffers;
 
 impl NormalJob {
@@ -25,13 +25,11 @@ impl NormalJob {
     /// its ranks), the layout kernel's arguments. [`NormalJob::connect`] then builds the
     /// arguments that reach the peers.
     pub fn prepare(
-        devs: &mut Devices,
-        job: &JobPlan,
-        d: &DeepEpJob,
-        gpu_of_rank: &[u32],
-        options: &HwOptions,
+        ctx: &mut FamilyContext<'_>,
         launch: NormalLaunch,
     ) -> Result<NormalJob, HwError> {
+        let (job, d, options) = (ctx.job, ctx.deepep, ctx.options);
+        let (devs, gpu_of_rank) = (&mut *ctx.devs, ctx.placement.gpu_of_rank.as_slice());
         let n = job.num_ranks();
         let w = &d.workload;
         let setup =

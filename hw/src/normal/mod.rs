@@ -1,16 +1,20 @@
-//! Normal-mode intranode dispatch and combine on the hardware: buffers, launches, and the
-//! checks DeepEP's `test_intranode.py` makes (rows arrive where the layout says, per-expert
-//! counts, combine = reference reduction within bf16 rounding).
+//! The normal kernels as a [`KernelFamily`]: DeepEP's normal dispatch and combine with the
+//! checks of `test_intranode.py` (rows arrive where the layout says, per-expert counts, combine
+//! = reference reduction within bf16 rounding). On one node `intranode.cu` runs over rings in
+//! the receiver's NVL buffer, or `intranode_cluster.cu` over rings in thread-block cluster
+//! shared memory; a job whose ranks span nodes runs `internode.cu` over the wire instead
+//! (`across_nodes`), with the same checks.
 //!
-//! `prepare` sets a job up (buffers, argument arrays), `launch` runs and times the ops, `check`
-//! holds the host checks; `args` mirrors the kernels' structs, `layout` the NVL buffer, `expect`
-//! derives what each rank must receive, `rings` chooses where the rings live. A job whose ranks
-//! span nodes runs internode.cu over the wire instead (`across_nodes`), with the same checks.
+//! `fit` compiles and sizes the kernels, `prepare` sets a job up (buffers, argument arrays),
+//! `launch` runs and times the ops, `check` holds the host checks; `args` mirrors the kernels'
+//! structs, `layout` the NVL buffer, `expect` derives what each rank must receive, `rings`
+//! chooses where the rings live.
 
 mod across_nodes;
 mod args;
 mod check;
 mod expect;
+mod fit;
 mod launch;
 mod layout;
 mod prepare;
@@ -19,8 +23,7 @@ mod warp_times;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::deepep::config::Config;
-use eptwin_engine::routing::RoutingTable;
+use eptwin_engine::plan::{Config, Dtype, RoutingTable, logical_row_bytes};
 
 pub use expect::{RecvExpectation, expectations};
 pub use layout::NvlLayout;
@@ -28,6 +31,9 @@ pub use rings::{ClusterRings, ClusterShape, MAX_DYNAMIC_SMEM_BYTES, RingInputs, 
 
 use crate::cuda::DeviceBuffer;
 use crate::data::RankTokens;
+use crate::error::HwError;
+use crate::family::{self, BaselineTraffic, FamilyContext, KernelFamily};
+use crate::measurements::KernelReport;
 use crate::processes::SharedBuffers;
 
 /// Device buffers of one rank.
@@ -112,9 +118,9 @@ fn payload_bytes(hidden: u32, fp8: bool) -> u64 {
 }
 
 impl NormalJob {
-    /// (rows moved, payload bytes per row) between every (source, destination) rank pair, for the
-    /// NCCL baseline: dispatch sends `logical_row_bytes` rows, combine sends them back as BF16.
-    pub fn pair_rows(&self) -> Vec<Vec<u64>> {
+    /// Rows from every source rank to every destination rank in dispatch (combine sends them
+    /// back): the NCCL baseline's volumes.
+    fn pair_rows(&self) -> Vec<Vec<u64>> {
         let n = self.n as usize;
         let mut rows = vec![vec![0u64; n]; n];
         for (d, e) in self.expect.iter().enumerate() {
@@ -125,17 +131,57 @@ impl NormalJob {
         rows
     }
 
-    pub fn received_rows(&self) -> u64 {
-        self.expect.iter().map(|e| e.rows.len() as u64).sum()
-    }
-
     /// Rows this process's ranks receive in dispatch (and send back in combine).
     fn local_received_rows(&self) -> u64 {
         self.bufs.keys().map(|&r| self.expect[r as usize].rows.len() as u64).sum()
     }
 
-    /// The output digest of each local rank on the last op's host-checked iteration, once.
-    pub fn take_rank_digests(&mut self) -> Option<BTreeMap<u32, u64>> {
-        self.rank_digests.take()
+    /// The NCCL baseline moves the rows of dispatch (FP8 or BF16 as DeepEP's tests count
+    /// them) and of combine (BF16).
+    fn baseline_traffic(&self) -> BaselineTraffic {
+        let dtype = if self.fp8 { Dtype::Fp8 } else { Dtype::Bf16 };
+        BaselineTraffic {
+            pair_rows: self.pair_rows(),
+            dispatch_row_bytes: logical_row_bytes(self.hidden, dtype),
+            combine_row_bytes: 2 * self.hidden as u64,
+        }
+    }
+}
+
+/// The normal kernels: fitted to the placement, then a prepared job.
+pub struct Normal {
+    launch: NormalLaunch,
+    report: KernelReport,
+    job: Option<NormalJob>,
+}
+
+impl KernelFamily for Normal {
+    fn fit(ctx: &mut FamilyContext<'_>) -> Result<Normal, HwError> {
+        // An internode job always crosses nodes here (`prepare::prepare_local` waives one
+        // whose ranks share a node).
+        let (launch, report) = match ctx.crossing {
+            Some(crossing) => (fit::fit_across_nodes(ctx, crossing)?, KernelReport::default()),
+            None => fit::fit_one_node(ctx)?,
+        };
+        Ok(Normal { launch, report, job: None })
+    }
+
+    fn prepare(&mut self, ctx: &mut FamilyContext<'_>) -> Result<(), HwError> {
+        let launch = self.launch.clone();
+        let job = match ctx.crossing {
+            Some(crossing) => NormalJob::prepare_across_nodes(ctx, launch, crossing)?,
+            None => NormalJob::prepare(ctx, launch)?,
+        };
+        if let Some(kernels) = job.across_nodes_kernels(ctx.effective_sms_per_rank()) {
+            self.report.internode = Some(kernels);
+        }
+        self.job = Some(job);
+        Ok(())
+    }
+
+    family::steps_of_the_prepared_job!();
+
+    fn report(&self) -> KernelReport {
+        self.report.clone()
     }
 }

@@ -6,23 +6,25 @@
 use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::{DeepEpJob, Dtype, JobPlan, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 use rayon::prelude::*;
-use serde_json::{Value, json};
 
 use super::args::{InternodeParams, InternodeRankArgs};
 use super::prepare::{alloc_rank_buffers, layout_kernel_args};
 use super::{NormalJob, NormalLaunch, NvlLayout, expectations, payload_bytes};
+use crate::crossing::Crossing;
 use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, Timer, dev_of, dev_of_ref, record_digest};
+use crate::family::{FamilyContext, OpRun};
 use crate::internode::gpu::{
     AreaSizes, EndpointExchange, SingleProcess, WireConfig, WireLinks, owned_nodes, pinned,
 };
 use crate::internode::{Geometry, NormalLayout, Traffic};
 use crate::kernel_args;
+use crate::measurements::{InternodeKernels, PerOp};
 
 /// Kinds of per-rank counters kept across calls (`ST_*` in internode.cu).
 const STATE_KINDS: u64 = 6;
@@ -133,14 +135,13 @@ impl NormalJob {
     /// cached receive layout and the per-rank counters. The wire between the nodes and the
     /// kernels' argument arrays come in [`NormalJob::connect`].
     pub fn prepare_across_nodes(
-        devs: &mut Devices,
-        job: &JobPlan,
-        d: &DeepEpJob,
-        gpu_of_rank: &[u32],
+        ctx: &mut FamilyContext<'_>,
         launch: NormalLaunch,
-        geometry: Geometry,
-        config: WireConfig,
+        crossing: &Crossing,
     ) -> Result<NormalJob, HwError> {
+        let (job, d) = (ctx.job, ctx.deepep);
+        let (devs, gpu_of_rank) = (&mut *ctx.devs, ctx.placement.gpu_of_rank.as_slice());
+        let (geometry, config) = (crossing.geometry.clone(), crossing.config.clone());
         let n = job.num_ranks();
         let w = &d.workload;
         let setup =
@@ -354,22 +355,35 @@ impl NormalJob {
         Ok(())
     }
 
-    /// `hw.internode_kernels` for the result.
-    pub fn across_nodes_kernels(&self) -> Option<Value> {
+    /// `hw.internode_kernels` for the result, when this job crosses nodes.
+    pub fn across_nodes_kernels(&self, effective_sms_per_rank: f64) -> Option<InternodeKernels> {
         let a = self.across.as_ref()?;
-        Some(json!({
-            "threads_per_block": self.launch.threads,
-            "blocks_per_rank": self.launch.blocks_per_rank,
-            "channels_per_rank": self.channels,
-            "ranks_per_node": a.geometry.ranks_per_node,
-            "nodes": a.geometry.num_nodes(),
-            "nvl_ring_slots": a.rings.ring_slots,
-            "rdma_ring_slots": {"dispatch": a.wire.dispatch_ring_slots, "combine": a.wire.combine_ring_slots},
-            "rdma_send_tokens": {"dispatch": a.wire.dispatch_send_tokens, "combine": a.wire.combine_send_tokens},
-            "recv_area_bytes": a.wire.recv_area_bytes,
-            "send_area_bytes": a.wire.send_area_bytes,
-            "receive_layout": "cached (DeepEP's handle path): rows by source rank, channel, token, from the routing",
-        }))
+        let l = &self.launch;
+        Some(InternodeKernels {
+            threads_per_block: l.threads,
+            blocks_per_rank: l.blocks_per_rank,
+            channels_per_rank: self.channels,
+            ranks_per_node: a.geometry.ranks_per_node,
+            nodes: a.geometry.num_nodes(),
+            nvl_ring_slots: a.rings.ring_slots,
+            rdma_ring_slots: PerOp {
+                dispatch: a.wire.dispatch_ring_slots,
+                combine: a.wire.combine_ring_slots,
+            },
+            rdma_send_tokens: PerOp {
+                dispatch: a.wire.dispatch_send_tokens,
+                combine: a.wire.combine_send_tokens,
+            },
+            recv_area_bytes: a.wire.recv_area_bytes,
+            send_area_bytes: a.wire.send_area_bytes,
+            receive_layout: "cached (DeepEP's handle path): rows by source rank, channel, token, \
+                             from the routing"
+                .into(),
+            registers_per_thread: l.registers,
+            local_memory_bytes_per_thread: l.local_bytes,
+            resident_blocks_per_sm: l.resident_blocks_per_sm,
+            effective_sms_per_rank,
+        })
     }
 
     /// The wire's kind (`backend.wire`) when this job crosses nodes.
@@ -453,12 +467,9 @@ impl NormalJob {
     pub(super) fn dispatch_across(
         &mut self,
         devs: &mut Devices,
-        gpu_of_rank: &[u32],
-        iteration: u32,
-        warmup: bool,
-        job_id: eptwin_engine::ids::JobId,
+        op: &OpRun<'_>,
     ) -> Result<OpSample, HwError> {
-        let checked = !warmup && iteration == 0;
+        let (checked, gpu_of_rank) = (op.checked(), op.gpu_of_rank);
         for (&r, b) in &self.bufs {
             let g = &dev_of_ref(devs, gpu_of_rank[r as usize]).gpu;
             for buf in [
@@ -496,7 +507,8 @@ impl NormalJob {
         self.launch_across(devs, true, &mut timer)?;
         self.finish_across(devs, "internode dispatch")?;
         let latency_ns = timer.between_ns("layout", "end")?;
-        let mut sample = OpSample::new(job_id, OpKind::Dispatch, iteration, warmup, latency_ns);
+        let mut sample =
+            OpSample::new(op.job, OpKind::Dispatch, op.iteration, op.warmup, latency_ns);
         sample.phases = vec![PhaseTime {
             name: "layout".into(),
             latency_ns: timer.between_ns("start", "layout")?,
