@@ -42,11 +42,11 @@ pub enum WireArg {
 }
 
 impl WireArg {
-    pub fn request(self) -> eptwin_hw::wire::WireRequest {
+    pub fn request(self) -> eptwin_wire::WireRequest {
         match self {
-            WireArg::Auto => eptwin_hw::wire::WireRequest::Auto,
-            WireArg::Tcp => eptwin_hw::wire::WireRequest::Tcp,
-            WireArg::Verbs => eptwin_hw::wire::WireRequest::Verbs,
+            WireArg::Auto => eptwin_wire::WireRequest::Auto,
+            WireArg::Tcp => eptwin_wire::WireRequest::Tcp,
+            WireArg::Verbs => eptwin_wire::WireRequest::Verbs,
         }
     }
 }

@@ -56,7 +56,7 @@ fn init_logging(verbose: u8) {
     // The hardware backend's info lines (the memcpy ceiling, measurement knobs' reports) are
     // part of a hardware run's normal output.
     let default = match verbose {
-        0 => "warn,eptwin_hw=info",
+        0 => "warn,eptwin_hw=info,eptwin_wire=info,eptwin_group=info",
         1 => "info",
         _ => "debug",
     };

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use eptwin_hw::group::{
+use eptwin_group::{
     GroupConfig, LaunchInfo, ProcessGroup, SpawnOptions, Timeouts, spawn_with, system_hostname,
 };
 
@@ -162,7 +162,7 @@ fn a_killed_process_ends_the_run_for_the_others_within_the_bound() {
     if let Some(reason) = gpu_here() {
         return skip("a_killed_process_ends_the_run...", &reason);
     }
-    let port = eptwin_hw::group::spawn::free_loopback_port().unwrap();
+    let port = eptwin_group::spawn::free_loopback_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("stand-in-joined");
     // Processes 0-2 are eptwin; process 3 is this test binary standing in, killed once it has

@@ -3,16 +3,24 @@
 //! nodes; low-latency kernels cross wherever `Plan::low_latency_path` gives RDMA, which with
 //! `allow_nvlink_for_low_latency_mode = false` (`NVSHMEM_DISABLE_P2P`) is every peer, ranks on
 //! one GPU included: the hardware then never makes an NVLink store the simulator would not.
+//! Also what the wire (`eptwin_wire::links`) takes from this backend: pinned memory mapped
+//! into the GPU, and the process group as the exchange of the wire's endpoints.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use eptwin_engine::plan::{DeepEpJob, EpMode, JobPlan, PeerPath, Plan};
 
+use eptwin_wire::WireError;
+use eptwin_wire::links::{EndpointExchange, MappedMemory};
+
+use crate::cuda::{Gpu, PinnedHost};
 use crate::error::HwError;
-use crate::internode::gpu::WireConfig;
-use crate::internode::{Geometry, Traffic};
 use crate::options::HwOptions;
-use crate::rdma::QpSettings;
+use crate::processes::Processes;
+use eptwin_wire::links::WireConfig;
+use eptwin_wire::protocol::{Geometry, Traffic};
+use eptwin_wire::rdma::QpSettings;
 
 /// How a job's ranks meet the wire: the nodes of the plan it spans (placement stacks them onto
 /// this machine's GPUs) and the protocol geometry of the bytes that cross the wire, `None` when
@@ -116,6 +124,49 @@ fn store_blocks(n: u32, stores: impl Fn(u32, u32) -> bool) -> Result<u32, (u32, 
         }
     }
     Ok(block)
+}
+
+impl MappedMemory for PinnedHost {
+    fn host_ptr(&self) -> *mut u8 {
+        self.host()
+    }
+    fn device_addr(&self) -> u64 {
+        self.device()
+    }
+}
+
+/// [`Gpu::alloc_mapped_host`] as the wire's allocator (`eptwin_wire::links::MappedAlloc`).
+pub fn pinned(gpu: &Gpu) -> impl Fn(usize) -> Result<Arc<dyn MappedMemory>, WireError> + '_ {
+    move |bytes| match gpu.alloc_mapped_host(bytes) {
+        Ok(m) => Ok(Arc::new(m) as Arc<dyn MappedMemory>),
+        Err(e) => Err(WireError::External(Box::new(e))),
+    }
+}
+
+/// How long a process waits for the others' endpoints (they may still be compiling kernels
+/// or allocating buffers).
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl EndpointExchange for Processes {
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, WireError> {
+        self.all_gather_bytes("internode wire endpoints", bytes, EXCHANGE_TIMEOUT)
+            .map_err(|e| WireError::External(Box::new(e)))
+    }
+}
+
+/// How a launch that talked over the wire ended: a kernel that gave up waiting is explained by
+/// the wire's failure (`health`) when the wire failed.
+pub fn launch_outcome(
+    done: Result<(), HwError>,
+    health: Result<(), WireError>,
+) -> Result<(), HwError> {
+    match (done, health.map_err(HwError::from)) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(HwError::KernelTimeout { op, what }), Err(wire)) => {
+            Err(HwError::KernelTimeout { op, what: format!("{what}; {wire}") })
+        }
+        (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+    }
 }
 
 #[cfg(test)]

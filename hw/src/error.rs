@@ -41,6 +41,31 @@ pub enum HwError {
     Processes(String),
 }
 
+impl From<eptwin_group::GroupError> for HwError {
+    fn from(e: eptwin_group::GroupError) -> Self {
+        HwError::Setup { context: "process group".into(), message: e.to_string() }
+    }
+}
+
+impl From<eptwin_wire::WireError> for HwError {
+    /// A wire that cannot run here waives the job; the backend's own failures carried through
+    /// the wire (its exchange, its memory) come back as they were; the rest fail the op naming
+    /// the wire's coordinates.
+    fn from(e: eptwin_wire::WireError) -> Self {
+        use eptwin_wire::WireError;
+        match e {
+            WireError::WireUnavailable { .. } | WireError::CannotRun(_) => {
+                HwError::Unsupported(e.to_string())
+            }
+            WireError::External(inner) => match inner.downcast::<HwError>() {
+                Ok(hw) => *hw,
+                Err(other) => HwError::Wire(other.to_string()),
+            },
+            other => HwError::Wire(other.to_string()),
+        }
+    }
+}
+
 impl From<HwError> for TransportError {
     fn from(e: HwError) -> Self {
         match e {

@@ -8,9 +8,8 @@ use eptwin_engine::transport::OpSample;
 
 use crate::cuda::{DeviceBuffer, Event, Gpu, Module};
 use crate::error::{ErrorRecord, HwError};
-use crate::group::GroupWatch;
 use crate::kernel_args;
-use crate::processes::ProcessBarrier;
+use eptwin_group::GroupWatch;
 
 /// DeepEP's tests flush L2 with a 256 MB memset before every timed call (docs/design.md, DeepEP
 /// §17).
@@ -88,6 +87,14 @@ pub(crate) fn dev_of_ref(devs: &Devices, gpu: u32) -> &Device {
         .expect("every rank's GPU is in the placement")
 }
 
+/// What runs on every stream right before a timed launch (`processes::ProcessBarrier` in a
+/// multi-process run).
+pub trait LaunchBarrier {
+    /// Queue the barrier on the streams of `list` (`Devices::list`), each wait bounded by
+    /// `timeout_ns`.
+    fn launch(&mut self, list: &[Device], timeout_ns: u64) -> Result<(), HwError>;
+}
+
 /// The GPUs of one job (this process's, in a multi-process run).
 pub struct Devices {
     pub list: Vec<Device>,
@@ -95,7 +102,7 @@ pub struct Devices {
     pub kernel_timeout_ms: u64,
     pub host_timeout_ms: u64,
     /// Multi-process runs: the GPU-side barrier before each timed launch.
-    pub barrier: Option<ProcessBarrier>,
+    pub barrier: Option<Box<dyn LaunchBarrier>>,
     /// Multi-process runs: stream waits end as soon as the process group has failed.
     pub watch: Option<GroupWatch>,
     /// `EPTWIN_L2_CLEAN=1`: every flush is followed by a read of the flush buffer.

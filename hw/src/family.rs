@@ -26,7 +26,7 @@ use crate::measurements::KernelReport;
 use crate::options::HwOptions;
 use crate::placement::Placement;
 use crate::processes::Processes;
-use crate::wire::WireReport;
+use eptwin_wire::WireReport;
 
 /// What a family's `fit` and `prepare` read: the job as the backend runs it, this process's
 /// GPUs and the compiler, the placement and the job's wire option.
@@ -170,7 +170,7 @@ macro_rules! steps_of_the_prepared_job {
             self.job.as_mut()?.rank_digests.take()
         }
 
-        fn wire_report(&self) -> Option<&$crate::wire::WireReport> {
+        fn wire_report(&self) -> Option<&eptwin_wire::WireReport> {
             self.job.as_ref()?.wire_report()
         }
 

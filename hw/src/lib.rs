@@ -24,8 +24,6 @@ pub mod environment;
 pub mod error;
 pub mod exec;
 pub mod family;
-pub mod group;
-pub mod internode;
 pub mod kernel_defines;
 pub mod low_latency;
 pub mod measurements;
@@ -37,8 +35,6 @@ pub mod placement;
 pub mod prepare;
 pub mod probes;
 pub mod processes;
-pub mod rdma;
-pub mod wire;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -53,10 +49,10 @@ use serde_json::{Value, json};
 use crate::environment::Environment;
 use crate::error::HwError;
 use crate::family::OpRun;
-use crate::group::Launcher;
 use crate::measurements::{KernelFigures, Measurements};
 use crate::prepare::{Prepared, ProcessView, connect, prepare_local};
 use crate::processes::{PREPARE_TIMEOUT, ProcessOp, Processes};
+use eptwin_group::Launcher;
 
 pub use crate::options::{HwOptions, RingsWanted};
 
@@ -94,7 +90,7 @@ impl HwTransport {
             measurements: Measurements::default(),
             procs: None,
             launcher,
-            hosts: vec![group::system_hostname()],
+            hosts: vec![eptwin_group::system_hostname()],
         }
     }
 
@@ -123,7 +119,7 @@ impl HwTransport {
 
     /// Ends the run's process group after a last barrier (nothing for a single process);
     /// every process calls it once its run loop is done.
-    pub fn finish(mut self, timeout: Duration) -> Result<(), group::GroupError> {
+    pub fn finish(mut self, timeout: Duration) -> Result<(), eptwin_group::GroupError> {
         let Some(procs) = self.procs.take() else { return Ok(()) };
         let outcome = procs.finish(timeout);
         if outcome.is_err() {
@@ -183,9 +179,9 @@ impl HwTransport {
 
 /// The wire scenarios that span nodes would use here, or why there is none (an invalid
 /// `EPTWIN_WIRE`, verbs asked for without an ACTIVE port). TCP is always there.
-fn wire_choice(options: &HwOptions) -> Result<wire::WireChoice, String> {
+fn wire_choice(options: &HwOptions) -> Result<eptwin_wire::WireChoice, String> {
     let request = options.wire.clone()?;
-    wire::choose(request).map_err(|e| e.to_string())
+    eptwin_wire::choose(request).map_err(|e| e.to_string())
 }
 
 /// The op's kernel figures from the timed samples so far, against the ceilings measured in

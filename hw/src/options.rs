@@ -35,7 +35,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::wire::WireRequest;
+use eptwin_wire::WireRequest;
 
 /// Where `EPTWIN_NORMAL_DISPATCH` / `EPTWIN_NORMAL_COMBINE` put a normal kernel's rings.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

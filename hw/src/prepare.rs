@@ -19,7 +19,6 @@ use crate::environment::{Environment, Inventory};
 use crate::error::HwError;
 use crate::exec::{Device, Devices};
 use crate::family::{FamilyContext, KernelFamily};
-use crate::internode::gpu::owned_nodes;
 use crate::kernel_defines::FlagScope;
 use crate::low_latency::LowLatency;
 use crate::measurements::{L2Discard, Measurements, NcclFigures, ProcessesReport};
@@ -27,8 +26,9 @@ use crate::normal::Normal;
 use crate::options::HwOptions;
 use crate::placement::{self, Placement};
 use crate::processes::{ProcessBarrier, Processes};
-use crate::wire::WireReport;
 use crate::{nccl, probes};
+use eptwin_wire::WireReport;
+use eptwin_wire::links::owned_nodes;
 
 /// Where this process stands in a multi-process run, as prepare needs it.
 pub struct ProcessView {
@@ -289,7 +289,7 @@ pub fn connect(
     }
     state.family.connect(&state.devs, procs.as_deref_mut())?;
     if let Some(p) = procs.as_deref_mut() {
-        state.devs.barrier = Some(ProcessBarrier::new(p, &state.devs, state.first_rank)?);
+        state.devs.barrier = Some(Box::new(ProcessBarrier::new(p, &state.devs, state.first_rank)?));
     }
     let process_zero = procs.as_ref().is_none_or(|p| p.rank() == 0);
     if options.probes && process_zero {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use eptwin_engine::result::{Provenance, RunResult, Verdict};
-use eptwin_hw::group::{
+use eptwin_group::{
     GroupConfig, LaunchInfo, ProcessGroup, SpawnOptions, Timeouts, rank_blocks, spawn_with,
 };
 use eptwin_hw::processes::Processes;

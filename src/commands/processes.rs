@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use eptwin_engine::ids::Rank;
-use eptwin_hw::HwTransport;
-use eptwin_hw::group::{
+use eptwin_group::{
     GroupConfig, LaunchInfo, ProcessGroup, SpawnOptions, Timeouts, check_blocks_on_one_node,
     rank_blocks, spawn_with,
 };
+use eptwin_hw::HwTransport;
 use eptwin_hw::processes::Processes;
 
 use super::run::{RunOptions, write_result};

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use eptwin_engine::LoadedScenario;
 use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
 use eptwin_engine::run::Progress;
-use eptwin_hw::group::{LaunchInfo, Launcher, rank_blocks};
+use eptwin_group::{LaunchInfo, Launcher, rank_blocks};
 
 use super::{plan_loaded, processes, provenance};
 use crate::cli::{BackendArg, WireArg};

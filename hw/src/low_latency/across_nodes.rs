@@ -1,4 +1,4 @@
-//! Low-latency jobs whose ranks span nodes: the wire (crate::internode::gpu) between the nodes,
+//! Low-latency jobs whose ranks span nodes: the wire (eptwin_wire::protocol::gpu) between the nodes,
 //! and what the kernels need of it per rank (low_latency.cu sends a destination on another
 //! node its messages through the send region and doorbells, in `LlLayout`).
 
@@ -6,13 +6,12 @@ use std::collections::BTreeMap;
 
 use eptwin_engine::plan::{Dtype, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
+use crate::crossing::pinned;
 use crate::cuda::DeviceBuffer;
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
-use crate::internode::gpu::{
-    AreaSizes, EndpointExchange, WireConfig, WireLinks, owned_nodes, pinned,
-};
-use crate::internode::{Geometry, LlLayout, Traffic};
+use eptwin_wire::links::{AreaSizes, EndpointExchange, WireConfig, WireLinks, owned_nodes};
+use eptwin_wire::protocol::{Geometry, LlLayout, Traffic};
 
 /// The wire of a low-latency job across nodes and its ranks' device state.
 pub(super) struct LlAcross {
@@ -79,8 +78,8 @@ impl LlAcross {
             count_seen.insert(r, c);
         }
         let dtype = match geometry.dispatch_dtype {
-            crate::internode::TokenDtype::Fp8 => Dtype::Fp8,
-            crate::internode::TokenDtype::Bf16 => Dtype::Bf16,
+            eptwin_wire::protocol::TokenDtype::Fp8 => Dtype::Fp8,
+            eptwin_wire::protocol::TokenDtype::Bf16 => Dtype::Bf16,
         };
         // Dispatch messages leave their source's process, combine rows their expert's.
         let sent = remote_selections(routing, &geometry, |s, _| local.contains(&s));

@@ -54,7 +54,7 @@ pub(super) struct LlParams {
     pub(super) warps_per_group: i32,
     pub(super) dispatch_fp8: i32,
     pub(super) reserved: i32,
-    pub(super) wire: crate::internode::LlLayout,
+    pub(super) wire: eptwin_wire::protocol::LlLayout,
     pub(super) ranks_per_node: i32,
     pub(super) qps_per_peer: i32,
     pub(super) call: i32,

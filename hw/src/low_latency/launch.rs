@@ -7,6 +7,7 @@ use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use super::args::LlParams;
 use super::{LlJob, PHASE_RECV, PHASE_SEND, WARPS_PER_GROUP};
+use crate::crossing::launch_outcome;
 use crate::error::HwError;
 use crate::exec::{Devices, DigestRegion, Timer, dev_of_ref, digest_ranks, record_digest};
 use crate::family::OpRun;
@@ -65,14 +66,7 @@ impl LlJob {
         let done = devs.finish(what);
         if let Some(a) = self.across.as_mut() {
             a.calls[(op != OpKind::Dispatch) as usize] += 1;
-            // A kernel that gave up waiting on the wire is explained by the wire's failure.
-            match (done, a.links_mut().health()) {
-                (Err(HwError::KernelTimeout { op, what }), Err(wire)) => {
-                    return Err(HwError::KernelTimeout { op, what: format!("{what}; {wire}") });
-                }
-                (Err(e), _) | (Ok(()), Err(e)) => return Err(e),
-                (Ok(()), Ok(())) => {}
-            }
+            launch_outcome(done, a.links_mut().health())?;
         } else {
             done?;
         }

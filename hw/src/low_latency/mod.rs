@@ -105,7 +105,7 @@ pub struct LlJob {
 
 impl LlJob {
     /// The wire's report when this job crosses nodes (`backend.wire`).
-    pub fn wire_report(&self) -> Option<&crate::wire::WireReport> {
+    pub fn wire_report(&self) -> Option<&eptwin_wire::WireReport> {
         self.across.as_ref()?.links.as_ref().map(|l| l.report())
     }
 

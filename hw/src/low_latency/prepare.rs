@@ -18,8 +18,8 @@ use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, dev_of};
 use crate::family::FamilyContext;
-use crate::internode::gpu::{EndpointExchange, SingleProcess};
 use crate::processes::{Processes, share_buffers};
+use eptwin_wire::links::{EndpointExchange, SingleProcess};
 
 impl LlJob {
     /// Bytes this job needs on each GPU (to refuse plans that do not fit before allocating).

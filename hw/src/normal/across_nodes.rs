@@ -1,5 +1,5 @@
 //! The normal kernels across nodes (kernels/cuda/internode.cu over the CPU-proxy wire): the
-//! forwarding rings' NVL buffer layout, the wire (crate::internode::gpu), each rank's counters
+//! forwarding rings' NVL buffer layout, the wire (eptwin_wire::protocol::gpu), each rank's counters
 //! and forwarder log, the cached receive layout, launches and timing. The host checks are the
 //! intranode ones (check.rs): every received row and every combined row against the routing.
 
@@ -13,18 +13,18 @@ use rayon::prelude::*;
 use super::args::{InternodeParams, InternodeRankArgs};
 use super::prepare::{alloc_rank_buffers, layout_kernel_args};
 use super::{NormalJob, NormalLaunch, NvlLayout, expectations, payload_bytes};
-use crate::crossing::Crossing;
+use crate::crossing::{Crossing, launch_outcome, pinned};
 use crate::cuda::DeviceBuffer;
 use crate::data::{self, RankTokens};
 use crate::error::HwError;
 use crate::exec::{Devices, Timer, dev_of, dev_of_ref, record_digest};
 use crate::family::{FamilyContext, OpRun};
-use crate::internode::gpu::{
-    AreaSizes, EndpointExchange, SingleProcess, WireConfig, WireLinks, owned_nodes, pinned,
-};
-use crate::internode::{Geometry, NormalLayout, Traffic};
 use crate::kernel_args;
 use crate::measurements::{InternodeKernels, PerOp};
+use eptwin_wire::links::{
+    AreaSizes, EndpointExchange, SingleProcess, WireConfig, WireLinks, owned_nodes,
+};
+use eptwin_wire::protocol::{Geometry, NormalLayout, Traffic};
 
 /// Kinds of per-rank counters kept across calls (`ST_*` in internode.cu).
 const STATE_KINDS: u64 = 6;
@@ -155,7 +155,7 @@ impl NormalJob {
                 w.combine_dtype
             )));
         }
-        let fp8 = geometry.dispatch_dtype == crate::internode::TokenDtype::Fp8;
+        let fp8 = geometry.dispatch_dtype == eptwin_wire::protocol::TokenDtype::Fp8;
         let rpn = geometry.ranks_per_node;
         if rpn > 8 || geometry.num_nodes() > 16 || w.topk > 32 || !w.hidden.is_multiple_of(128) {
             return Err(HwError::Unsupported(format!(
@@ -387,7 +387,7 @@ impl NormalJob {
     }
 
     /// The wire's kind (`backend.wire`) when this job crosses nodes.
-    pub fn wire_report(&self) -> Option<&crate::wire::WireReport> {
+    pub fn wire_report(&self) -> Option<&eptwin_wire::WireReport> {
         self.across.as_ref()?.links.as_ref().map(|l| l.report())
     }
 
@@ -454,13 +454,7 @@ impl NormalJob {
             .and_then(|a| a.links.as_mut())
             .expect("the wire is connected before any launch")
             .health();
-        match (done, health) {
-            (Ok(()), Ok(())) => Ok(()),
-            (Err(HwError::KernelTimeout { op, what }), Err(wire)) => {
-                Err(HwError::KernelTimeout { op, what: format!("{what}; {wire}") })
-            }
-            (Err(e), _) | (Ok(()), Err(e)) => Err(e),
-        }
+        launch_outcome(done, health)
     }
 
     /// One timed dispatch across nodes: the layout kernel, then `internode_dispatch`.
@@ -582,7 +576,7 @@ mod tests {
             num_experts: 32,
             tokens_per_rank: 50,
             max_tokens_per_rank: 50,
-            dispatch_dtype: crate::internode::TokenDtype::Fp8,
+            dispatch_dtype: eptwin_wire::protocol::TokenDtype::Fp8,
             num_channels: 2,
             rdma_send_tokens: 2,
             rdma_recv_tokens: 4,

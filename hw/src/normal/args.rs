@@ -120,7 +120,7 @@ pub(super) struct InternodeRankArgs {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub(super) struct InternodeParams {
-    pub(super) wire: crate::internode::NormalLayout,
+    pub(super) wire: eptwin_wire::protocol::NormalLayout,
     pub(super) timeout_ns: u64,
     pub(super) nvl_slot_bytes: u64,
     pub(super) nvl_meta_offset: u64,

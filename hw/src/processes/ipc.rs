@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::Processes;
 use crate::cuda::{DeviceBuffer, IpcExport, IpcMapping};
 use crate::error::HwError;
-use crate::exec::{Device, Devices};
+use crate::exec::{Device, Devices, LaunchBarrier};
 use crate::kernel_args;
 
 /// How long the processes wait for each other while exchanging handles (every process has
@@ -151,9 +151,11 @@ impl ProcessBarrier {
             _mappings: mappings,
         })
     }
+}
 
+impl LaunchBarrier for ProcessBarrier {
     /// Queues the next barrier on every stream of this process (`list`: `Devices::list`).
-    pub fn launch(&mut self, list: &[Device], timeout_ns: u64) -> Result<(), HwError> {
+    fn launch(&mut self, list: &[Device], timeout_ns: u64) -> Result<(), HwError> {
         self.epoch += 1;
         let target = self.epoch * self.participants;
         for (i, dev) in list.iter().enumerate() {

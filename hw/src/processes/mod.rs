@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::HwError;
-use crate::group::{GroupError, GroupWatch, LaunchInfo, Launcher, ProcessGroup};
+use eptwin_group::{GroupError, GroupWatch, LaunchInfo, Launcher, ProcessGroup};
 
 pub use ipc::{ProcessBarrier, SharedBuffers, share_buffers};
 pub use merge::{ProcessLabel, ProcessOp, SharedError, merge_ops, resolve};

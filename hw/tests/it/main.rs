@@ -121,7 +121,7 @@ fn run_over_tcp(text: &str) -> Option<eptwin_engine::result::RunResult> {
     let plan = eptwin_engine::Plan::build(&loaded).expect("scenario is valid");
     let options = HwOptions {
         kernel_timeout_ms: 5_000,
-        wire: Ok(eptwin_hw::wire::WireRequest::Tcp),
+        wire: Ok(eptwin_wire::WireRequest::Tcp),
         ..HwOptions::from_env()
     };
     let mut hw = HwTransport::new(options);

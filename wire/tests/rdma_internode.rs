@@ -1,0 +1,223 @@
+//! The internode protocol over the verbs wire between two OS processes, with host memory
+//! standing in for the GPU buffers. Like `rdma.rs`: `#[ignore]`d in a `--features rdma` build
+//! (it needs an RDMA device); `scripts/rdma-vm-test` runs it with `--include-ignored` inside a
+//! QEMU VM with Soft-RoCE (`rxe0`, `EPTWIN_REQUIRE_RDMA=1`), and the node processes it starts
+//! (`support::spawn_nodes`) pass `--include-ignored` on. Where no device opens it reports
+//! `WAIVED`, or fails with `EPTWIN_REQUIRE_RDMA=1`.
+//!
+//! The QPs are created from the fixture scenario's jobs (`QpSettings::for_job`: SL, depth,
+//! `num_qps_per_rank`, MTU, all set to non-default values there) and read back with
+//! `ibv_query_qp`: every node checks that what the device holds is what the scenario says,
+//! then runs the host reference, checking every token and row; the parent checks both nodes'
+//! totals against the routing.
+
+mod support;
+
+use std::io::Write as _;
+
+#[cfg(not(feature = "rdma"))]
+#[test]
+fn internode_over_verbs_is_waived_without_the_feature() {
+    let err = eptwin_wire::rdma::rdma_devices().expect_err("no RDMA without the feature");
+    assert!(matches!(err, eptwin_wire::WireError::NotBuilt), "{err}");
+    assert_ne!(std::env::var("EPTWIN_REQUIRE_RDMA").as_deref(), Ok("1"), "{err}");
+    let _ = writeln!(std::io::stderr(), "WAIVED (internode_over_verbs): {err}");
+}
+
+#[cfg(feature = "rdma")]
+mod with_rdma {
+    use std::time::Duration;
+
+    use eptwin_engine::deepep::env::DEFAULT_QP_DEPTH;
+
+    use eptwin_wire::protocol::{QpTable, Traffic};
+    use eptwin_wire::rdma::{Nic, QpSettings, QpState};
+
+    use super::support::{
+        Exchange, NodeOutcome, WireSetup, child_role, expected_checks, geometry, log_of, plan,
+        result_field, routing, run_node, scratch_dir, spawn_nodes, wait_for,
+    };
+    use super::*;
+
+    const CALLS: u32 = 2;
+    /// Soft-RoCE under TCG emulation is slow: generous bounds.
+    const NODE_TIMEOUT: Duration = Duration::from_secs(300);
+    const PROCESS_LIMIT: Duration = Duration::from_secs(900);
+
+    fn nic_or_waive(test: &str) -> Option<Nic> {
+        match Nic::open_default(std::env::var("EPTWIN_RDMA_DEVICE").ok().as_deref()) {
+            Ok(nic) => Some(nic),
+            Err(e) => {
+                if std::env::var("EPTWIN_REQUIRE_RDMA").as_deref() == Ok("1") {
+                    panic!("{test}: EPTWIN_REQUIRE_RDMA=1 but RDMA is unavailable: {e}");
+                }
+                let _ = writeln!(std::io::stderr(), "WAIVED ({test}): {e}");
+                None
+            }
+        }
+    }
+
+    /// The job's QP settings, with the path MTU capped by the port (Soft-RoCE derives its
+    /// active MTU from the netdev's).
+    fn settings(nic: &Nic, job: usize) -> QpSettings {
+        let plan = plan();
+        let mut s = QpSettings::for_job(&plan, &plan.jobs[job]);
+        s.path_mtu_bytes = s.path_mtu_bytes.min(nic.port().active_mtu_bytes);
+        s
+    }
+
+    /// What the device read back must say: the scenario's SL (as the traffic class's DSCP
+    /// class selector on RoCE, where Soft-RoCE does not keep the address-vector SL), depth,
+    /// QPs per peer, MTU.
+    fn check_qps(nic: &Nic, job: usize, out: &NodeOutcome, node: u32) -> String {
+        let plan = plan();
+        let j = &plan.jobs[job];
+        let (g, traffic) = geometry(&plan, j);
+        let s = settings(nic, job);
+        let d = j.deepep().unwrap();
+        // The fixture's values are not NVSHMEM's defaults, so reaching the QPs is visible.
+        assert_eq!(s.sl, j.nvshmem.ib_sl);
+        assert_ne!(s.sl, 0, "fixture SL must not be the default");
+        assert_eq!(s.depth, j.nvshmem.qp_depth);
+        assert_ne!(s.depth, DEFAULT_QP_DEPTH, "fixture depth must not be the default");
+        assert_eq!(s.qps_per_peer, d.buffer.num_qps_per_rank);
+        assert_ne!(s.qps_per_peer, 24, "fixture QP count must not be DeepEP's default");
+        let table = QpTable::new(traffic, &g, node);
+        assert_eq!(out.qps.len() as u32, table.len(), "one QP per table entry");
+        let pairs = match traffic {
+            Traffic::Normal => g.ranks_per_node,
+            Traffic::LowLatency => g.ranks_per_node * g.ranks_per_node,
+        };
+        assert_eq!(table.per_process(), pairs * s.qps_per_peer, "num_qps_per_rank per pair");
+        let link = nic.port().link_layer;
+        for a in &out.qps {
+            assert_eq!(a.state, QpState::ReadyToSend, "{a:?}");
+            assert_eq!(a.path_mtu_bytes, s.path_mtu_bytes, "{a:?}");
+            assert!(
+                a.max_send_wr >= s.depth,
+                "device granted {} < depth {}",
+                a.max_send_wr,
+                s.depth
+            );
+            assert_ne!(a.dest_qp_num, 0, "{a:?}");
+            if link.is_roce() {
+                assert_eq!(a.traffic_class, s.traffic_class_for(link), "{a:?}");
+                assert_eq!((a.traffic_class >> 2) >> 3, s.sl, "DSCP class selector = SL");
+                if !nic.device().name.starts_with("rxe") {
+                    assert_eq!(a.sl, s.sl, "{a:?}");
+                }
+            } else {
+                assert_eq!(a.sl, s.sl, "{a:?}");
+            }
+        }
+        let r = &out.report;
+        assert_eq!(r.qp_depth, Some(s.depth));
+        assert_eq!(r.qps_per_peer, s.qps_per_peer);
+        assert_eq!(r.mtu_bytes, Some(s.path_mtu_bytes));
+        let a = &out.qps[0];
+        format!(
+            "EPTWIN_QP_CHECK node={node} job={} qps={} per_pair={} sl={} tc={} depth={} \
+             max_send_wr={} mtu={} device={:?}",
+            j.name,
+            out.qps.len(),
+            s.qps_per_peer,
+            s.sl,
+            a.traffic_class,
+            s.depth,
+            a.max_send_wr,
+            a.path_mtu_bytes,
+            r.device
+        )
+    }
+
+    fn node_main(job: usize) -> bool {
+        let Some((node, dir)) = child_role() else { return false };
+        let plan = plan();
+        let j = &plan.jobs[job];
+        let (g, traffic) = geometry(&plan, j);
+        let nic = Nic::open_default(std::env::var("EPTWIN_RDMA_DEVICE").ok().as_deref())
+            .expect("the parent found a device");
+        let settings = settings(&nic, job);
+        let ex = Exchange { dir, node, nodes: g.num_nodes(), timeout: NODE_TIMEOUT };
+        let wire = WireSetup::Verbs { nic: nic.clone(), settings };
+        match run_node(&ex, traffic, &g, routing(j), wire, CALLS, NODE_TIMEOUT, || {}) {
+            Ok(out) => {
+                let check = check_qps(&nic, job, &out, node);
+                let _ = writeln!(std::io::stderr(), "{check}\n{}", out.line(node));
+            }
+            Err(e) => {
+                let _ = writeln!(std::io::stderr(), "EPTWIN_NODE_FAILED node={node}\n{e}");
+                std::process::exit(3);
+            }
+        }
+        true
+    }
+
+    fn two_processes(test: &str, job: usize) {
+        if nic_or_waive(test).is_none() {
+            return;
+        }
+        let plan = plan();
+        let j = &plan.jobs[job];
+        let (g, traffic) = geometry(&plan, j);
+        let dir = scratch_dir(test);
+        #[allow(clippy::disallowed_methods)] // real time: report the duration
+        let start = std::time::Instant::now();
+        let mut children = spawn_nodes(test, &dir, g.num_nodes(), &[]);
+        let statuses: Vec<_> = children.iter_mut().map(|c| wait_for(c, PROCESS_LIMIT)).collect();
+        let logs: Vec<String> = (0..g.num_nodes()).map(|n| log_of(&dir, n)).collect();
+        for (n, status) in statuses.iter().enumerate() {
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "node {n} ended with {status:?}; its log:\n{}",
+                logs[n]
+            );
+        }
+        let sum = |field| -> u64 {
+            logs.iter().map(|l| result_field(l, field).expect("a result line")).sum()
+        };
+        let want = expected_checks(&g, traffic, routing(j), CALLS);
+        assert!(want > 0);
+        assert_eq!(sum("tokens"), want, "tokens checked over both nodes");
+        assert_eq!(sum("rows"), want, "combine rows checked over both nodes");
+        assert_eq!(sum("combined"), (g.num_ranks * g.tokens_per_rank * CALLS) as u64);
+        assert!(sum("writes") > 0 && sum("flags") > 0, "bytes crossed the wire");
+        for log in &logs {
+            assert!(log.contains("EPTWIN_QP_CHECK"), "{log}");
+            assert!(log.contains(r#""wire":"verbs""#) && log.contains(r#""data_path":"staged""#));
+            // libtest may have printed "test name ... " on the same line first.
+            for line in log.lines().filter_map(|l| l.find("EPTWIN_QP_CHECK").map(|at| &l[at..])) {
+                let _ = writeln!(std::io::stderr(), "    {line}");
+            }
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "    {test}: {} nodes × {} ranks, {CALLS} calls, {want} tokens and {want} rows \
+             checked, {} RDMA writes and {} atomics, {:.1} s",
+            g.num_nodes(),
+            g.ranks_per_node,
+            sum("writes"),
+            sum("flags"),
+            start.elapsed().as_secs_f64()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
+    fn normal_internode_over_verbs_between_two_processes() {
+        if node_main(0) {
+            return;
+        }
+        two_processes("with_rdma::normal_internode_over_verbs_between_two_processes", 0);
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
+    fn low_latency_over_verbs_between_two_processes() {
+        if node_main(1) {
+            return;
+        }
+        two_processes("with_rdma::low_latency_over_verbs_between_two_processes", 1);
+    }
+}
