@@ -1,10 +1,11 @@
 //! The process group across real OS processes: this test binary re-runs itself as the group's
 //! processes (`child_process`, selected by `EPTWIN_GROUP_TEST_ROLE`), started by eptwin's
-//! spawner, by torchrun and by mpirun where those are installed (a missing launcher prints
-//! `SKIPPED` with the reason). Each child writes its outcome to a file the parent reads.
+//! spawner, and by torchrun, Open MPI's mpirun and MPICH's mpiexec. The launchers' tests need
+//! the launcher: they are `#[ignore]`d and fail naming what is missing when run without it
+//! (`.ci/run` installs both MPIs and runs theirs with `--ignored`; torchrun needs PyTorch).
+//! Each child writes its outcome to a file the parent reads.
 
 use std::ffi::OsString;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -329,16 +330,16 @@ fn a_blocked_process_is_ended_by_the_group_after_an_abort() {
 // ---------------------------------------------------------------------------------------------
 // Real launchers.
 
-fn skip(test: &str, reason: &str) {
-    // Past the harness's capture: a skipped test must say so.
-    let _ = writeln!(std::io::stderr(), "SKIPPED ({test}): {reason}");
-}
-
 fn find_on_path(names: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     names
         .iter()
         .find_map(|name| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()))
+}
+
+/// The launcher a test needs, or the test fails saying what is missing and how to get it.
+fn needed(launcher: Option<PathBuf>, what: &str) -> PathBuf {
+    launcher.unwrap_or_else(|| panic!("this test needs {what}"))
 }
 
 /// Runs a launcher command line for `n` children in the collectives role, bounded in time.
@@ -368,16 +369,13 @@ fn launch(mut cmd: Command, n: usize) -> (Vec<Option<String>>, String) {
 }
 
 #[test]
+#[ignore = "needs torchrun (PyTorch) on PATH or at EPTWIN_TEST_TORCHRUN"]
 fn torchrun_launches_two_processes() {
     let torchrun = std::env::var_os("EPTWIN_TEST_TORCHRUN")
         .map(PathBuf::from)
         .or_else(|| find_on_path(&["torchrun"]));
-    let Some(torchrun) = torchrun else {
-        return skip(
-            "torchrun_launches_two_processes",
-            "torchrun is not on PATH (set EPTWIN_TEST_TORCHRUN to its path)",
-        );
-    };
+    let torchrun =
+        needed(torchrun, "torchrun on PATH (PyTorch), or EPTWIN_TEST_TORCHRUN set to its path");
     let port = eptwin_group::spawn::free_loopback_port().unwrap();
     let mut cmd = Command::new(torchrun);
     cmd.args(["--no-python", "--nproc-per-node", "2", "--master-port", &port.to_string()]);
@@ -390,10 +388,12 @@ fn torchrun_launches_two_processes() {
 }
 
 #[test]
+#[ignore = "needs Open MPI's mpirun (apt-get install openmpi-bin): .ci/run runs it"]
 fn open_mpi_launches_two_processes() {
-    let Some(mpirun) = find_on_path(&["mpirun.openmpi", "orterun", "prterun"]) else {
-        return skip("open_mpi_launches_two_processes", "Open MPI's mpirun is not installed");
-    };
+    let mpirun = needed(
+        find_on_path(&["mpirun.openmpi", "orterun", "prterun"]),
+        "Open MPI's mpirun (apt-get install openmpi-bin)",
+    );
     let mut cmd = Command::new(mpirun);
     cmd.args(["--oversubscribe", "-np", "2"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -406,10 +406,12 @@ fn open_mpi_launches_two_processes() {
 }
 
 #[test]
+#[ignore = "needs MPICH's mpiexec (apt-get install mpich): .ci/run runs it"]
 fn mpich_launches_two_processes() {
-    let Some(mpiexec) = find_on_path(&["mpiexec.hydra", "mpirun.mpich", "mpiexec.mpich"]) else {
-        return skip("mpich_launches_two_processes", "MPICH's mpiexec (Hydra) is not installed");
-    };
+    let mpiexec = needed(
+        find_on_path(&["mpiexec.hydra", "mpirun.mpich", "mpiexec.mpich"]),
+        "MPICH's mpiexec, Hydra (apt-get install mpich)",
+    );
     let port = eptwin_group::spawn::free_loopback_port().unwrap();
     let mut cmd = Command::new(mpiexec);
     // Hydra gives no job id to derive a port from: the port is passed as users would.

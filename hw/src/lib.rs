@@ -39,8 +39,7 @@ pub mod processes;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use eptwin_engine::Plan;
-use eptwin_engine::plan::{EpMode, OpKind};
+use eptwin_engine::plan::{EpMode, OpKind, Plan};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
 };

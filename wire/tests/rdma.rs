@@ -1,32 +1,15 @@
 //! RDMA tests against a real verbs stack. They need an RDMA device, so the tests of a
 //! `--features rdma` build are `#[ignore]`d and show as ignored in a plain `cargo test`;
 //! `scripts/rdma-vm-test` runs them with `--include-ignored` inside a QEMU VM with Soft-RoCE
-//! (`rxe0`) and `EPTWIN_REQUIRE_RDMA=1`. Run with `--include-ignored` where no device opens, a
-//! test prints `WAIVED` with the reason on stderr (past the harness's capture) and returns, or
-//! with `EPTWIN_REQUIRE_RDMA=1` fails. A build without the feature has one test, run
-//! everywhere, that checks the waiver itself.
-
-use std::io::Write as _;
-
-use eptwin_wire::WireError;
-
-/// `None` after reporting the waiver (or panicking when RDMA is required).
-fn waive<T>(test: &str, reason: &WireError) -> Option<T> {
-    if std::env::var("EPTWIN_REQUIRE_RDMA").as_deref() == Ok("1") {
-        panic!("{test}: EPTWIN_REQUIRE_RDMA=1 but RDMA is unavailable: {reason}");
-    }
-    // Written to the stderr handle, not through eprintln!, so the test harness does not
-    // swallow it: a waived test must say so.
-    let _ = writeln!(std::io::stderr(), "WAIVED ({test}): {reason}");
-    None
-}
+//! (`rxe0`). Run where no device opens, a test fails naming why. A build without the feature
+//! has one test, run everywhere, of what discovery says then.
 
 #[cfg(not(feature = "rdma"))]
 #[test]
-fn rdma_tests_are_waived_without_the_feature() {
+fn without_the_feature_discovery_says_how_to_build_it() {
     let err = eptwin_wire::rdma::rdma_devices().expect_err("no RDMA without the feature");
-    assert!(matches!(err, WireError::NotBuilt), "{err}");
-    let _: Option<()> = waive("rdma_tests_are_waived_without_the_feature", &err);
+    assert!(matches!(err, eptwin_wire::WireError::NotBuilt), "{err}");
+    assert!(err.to_string().contains("--features rdma"), "{err}");
 }
 
 #[cfg(feature = "rdma")]
@@ -43,15 +26,13 @@ mod with_rdma {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
 
-    use super::waive;
-
     const WAIT: Duration = Duration::from_secs(120);
 
-    fn nic(test: &str) -> Option<Nic> {
-        match Nic::open_default(std::env::var("EPTWIN_RDMA_DEVICE").ok().as_deref()) {
-            Ok(nic) => Some(nic),
-            Err(e) => waive(&format!("with_rdma::{test}"), &e),
-        }
+    /// The device `EPTWIN_RDMA_DEVICE` names, else the first with an ACTIVE port; the test
+    /// fails naming why there is none.
+    fn nic(test: &str) -> Nic {
+        Nic::open_default(std::env::var("EPTWIN_RDMA_DEVICE").ok().as_deref())
+            .unwrap_or_else(|e| panic!("{test} needs an RDMA device: {e}"))
     }
 
     fn log(line: &str) {
@@ -91,13 +72,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn discovery_reports_the_device_and_its_ports() {
-        let devices = match rdma_devices() {
-            Ok(d) => d,
-            Err(e) => {
-                waive::<()>("with_rdma::discovery_reports_the_device_and_its_ports", &e);
-                return;
-            }
-        };
+        let devices = rdma_devices().unwrap_or_else(|e| panic!("no RDMA device: {e}"));
         assert!(!devices.is_empty());
         for d in &devices {
             log(&format!("device: {d}"));
@@ -132,7 +107,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn qps_honour_the_sl_depth_and_mtu_asked_for() {
-        let Some(nic) = nic("qps_honour_the_sl_depth_and_mtu_asked_for") else { return };
+        let nic = nic("qps_honour_the_sl_depth_and_mtu_asked_for");
         let link = nic.port().link_layer;
         let top_mtu = nic.port().active_mtu_bytes.min(4096);
         for (sl, depth, mtu, tc) in [
@@ -186,7 +161,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn a_scenarios_settings_reach_the_qps() {
-        let Some(nic) = nic("a_scenarios_settings_reach_the_qps") else { return };
+        let nic = nic("a_scenarios_settings_reach_the_qps");
         let text = include_str!("../../scenarios/roce-ep16-ll.toml");
         let plan =
             eptwin_engine::Plan::build(&eptwin_engine::parse("roce-ep16-ll.toml", text).unwrap())
@@ -211,9 +186,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn settings_the_port_cannot_honour_are_refused_with_the_reason() {
-        let Some(nic) = nic("settings_the_port_cannot_honour_are_refused_with_the_reason") else {
-            return;
-        };
+        let nic = nic("settings_the_port_cannot_honour_are_refused_with_the_reason");
         let port = nic.port().clone();
         let max_wr = nic.device().max_qp_wr;
         if port.active_mtu_bytes < 4096 {
@@ -236,9 +209,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn n_random_buffers_arrive_intact_with_write_and_write_imm() {
-        let Some(nic) = nic("n_random_buffers_arrive_intact_with_write_and_write_imm") else {
-            return;
-        };
+        let nic = nic("n_random_buffers_arrive_intact_with_write_and_write_imm");
         let s = QpSettings { qps_per_peer: 4, depth: 64, recv_depth: 64, ..settings(&nic) };
         let (mut a, mut b) = loopback(&nic, &s);
         const N: usize = 48;
@@ -323,7 +294,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn an_external_region_is_registered_in_place() {
-        let Some(nic) = nic("an_external_region_is_registered_in_place") else { return };
+        let nic = nic("an_external_region_is_registered_in_place");
         let s = QpSettings { qps_per_peer: 1, depth: 16, ..settings(&nic) };
         let (mut a, _b) = loopback(&nic, &s);
         let mut backing = vec![0u64; 1024];
@@ -349,7 +320,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn fetch_and_add_returns_old_values_and_accumulates() {
-        let Some(nic) = nic("fetch_and_add_returns_old_values_and_accumulates") else { return };
+        let nic = nic("fetch_and_add_returns_old_values_and_accumulates");
         let s = QpSettings { qps_per_peer: 1, depth: 32, ..settings(&nic) };
         let (mut a, _b) = loopback(&nic, &s);
         let counter = nic.register_host(8).unwrap();
@@ -375,9 +346,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn flag_after_data_on_one_qp_is_never_observed_before_the_data() {
-        let Some(nic) = nic("flag_after_data_on_one_qp_is_never_observed_before_the_data") else {
-            return;
-        };
+        let nic = nic("flag_after_data_on_one_qp_is_never_observed_before_the_data");
         const QPS: usize = 4;
         const ROUNDS: u64 = 400;
         const SLOT: u64 = 8192;
@@ -490,7 +459,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn posting_beyond_the_qp_depth_is_refused_not_corrupted() {
-        let Some(nic) = nic("posting_beyond_the_qp_depth_is_refused_not_corrupted") else { return };
+        let nic = nic("posting_beyond_the_qp_depth_is_refused_not_corrupted");
         const DEPTH: u32 = 8;
         let s = QpSettings { qps_per_peer: 1, depth: DEPTH, recv_depth: 4, ..settings(&nic) };
         let (mut a, mut b) = loopback(&nic, &s);
@@ -557,7 +526,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn a_qp_in_the_error_state_surfaces_a_clear_error() {
-        let Some(nic) = nic("a_qp_in_the_error_state_surfaces_a_clear_error") else { return };
+        let nic = nic("a_qp_in_the_error_state_surfaces_a_clear_error");
         let s = QpSettings { qps_per_peer: 2, depth: 16, ..settings(&nic) };
         let (mut a, _b) = loopback(&nic, &s);
         let src = nic.register_host(4096).unwrap();
@@ -603,7 +572,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn gpu_memory_registration_is_reported_not_assumed() {
-        let Some(nic) = nic("gpu_memory_registration_is_reported_not_assumed") else { return };
+        let nic = nic("gpu_memory_registration_is_reported_not_assumed");
         match nic.gpu_memory_path() {
             Ok(path) => super::with_rdma::log(&format!("GPU memory path: {path:?}")),
             Err(e) => {
@@ -626,7 +595,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn a_thousand_random_transfer_sizes_arrive_intact() {
-        let Some(nic) = nic("a_thousand_random_transfer_sizes_arrive_intact") else { return };
+        let nic = nic("a_thousand_random_transfer_sizes_arrive_intact");
         let mtu = nic.port().active_mtu_bytes.min(4096);
         let s = QpSettings {
             qps_per_peer: 1,
@@ -717,7 +686,7 @@ mod with_rdma {
     #[test]
     #[ignore = "needs an RDMA device: scripts/rdma-vm-test runs it with --include-ignored"]
     fn proxy_refuses_bad_doorbells_with_its_id() {
-        let Some(nic) = nic("proxy_refuses_bad_doorbells_with_its_id") else { return };
+        let nic = nic("proxy_refuses_bad_doorbells_with_its_id");
         let s = QpSettings { qps_per_peer: 1, depth: 8, ..settings(&nic) };
         let (a, _b) = loopback(&nic, &s);
         let src = nic.register_host(4096).unwrap();

@@ -1,9 +1,8 @@
 //! The internode protocol over the verbs wire between two OS processes, with host memory
 //! standing in for the GPU buffers. Like `rdma.rs`: `#[ignore]`d in a `--features rdma` build
 //! (it needs an RDMA device); `scripts/rdma-vm-test` runs it with `--include-ignored` inside a
-//! QEMU VM with Soft-RoCE (`rxe0`, `EPTWIN_REQUIRE_RDMA=1`), and the node processes it starts
-//! (`support::spawn_nodes`) pass `--include-ignored` on. Where no device opens it reports
-//! `WAIVED`, or fails with `EPTWIN_REQUIRE_RDMA=1`.
+//! QEMU VM with Soft-RoCE (`rxe0`), and the node processes it starts (`support::spawn_nodes`)
+//! pass `--include-ignored` on. Where no device opens it fails naming why.
 //!
 //! The QPs are created from the fixture scenario's jobs (`QpSettings::for_job`: SL, depth,
 //! `num_qps_per_rank`, MTU, all set to non-default values there) and read back with
@@ -13,47 +12,40 @@
 
 mod support;
 
-use std::io::Write as _;
-
 #[cfg(not(feature = "rdma"))]
 #[test]
-fn internode_over_verbs_is_waived_without_the_feature() {
-    let err = eptwin_wire::rdma::rdma_devices().expect_err("no RDMA without the feature");
-    assert!(matches!(err, eptwin_wire::WireError::NotBuilt), "{err}");
-    assert_ne!(std::env::var("EPTWIN_REQUIRE_RDMA").as_deref(), Ok("1"), "{err}");
-    let _ = writeln!(std::io::stderr(), "WAIVED (internode_over_verbs): {err}");
+fn without_the_feature_no_verbs_wire_is_chosen() {
+    let err = eptwin_wire::choose(eptwin_wire::WireRequest::Verbs).expect_err("no verbs here");
+    assert!(err.to_string().contains("--features rdma"), "{err}");
+    let auto = eptwin_wire::choose(eptwin_wire::WireRequest::Auto).expect("TCP always runs");
+    assert_eq!(auto.kind, eptwin_wire::WireKind::Tcp, "{}", auto.reason);
 }
 
 #[cfg(feature = "rdma")]
 mod with_rdma {
     use std::time::Duration;
 
-    use eptwin_engine::deepep::env::DEFAULT_QP_DEPTH;
+    use eptwin_engine::plan::NvshmemSettings;
 
     use eptwin_wire::protocol::{QpTable, Traffic};
     use eptwin_wire::rdma::{Nic, QpSettings, QpState};
+
+    use std::io::Write as _;
 
     use super::support::{
         Exchange, NodeOutcome, WireSetup, child_role, expected_checks, geometry, log_of, plan,
         result_field, routing, run_node, scratch_dir, spawn_nodes, wait_for,
     };
-    use super::*;
 
     const CALLS: u32 = 2;
     /// Soft-RoCE under TCG emulation is slow: generous bounds.
     const NODE_TIMEOUT: Duration = Duration::from_secs(300);
     const PROCESS_LIMIT: Duration = Duration::from_secs(900);
 
-    fn nic_or_waive(test: &str) -> Option<Nic> {
-        match Nic::open_default(std::env::var("EPTWIN_RDMA_DEVICE").ok().as_deref()) {
-            Ok(nic) => Some(nic),
-            Err(e) => {
-                if std::env::var("EPTWIN_REQUIRE_RDMA").as_deref() == Ok("1") {
-                    panic!("{test}: EPTWIN_REQUIRE_RDMA=1 but RDMA is unavailable: {e}");
-                }
-                let _ = writeln!(std::io::stderr(), "WAIVED ({test}): {e}");
-                None
-            }
+    /// The test fails naming why no RDMA device opens here.
+    fn require_nic(test: &str) {
+        if let Err(e) = Nic::open_default(std::env::var("EPTWIN_RDMA_DEVICE").ok().as_deref()) {
+            panic!("{test} needs an RDMA device: {e}");
         }
     }
 
@@ -79,7 +71,11 @@ mod with_rdma {
         assert_eq!(s.sl, j.nvshmem.ib_sl);
         assert_ne!(s.sl, 0, "fixture SL must not be the default");
         assert_eq!(s.depth, j.nvshmem.qp_depth);
-        assert_ne!(s.depth, DEFAULT_QP_DEPTH, "fixture depth must not be the default");
+        assert_ne!(
+            s.depth,
+            NvshmemSettings::default().qp_depth,
+            "fixture depth must not be the default"
+        );
         assert_eq!(s.qps_per_peer, d.buffer.num_qps_per_rank);
         assert_ne!(s.qps_per_peer, 24, "fixture QP count must not be DeepEP's default");
         let table = QpTable::new(traffic, &g, node);
@@ -154,9 +150,7 @@ mod with_rdma {
     }
 
     fn two_processes(test: &str, job: usize) {
-        if nic_or_waive(test).is_none() {
-            return;
-        }
+        require_nic(test);
         let plan = plan();
         let j = &plan.jobs[job];
         let (g, traffic) = geometry(&plan, j);

@@ -2,8 +2,9 @@
 //! tests: the simulator's in `sim/tests/it/conformance.rs` (always), the hardware's in
 //! `hw/tests/it/conformance.rs` (ignored without a GPU, run with `--ignored` on the GPU machine
 //! by scripts/h200-measure.sh). A body takes a fresh backend and panics with the coordinates of
-//! the first broken promise; each backend's file has one `#[test]` per body (the pattern of
-//! turmoil's `sim_arm` / `real_arm`).
+//! the first broken promise. The bodies are registered once, in [`for_each_conformance_body!`]:
+//! each backend's file hands it a macro that makes one `#[test]` per body (the pattern of
+//! turmoil's `sim_arm` / `real_arm`), so a new body runs in every arm.
 //!
 //! The plans are the one-GPU builders of [`super`]: every backend can run them on one H200
 //! (the hardware machine) or simulate them. Byte counts are checked against the routing the
@@ -21,6 +22,27 @@ use crate::scenario::schema::OpKind;
 use crate::transport::{Capabilities, OpOutcome, OpSpec, Transport, TransportError};
 
 use super::{ScenarioDraft, one_gpu_low_latency, one_gpu_normal};
+
+/// Calls `$arm!` with the name of every conformance body of this module: the one list both
+/// backends' arms run (`sim/tests/it/conformance.rs`, `hw/tests/it/conformance.rs`). An arm's
+/// macro makes one `#[test]` per name, calling `eptwin_engine::testing::conformance::<name>` on
+/// a fresh backend.
+#[macro_export]
+macro_rules! for_each_conformance_body {
+    ($arm:ident) => {
+        $arm!(
+            normal_dispatch_then_combine_samples_every_iteration,
+            normal_bf16_on_two_ranks_counts_bf16_rows,
+            low_latency_dispatch_then_combine_samples_every_iteration,
+            the_run_loop_reports_every_timed_iteration,
+            an_op_of_an_unknown_job_is_an_error,
+            execute_before_prepare_is_an_error,
+            a_plan_beyond_max_ranks_is_waived,
+            what_capabilities_waive_is_a_one_line_waived_result,
+        );
+    };
+}
+pub use crate::for_each_conformance_body;
 
 /// Bytes all ranks move in one `op` of `job`, as the kernels' protocol defines them: a normal
 /// token row per (token, destination rank) each way; a low-latency message per valid expert

@@ -1,7 +1,7 @@
 //! What every receiving rank's local experts must hold after dispatch, from the engine's routing
 //! table alone.
 
-use eptwin_engine::routing::RoutingTable;
+use eptwin_engine::plan::RoutingTable;
 
 /// What a receiving rank's local expert must hold after dispatch: per source rank, the
 /// (token, top-k slot) pairs in token order.

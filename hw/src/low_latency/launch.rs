@@ -1,8 +1,7 @@
 //! The timed ops: parameters, counter resets and poisoning, the launches (send and receive
 //! phases apart in hook mode), CUDA-event timing, digests and the host-checked iteration.
 
-use eptwin_engine::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
-use eptwin_engine::plan::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use super::args::LlParams;

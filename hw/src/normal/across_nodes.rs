@@ -3,10 +3,9 @@
 //! and forwarder log, the cached receive layout, launches and timing. The host checks are the
 //! intranode ones (check.rs): every received row and every combined row against the routing.
 
-use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::{Dtype, OpKind};
+use eptwin_engine::plan::{Dtype, OpKind, normal_combine_token_bytes, normal_dispatch_token_bytes};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 use rayon::prelude::*;
 

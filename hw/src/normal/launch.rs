@@ -1,9 +1,9 @@
 //! The timed ops: parameters, poisoning, the notify + main launches (global-memory or cluster
 //! rings), CUDA-event timing, digests and the host-checked iteration.
 
-use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_token_bytes};
-use eptwin_engine::deepep::config::Config;
-use eptwin_engine::plan::{Dtype, OpKind};
+use eptwin_engine::plan::{
+    Config, Dtype, OpKind, normal_combine_token_bytes, normal_dispatch_token_bytes,
+};
 use eptwin_engine::transport::{OpSample, PhaseTime};
 
 use super::args::NormalParams;

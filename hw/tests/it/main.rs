@@ -1,7 +1,7 @@
 //! GPU tests of the hardware backend: the conformance suite's hardware arm (`conformance.rs`)
 //! and small normal and low-latency jobs run end to end through `HwTransport` and the engine's
 //! run loop, every check passing. They need a GPU: ignored elsewhere, run with `--ignored` on
-//! the GPU machine (scripts/h200-measure.sh), where a missing GPU fails them.
+//! the GPU machine (scripts/gpu-hw-redesign.sh), where a missing GPU fails them.
 
 mod conformance;
 
@@ -18,14 +18,14 @@ fn scenario(name: &str, ranks_note: &str, buffer: &str, workload: &str) -> Strin
 }
 
 /// Run a scenario on the GPU (a missing GPU fails the test: it runs only with `--ignored`).
-fn run(text: &str) -> Option<eptwin_engine::result::RunResult> {
+fn run(text: &str) -> eptwin_engine::result::RunResult {
     let loaded = eptwin_engine::parse("conformance.toml", text).expect("scenario parses");
     let plan = eptwin_engine::Plan::build(&loaded).expect("scenario is valid");
     let mut hw = HwTransport::new(HwOptions { kernel_timeout_ms: 5_000, ..HwOptions::from_env() });
     if let Some(reason) = hw.capabilities().unavailable {
         panic!("the hardware backend is unavailable: {reason}");
     }
-    Some(eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes"))
+    eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes")
 }
 
 fn assert_ok(result: &eptwin_engine::result::RunResult) {
@@ -46,7 +46,7 @@ fn assert_ok(result: &eptwin_engine::result::RunResult) {
 }
 
 #[test]
-#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/h200-measure.sh)"]
+#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/gpu-hw-redesign.sh)"]
 fn normal_ep8_on_one_gpu() {
     let text = scenario(
         "conf-normal-ep8",
@@ -54,13 +54,12 @@ fn normal_ep8_on_one_gpu() {
         "num_nvl_bytes = \"1GiB\"\nnum_sms = 24",
         "tokens_per_rank = 200\nhidden = 2048\ntopk = 8\nexperts = 64\nwarmup = 1\niterations = 3",
     );
-    if let Some(r) = run(&text) {
-        assert_ok(&r);
-    }
+    let r = run(&text);
+    assert_ok(&r);
 }
 
 #[test]
-#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/h200-measure.sh)"]
+#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/gpu-hw-redesign.sh)"]
 fn normal_ep2_bf16() {
     let text = scenario(
         "conf-normal-ep2",
@@ -69,13 +68,12 @@ fn normal_ep2_bf16() {
         "tokens_per_rank = 300\nhidden = 2048\ntopk = 4\nexperts = 16\ndispatch_dtype = \"bf16\"\n\
          warmup = 1\niterations = 2",
     );
-    if let Some(r) = run(&text) {
-        assert_ok(&r);
-    }
+    let r = run(&text);
+    assert_ok(&r);
 }
 
 #[test]
-#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/h200-measure.sh)"]
+#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/gpu-hw-redesign.sh)"]
 fn low_latency_ep8_with_masked_selections() {
     let text = scenario(
         "conf-ll-ep8",
@@ -84,13 +82,12 @@ fn low_latency_ep8_with_masked_selections() {
         "tokens_per_rank = 64\nhidden = 2048\ntopk = 8\nexperts = 64\nmasked_selections = 10\n\
          warmup = 1\niterations = 3",
     );
-    if let Some(r) = run(&text) {
-        assert_ok(&r);
-    }
+    let r = run(&text);
+    assert_ok(&r);
 }
 
 #[test]
-#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/h200-measure.sh)"]
+#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/gpu-hw-redesign.sh)"]
 fn low_latency_ep4_hook_mode() {
     let text = scenario(
         "conf-ll-ep4-hook",
@@ -98,11 +95,10 @@ fn low_latency_ep4_hook_mode() {
         "low_latency_mode = true\nnum_rdma_bytes = \"1GiB\"\nnum_qps_per_rank = 8",
         "tokens_per_rank = 48\nhidden = 2048\ntopk = 6\nexperts = 32\nhook = true\nwarmup = 1\niterations = 2",
     );
-    if let Some(r) = run(&text) {
-        assert_ok(&r);
-        let phases = &r.jobs[0].ops[0].summary.phases_us;
-        assert!(phases.contains_key("send") && phases.contains_key("recv"), "{phases:?}");
-    }
+    let r = run(&text);
+    assert_ok(&r);
+    let phases = &r.jobs[0].ops[0].summary.phases_us;
+    assert!(phases.contains_key("send") && phases.contains_key("recv"), "{phases:?}");
 }
 
 /// A scenario of two "nodes" on the one GPU (`ranks_per_node` ranks each).
@@ -115,8 +111,8 @@ fn two_nodes(name: &str, ranks_per_node: u32, buffer: &str, workload: &str) -> S
     )
 }
 
-/// Run `text` with the TCP wire; `None` when the backend is waived here.
-fn run_over_tcp(text: &str) -> Option<eptwin_engine::result::RunResult> {
+/// Run `text` with the TCP wire (a missing GPU fails the test: it runs only with `--ignored`).
+fn run_over_tcp(text: &str) -> eptwin_engine::result::RunResult {
     let loaded = eptwin_engine::parse("conformance.toml", text).expect("scenario parses");
     let plan = eptwin_engine::Plan::build(&loaded).expect("scenario is valid");
     let options = HwOptions {
@@ -126,11 +122,9 @@ fn run_over_tcp(text: &str) -> Option<eptwin_engine::result::RunResult> {
     };
     let mut hw = HwTransport::new(options);
     if let Some(reason) = hw.capabilities().unavailable {
-        assert!(std::env::var("EPTWIN_REQUIRE_HW").as_deref() != Ok("1"), "{reason}");
-        eprintln!("waived: {reason}");
-        return None;
+        panic!("the hardware backend is unavailable: {reason}");
     }
-    Some(eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes"))
+    eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes")
 }
 
 /// The verdict and what every op ran (the copy probes are not asked for: `EPTWIN_PROBES=0`
@@ -156,7 +150,7 @@ fn assert_over_tcp(r: &eptwin_engine::result::RunResult) {
 
 /// internode.cu over the CPU proxy and TCP on loopback: 16 ranks as 2 nodes x 8.
 #[test]
-#[ignore = "needs a GPU and minutes of it: scripts/h200-measure.sh runs it with --ignored"]
+#[ignore = "needs a GPU and minutes of it: scripts/gpu-hw-redesign.sh runs it with --ignored"]
 fn internode_normal_two_nodes_over_tcp() {
     let text = two_nodes(
         "conf-internode-ep16",
@@ -170,15 +164,14 @@ fn internode_normal_two_nodes_over_tcp() {
         "tokens_per_rank = 64\nhidden = 2048\ntopk = 8\nexperts = 64\nrouting = \"node-limited\"\n\
          topk_groups = 2\nwarmup = 1\niterations = 2",
     );
-    if let Some(r) = run_over_tcp(&text) {
-        assert_over_tcp(&r);
-    }
+    let r = run_over_tcp(&text);
+    assert_over_tcp(&r);
 }
 
 /// low_latency.cu with the other node's ranks behind the wire: 8 ranks as 2 nodes x 4, hook
 /// mode (send and receive launched apart).
 #[test]
-#[ignore = "needs a GPU and minutes of it: scripts/h200-measure.sh runs it with --ignored"]
+#[ignore = "needs a GPU and minutes of it: scripts/gpu-hw-redesign.sh runs it with --ignored"]
 fn internode_low_latency_two_nodes_over_tcp() {
     let text = two_nodes(
         "conf-internode-ll-ep8",
@@ -187,9 +180,8 @@ fn internode_low_latency_two_nodes_over_tcp() {
         "tokens_per_rank = 48\nhidden = 2048\ntopk = 8\nexperts = 64\nmasked_selections = 4\n\
          hook = true\nwarmup = 1\niterations = 2",
     );
-    if let Some(r) = run_over_tcp(&text) {
-        assert_over_tcp(&r);
-    }
+    let r = run_over_tcp(&text);
+    assert_over_tcp(&r);
 }
 
 /// `allow_nvlink_for_low_latency_mode = false` (DeepEP writes `NVSHMEM_DISABLE_P2P=1`) on one
@@ -223,7 +215,7 @@ fn low_latency_without_nvlink_sends_every_peer_message_over_the_wire() {
         }
     }
     assert!(other > 0 && own > 0, "the routing has both kinds of messages");
-    let r = run_over_tcp(&text).expect("the GPU test runs on a GPU");
+    let r = run_over_tcp(&text);
     assert_over_tcp(&r);
     assert_eq!(r.backend["wire_report"]["peers"], 3, "each rank is its own block of the wire");
     let ops = &r.jobs[0].ops;
