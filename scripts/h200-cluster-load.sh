@@ -3,7 +3,7 @@
 # (cluster_fill_ns, cluster_fill_wave_ns, cluster_sm_ingest_gbps, cluster_ingest_chunk_ns;
 # docs/calibration.md, "The cluster kernels").
 #
-# What it measures (hw/src/cluster_probe.rs `load_shapes`): 1, 2, 4, 8 and 15 clusters of the
+# What it measures (hw/src/probes/cluster.rs `load_shapes`): 1, 2, 4, 8 and 15 clusters of the
 # probe with one slot and no stores (the refill chain's latency at each load), four 7,168 B
 # slots without stores (each SM's intake), and the combine's 2 x 14,368 B slots with and without
 # stores; the reducer probe runs too. Only these probes (EPTWIN_CLUSTER_PROBE_ONLY=load, no copy

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print the h200-single profile lines the one-GPU simulator model needs, from the probe
 measurements of hardware results (`measurements.probe.*`, written by `eptwin run ... --backend
-hw` with the probes of hw/src/probes.rs and hw/src/cluster_probe.rs). Every value is a probe
+hw` with the probes of hw/src/probes/). Every value is a probe
 value or a fixed arithmetic combination of probe values (docs/calibration.md, "h200-single");
 nothing is fitted to the dispatch/combine latencies. It reads files only: run it anywhere.
 
@@ -83,7 +83,7 @@ producer warp cpw = X / (producer warps x chunk) chunks, so a pair takes p = T /
     b / bulk), so cluster_store_ns and cluster_bulk_copy_gbps solve from the two chunk sizes.
   * One slot without stores (key suffix _nostore): a pair's period is its refill alone,
     fill + 7,168 B / bulk: cluster_fill_ns with one cluster, cluster_fill_wave_ns with a whole
-    wave (the load shapes, hw/src/cluster_probe.rs load_shapes).
+    wave (the load shapes, hw/src/probes/cluster.rs load_shapes).
   * One cluster without stores, 4 x 7,168 B and 2 x 14,368 B: each block takes in a chunk per
     producer warp per period, cluster_ingest_chunk_ns + b / cluster_sm_ingest_gbps.
   * Whole waves with at least two slots, with and without stores: cluster_transfer_l2_ns, the
@@ -100,8 +100,8 @@ import math
 import re
 import sys
 
-ROW_BYTES = 7168  # the warp-copy probes' row (hw/src/probes.rs CHUNK_BYTES)
-# Bytes each probe copies (hw/src/probes.rs): 132 x 1024 threads = 4,224 warps x 32 rows; the
+ROW_BYTES = 7168  # the warp-copy probes' row (hw/src/probes/memory.rs CHUNK_BYTES)
+# Bytes each probe copies (hw/src/probes/memory.rs): 132 x 1024 threads = 4,224 warps x 32 rows; the
 # ring handoff at 192 x 512: 96 producer blocks x 16 warps = 1,536 pairs x 64 rows.
 COPY_BYTES_132X1024 = 4224 * 32 * ROW_BYTES
 HANDOFF_BYTES_192X512 = 1536 * 64 * ROW_BYTES
@@ -121,11 +121,11 @@ def handoffs(path):
     return probe_values(path, "ring_handoff_bw_gbps")
 
 
-CLUSTER_BLOCKS = 8  # blocks per cluster of the probe (hw/src/cluster_probe.rs CLUSTER_SIZE)
+CLUSTER_BLOCKS = 8  # blocks per cluster of the probe (hw/src/probes/cluster.rs CLUSTER_SIZE)
 CLUSTER_KEY = re.compile(r"^tma_(\d+)x(\d+)_(\d+)cl_(\d+)x(\d+)B(_nostore)?$")
-# The kernels' slots (hw/src/intranode.rs): dispatch 3 x 7,472 B, combine 2 x 14,368 B.
+# The kernels' slots (hw/src/normal/rings.rs): dispatch 3 x 7,472 B, combine 2 x 14,368 B.
 KERNEL_SLOTS = [(3, 7472), (2, 14368)]
-# sm_90: the dynamic shared memory a block may opt in to (hw/src/intranode.rs).
+# sm_90: the dynamic shared memory a block may opt in to (hw/src/normal/rings.rs).
 SMEM_BYTES = 232448
 
 
