@@ -57,10 +57,6 @@ const ALLOW_LONG_FNS: &[(&str, &str)] = &[
 /// (ARCHITECTURE.md, "Module cycles").
 const ALLOW_CYCLES: &[(&str, &[&str])] = &[
     ("eptwin", &["commands::processes", "commands::run"]),
-    (
-        "eptwin-engine",
-        &["deepep::bytes", "deepep::env", "deepep::validate", "plan", "routing", "routing_file"],
-    ),
     ("eptwin-hw", &["rdma", "wire"]),
     ("eptwin-reports", &["html", "report"]),
     ("eptwin-sim", &["core", "gpu", "jobs", "net", "net::nic"]),
