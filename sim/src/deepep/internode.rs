@@ -27,13 +27,13 @@
 //! (reported as a phase).
 
 use eptwin_engine::plan::{
-    Config, NUM_MAX_NVL_PEERS, OpKind, Plan, RoutingTable, normal_combine_token_bytes,
-    normal_dispatch_token_bytes,
+    Config, NUM_MAX_NVL_PEERS, OpKind, Plan, RoutingTable, channel_range,
+    normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
 use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
-use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path};
+use super::{GpuCosts, Ledger, Meta, Ranks, deepep_job, ipc_path};
 use crate::core::time::{Rate, Time, ns};
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};

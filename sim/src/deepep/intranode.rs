@@ -11,12 +11,13 @@
 //! the cached-notify barrier + the kernel, per rank, averaged.
 
 use eptwin_engine::plan::{
-    Config, OpKind, Plan, RoutingTable, normal_combine_token_bytes, normal_dispatch_token_bytes,
+    Config, OpKind, Plan, RoutingTable, channel_range, normal_combine_token_bytes,
+    normal_dispatch_token_bytes,
 };
 use eptwin_engine::transport::OpSample;
 
 use super::ring::Ring;
-use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path};
+use super::{GpuCosts, Ledger, Meta, Ranks, deepep_job, ipc_path};
 use crate::core::time::{Rate, Time};
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};

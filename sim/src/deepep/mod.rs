@@ -64,29 +64,15 @@ pub enum Route {
     Rdma,
 }
 
-/// The path NVSHMEM gives a low-latency kernel between two job ranks (docs/design.md, DeepEP §11,
-/// §15): itself always by pointer; a mapped peer (P2P allowed; across nodes only with MNNVL) by
-/// stores; everyone else through the NIC.
+/// The path a low-latency kernel's message takes between two job ranks: the plan's rule
+/// (`Plan::low_latency_path`: itself by pointer, a mapped peer by stores, everyone else through
+/// the NIC) as the models' copy kinds.
 pub fn ll_route(plan: &Plan, job: JobId, a: u32, b: u32) -> Route {
-    let j = plan.job(job);
-    if a == b {
-        return Route::Copy(PathKind::Local);
-    }
-    let (ra, rb) = (j.ranks[a as usize], j.ranks[b as usize]);
-    let topo = &plan.topology;
-    let p2p = !j.nvshmem.disable_p2p;
-    match topo.rank_path(ra, rb) {
-        PeerPath::SameGpu if p2p => Route::Copy(PathKind::Local),
-        PeerPath::Nvlink => {
-            let cross_node = topo.node_of_rank(ra) != topo.node_of_rank(rb);
-            if p2p && !(cross_node && j.nvshmem.disable_mnnvl) {
-                Route::Copy(PathKind::Nvlink)
-            } else {
-                Route::Rdma
-            }
-        }
-        PeerPath::Pcie if p2p => Route::Copy(PathKind::Pcie),
-        _ => Route::Rdma,
+    match plan.low_latency_path(job, a, b) {
+        PeerPath::SameGpu => Route::Copy(PathKind::Local),
+        PeerPath::Nvlink => Route::Copy(PathKind::Nvlink),
+        PeerPath::Pcie => Route::Copy(PathKind::Pcie),
+        PeerPath::Rdma => Route::Rdma,
     }
 }
 
@@ -282,15 +268,6 @@ pub fn deepep_job(plan: &Plan, job: JobId) -> &DeepEpJob {
     plan.job(job).deepep().expect("a DeepEP job")
 }
 
-/// Tokens `[start, end)` of channel `c` when `tokens` are split into `channels` contiguous
-/// ranges, as DeepEP's normal kernels split them (`get_channel_task_range`).
-#[inline]
-pub fn channel_range(tokens: u32, channels: u32, c: u32) -> (u32, u32) {
-    let per = tokens.div_ceil(channels);
-    let start = (c * per).min(tokens);
-    (start, (start + per).min(tokens))
-}
-
 /// What every rank must end up holding against what it did: per rank a count and a wrapping
 /// sum of `eptwin_engine::rng::mix` keys, so "each (token, rank) pair arrives exactly once" is checked without
 /// storing the pairs, whatever the arrival order.
@@ -348,20 +325,6 @@ mod tests {
     use eptwin_engine::rng::mix;
 
     use super::*;
-
-    #[test]
-    fn channel_ranges_cover_the_tokens_once() {
-        for (tokens, channels) in [(0, 4), (7, 3), (4096, 12), (5, 8)] {
-            let mut next = 0;
-            for c in 0..channels {
-                let (lo, hi) = channel_range(tokens, channels, c);
-                assert_eq!(lo, next.min(tokens));
-                assert!(hi >= lo);
-                next = hi;
-            }
-            assert_eq!(next, tokens);
-        }
-    }
 
     #[test]
     fn ledger_is_order_independent_and_catches_a_swap() {

@@ -45,8 +45,8 @@
 use std::collections::VecDeque;
 
 use eptwin_engine::plan::{
-    CLUSTER_INDEX_BYTES, ClusterSlot, OpKind, Plan, RoutingTable, Workload, cluster_ring_slots,
-    normal_combine_token_bytes, normal_dispatch_token_bytes,
+    CLUSTER_INDEX_BYTES, ClusterSlot, OpKind, Plan, RoutingTable, Workload, channel_range,
+    cluster_ring_slots, normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
 use eptwin_engine::transport::OpSample;
 
@@ -55,7 +55,7 @@ use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::deepep::ring::Ring;
-use crate::deepep::{Ledger, Meta, Ranks, channel_range, deepep_job};
+use crate::deepep::{Ledger, Meta, Ranks, deepep_job};
 use crate::gpu::Server;
 use crate::params::{ClusterRings, OneGpu};
 use eptwin_engine::rng::mix;

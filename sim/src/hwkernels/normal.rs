@@ -5,7 +5,8 @@
 use std::collections::VecDeque;
 
 use eptwin_engine::plan::{
-    Dtype, Plan, RoutingTable, normal_combine_token_bytes, normal_dispatch_token_bytes,
+    Dtype, Plan, RoutingTable, channel_range, normal_combine_token_bytes,
+    normal_dispatch_token_bytes,
 };
 use eptwin_engine::rng::mix;
 use eptwin_engine::transport::OpSample;
@@ -15,7 +16,7 @@ use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::deepep::ring::Ring;
-use crate::deepep::{Ledger, Meta, Ranks, channel_range};
+use crate::deepep::{Ledger, Meta, Ranks};
 use crate::params::OneGpu;
 
 /// Normal combine: warps that reduce one token together (`COMBINE_GROUP_WARPS`).
