@@ -6,6 +6,8 @@
 //! resolved values (sizes in bytes, `Dtype`, `Routing`, `Lane`), never the scenario file's
 //! structs; the enums and engine types a backend needs besides are re-exported here, so `sim`
 //! and `hw` name `eptwin_engine::plan` (and `transport`, `ids`) and never `scenario::schema`.
+//! The DeepEP rules both backends need are here once too: `channel_range`,
+//! `Plan::low_latency_path`, `JobPlan::qps_per_peer` (`deepep::rules`).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -25,6 +27,7 @@ pub use crate::deepep::bytes::{
 };
 pub use crate::deepep::config::{Config, EpMode};
 pub use crate::deepep::env::NvshmemSettings;
+pub use crate::deepep::rules::channel_range;
 pub use crate::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, Lane, VlArbEntry};
 pub use crate::profile::{HardwareProfile, SwitchMode};
 pub use crate::routing::RoutingTable;

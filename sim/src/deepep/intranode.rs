@@ -11,7 +11,8 @@
 //! the cached-notify barrier + the kernel, per rank, averaged.
 
 use eptwin_engine::plan::{
-    Config, OpKind, Plan, RoutingTable, normal_combine_token_bytes, normal_dispatch_token_bytes,
+    Config, OpKind, Plan, RoutingTable, channel_range, normal_combine_token_bytes,
+    normal_dispatch_token_bytes,
 };
 use eptwin_engine::transport::OpSample;
 
@@ -21,7 +22,7 @@ use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
 use crate::programs::channel_ring::ChannelRing;
-use crate::programs::{Ledger, Meta, Ranks, channel_range, deepep_job};
+use crate::programs::{Ledger, Meta, Ranks, deepep_job};
 use eptwin_engine::rng::mix;
 
 /// Threads per block of the intranode kernels (768 = 24 warps).

@@ -22,29 +22,15 @@ pub enum Route {
     Rdma,
 }
 
-/// The path NVSHMEM gives a low-latency kernel between two job ranks (docs/design.md, DeepEP §11,
-/// §15): itself always by pointer; a mapped peer (P2P allowed; across nodes only with MNNVL) by
-/// stores; everyone else through the NIC.
+/// The path a low-latency kernel's message takes between two job ranks: the plan's rule
+/// (`Plan::low_latency_path`: itself by pointer, a mapped peer by stores, everyone else through
+/// the NIC) as the models' copy kinds.
 pub fn ll_route(plan: &Plan, job: JobId, a: u32, b: u32) -> Route {
-    let j = plan.job(job);
-    if a == b {
-        return Route::Copy(PathKind::Local);
-    }
-    let (ra, rb) = (j.ranks[a as usize], j.ranks[b as usize]);
-    let topo = &plan.topology;
-    let p2p = !j.nvshmem.disable_p2p;
-    match topo.rank_path(ra, rb) {
-        PeerPath::SameGpu if p2p => Route::Copy(PathKind::Local),
-        PeerPath::Nvlink => {
-            let cross_node = topo.node_of_rank(ra) != topo.node_of_rank(rb);
-            if p2p && !(cross_node && j.nvshmem.disable_mnnvl) {
-                Route::Copy(PathKind::Nvlink)
-            } else {
-                Route::Rdma
-            }
-        }
-        PeerPath::Pcie if p2p => Route::Copy(PathKind::Pcie),
-        _ => Route::Rdma,
+    match plan.low_latency_path(job, a, b) {
+        PeerPath::SameGpu => Route::Copy(PathKind::Local),
+        PeerPath::Nvlink => Route::Copy(PathKind::Nvlink),
+        PeerPath::Pcie => Route::Copy(PathKind::Pcie),
+        PeerPath::Rdma => Route::Rdma,
     }
 }
 

@@ -45,8 +45,8 @@
 use std::collections::VecDeque;
 
 use eptwin_engine::plan::{
-    CLUSTER_INDEX_BYTES, ClusterSlot, OpKind, Plan, RoutingTable, Workload, cluster_ring_slots,
-    normal_combine_token_bytes, normal_dispatch_token_bytes,
+    CLUSTER_INDEX_BYTES, ClusterSlot, OpKind, Plan, RoutingTable, Workload, channel_range,
+    cluster_ring_slots, normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
 use eptwin_engine::transport::OpSample;
 
@@ -57,7 +57,7 @@ use crate::core::{Action, Core, ProgId};
 use crate::gpu::Server;
 use crate::params::{ClusterRings, OneGpu};
 use crate::programs::channel_ring::ChannelRing;
-use crate::programs::{Ledger, Meta, Ranks, channel_range, deepep_job};
+use crate::programs::{Ledger, Meta, Ranks, deepep_job};
 use eptwin_engine::rng::mix;
 
 /// Ranks of a portable cluster: one block per rank per channel.

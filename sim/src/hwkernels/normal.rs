@@ -5,7 +5,8 @@
 use std::collections::VecDeque;
 
 use eptwin_engine::plan::{
-    Dtype, Plan, RoutingTable, normal_combine_token_bytes, normal_dispatch_token_bytes,
+    Dtype, Plan, RoutingTable, channel_range, normal_combine_token_bytes,
+    normal_dispatch_token_bytes,
 };
 use eptwin_engine::rng::mix;
 use eptwin_engine::transport::OpSample;
@@ -16,7 +17,7 @@ use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::params::OneGpu;
 use crate::programs::channel_ring::ChannelRing;
-use crate::programs::{Ledger, Meta, Ranks, channel_range};
+use crate::programs::{Ledger, Meta, Ranks};
 
 /// Normal combine: warps that reduce one token together (`COMBINE_GROUP_WARPS`).
 const COMBINE_GROUP_WARPS: u32 = 5;

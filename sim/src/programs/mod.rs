@@ -1,9 +1,9 @@
 //! What every op program on the simulated machine shares, DeepEP's (`deepep/`) and the hardware
 //! backend's one-GPU kernels' (`hwkernels/`): which op instance a program is ([`Meta`]), the
 //! per-rank bookkeeping that becomes its sample ([`Ranks`]), the check that every (token, rank)
-//! arrives exactly once ([`Ledger`]), DeepEP's split of tokens into channels
-//! ([`channel_range`]) and the channel ring both kinds of kernels flow-control
-//! ([`channel_ring::ChannelRing`]).
+//! arrives exactly once ([`Ledger`]) and the channel ring both kinds of kernels flow-control
+//! ([`channel_ring::ChannelRing`]); DeepEP's split of tokens into channels is the engine's
+//! (`eptwin_engine::plan::channel_range`).
 
 pub mod channel_ring;
 
@@ -125,15 +125,6 @@ pub fn deepep_job(plan: &Plan, job: JobId) -> &DeepEpJob {
     plan.job(job).deepep().expect("a DeepEP job")
 }
 
-/// Tokens `[start, end)` of channel `c` when `tokens` are split into `channels` contiguous
-/// ranges, as DeepEP's normal kernels split them (`get_channel_task_range`).
-#[inline]
-pub fn channel_range(tokens: u32, channels: u32, c: u32) -> (u32, u32) {
-    let per = tokens.div_ceil(channels);
-    let start = (c * per).min(tokens);
-    (start, (start + per).min(tokens))
-}
-
 /// What every rank must end up holding against what it did: per rank a count and a wrapping
 /// sum of `eptwin_engine::rng::mix` keys, so "each (token, rank) pair arrives exactly once" is checked without
 /// storing the pairs, whatever the arrival order.
@@ -191,20 +182,6 @@ mod tests {
     use eptwin_engine::rng::mix;
 
     use super::*;
-
-    #[test]
-    fn channel_ranges_cover_the_tokens_once() {
-        for (tokens, channels) in [(0, 4), (7, 3), (4096, 12), (5, 8)] {
-            let mut next = 0;
-            for c in 0..channels {
-                let (lo, hi) = channel_range(tokens, channels, c);
-                assert_eq!(lo, next.min(tokens));
-                assert!(hi >= lo);
-                next = hi;
-            }
-            assert_eq!(next, tokens);
-        }
-    }
 
     #[test]
     fn ledger_is_order_independent_and_catches_a_swap() {

@@ -30,8 +30,8 @@ mod combine;
 mod dispatch;
 
 use eptwin_engine::plan::{
-    Config, NUM_MAX_NVL_PEERS, OpKind, Plan, RoutingTable, normal_combine_token_bytes,
-    normal_dispatch_token_bytes,
+    Config, NUM_MAX_NVL_PEERS, OpKind, Plan, RoutingTable, channel_range,
+    normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
 use eptwin_engine::transport::OpSample;
 
@@ -41,7 +41,7 @@ use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
 use crate::programs::channel_ring::ChannelRing;
-use crate::programs::{Ledger, Meta, Ranks, channel_range, deepep_job};
+use crate::programs::{Ledger, Meta, Ranks, deepep_job};
 use eptwin_engine::rng::mix;
 
 const P: u32 = NUM_MAX_NVL_PEERS;
