@@ -202,7 +202,9 @@ pub fn nic_selection(ctx: &Ctx<'_>) -> Finding {
     let f = worst.unwrap_or_else(|| {
         Finding::new("nic-selection", SELECTION, Status::Ok, "every rank on its own nearby NIC")
     });
-    f.details(details)
+    let mut all_details = f.details.clone();
+    all_details.extend(details);
+    f.details(all_details)
 }
 
 fn judge(ctx: &Ctx<'_>, a: &Assignment) -> Finding {
@@ -258,7 +260,7 @@ fn judge(ctx: &Ctx<'_>, a: &Assignment) -> Finding {
 }
 
 /// The nearest RDMA device to a GPU.
-fn nearest(ctx: &Ctx<'_>, gpu: u32) -> Option<(String, Affinity)> {
+pub fn nearest(ctx: &Ctx<'_>, gpu: u32) -> Option<(String, Affinity)> {
     let g = ctx.facts.gpu(gpu)?;
     ctx.facts
         .nics

@@ -68,11 +68,16 @@ pub fn ports(ctx: &Ctx<'_>) -> Finding {
         return skip("ports", PORTS, NO_PORT);
     }
     let used: Vec<&Nic> = used_nics(ctx);
-    let used_names: Vec<&str> = used.iter().map(|n| n.name.as_str()).collect();
+    let mut used_names: Vec<String> = used.iter().map(|n| n.name.clone()).collect();
+    // A rank's nearest NIC counts too: with its port down the rank falls back to a farther one.
+    for a in super::affinity::assignments(ctx) {
+        used_names
+            .extend(a.ranks.iter().filter_map(|r| Some(super::affinity::nearest(ctx, r.gpu)?.0)));
+    }
     let (mut details, mut down, mut small_mtu, mut wrong_layer) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for n in &ctx.facts.nics {
-        let in_use = used_names.contains(&n.name.as_str());
+        let in_use = used_names.contains(&n.name);
         for p in &n.ports {
             let mtu = ctx.facts.devinfo_of(&n.name).and_then(|d| d.active_mtu(p.num));
             let mtu_text = mtu.map(|m| format!(", active MTU {m}")).unwrap_or_default();

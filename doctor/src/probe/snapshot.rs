@@ -123,7 +123,7 @@ impl Snapshot {
             dir: dir.to_path_buf(),
             description: top.description,
             expect: top.expect,
-            state: normalise(state),
+            state,
         })
     }
 
@@ -180,15 +180,30 @@ fn load_layer(dir: &Path, depth: usize) -> Result<(State, NodeToml), DoctorError
         None => State::default(),
     };
     for gone in &layer.remove {
+        let gone = resolve(gone, &state.links);
         let under = format!("{}/", gone.trim_end_matches('/'));
-        let keep = |k: &String| k != gone && !k.starts_with(&under);
+        let keep = |k: &String| *k != gone && !k.starts_with(&under);
         state.files.retain(|k, _| keep(k));
         state.links.retain(|k, _| keep(k));
         state.devices.retain(|k, _| keep(k));
     }
-    state.files.extend(layer.sysfs.clone());
-    state.links.extend(layer.links.clone());
-    state.devices.extend(layer.devices.clone());
+    // This layer's entries under their canonical paths, through the base's links and its own,
+    // so that an entry replaces the base's whatever alias either was written under.
+    let mut raw = state.links.clone();
+    raw.extend(layer.links.clone());
+    let mut links = state.links.clone();
+    for (k, v) in &layer.links {
+        links.insert(link_key(k, &raw), v.clone());
+    }
+    state.links = links;
+    let canonical = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        m.iter().map(|(k, v)| (resolve(k, &state.links), v.clone())).collect()
+    };
+    let files = canonical(&layer.sysfs);
+    state.files.extend(files);
+    let devices: BTreeMap<String, DeviceNode> =
+        layer.devices.iter().map(|(k, v)| (resolve(k, &state.links), v.clone())).collect();
+    state.devices.extend(devices);
     state.libs.extend(layer.libs.clone());
     state.env.extend(layer.env.clone());
     if layer.host.hostname.is_some() {
@@ -199,7 +214,9 @@ fn load_layer(dir: &Path, depth: usize) -> Result<(State, NodeToml), DoctorError
     }
     let root = dir.join("root");
     if root.is_dir() {
-        collect_root(&root, &root, &mut state.files)?;
+        let mut files = BTreeMap::new();
+        collect_root(&root, &root, &mut files)?;
+        state.files.extend(files.into_iter().map(|(k, v)| (resolve(&k, &state.links), v)));
     }
     let nvml = dir.join("nvml.toml");
     if nvml.exists() {
@@ -277,21 +294,12 @@ fn resolve(path: &str, links: &BTreeMap<String, String>) -> String {
     if current.is_empty() { "/".into() } else { current }
 }
 
-/// Store every entry under its canonical path, so that any alias of it reads the same.
-fn normalise(state: State) -> State {
-    let links = {
-        let mut out = BTreeMap::new();
-        for (k, v) in &state.links {
-            let (parent, name) = k.rsplit_once('/').unwrap_or(("", k));
-            let parent = resolve(parent, &state.links);
-            let parent = if parent == "/" { String::new() } else { parent };
-            out.insert(format!("{parent}/{name}"), v.clone());
-        }
-        out
-    };
-    let files = state.files.iter().map(|(k, v)| (resolve(k, &links), v.clone())).collect();
-    let devices = state.devices.iter().map(|(k, v)| (resolve(k, &links), v.clone())).collect();
-    State { files, links, devices, ..state }
+/// A link's own path with the links above it resolved (the link itself is kept).
+fn link_key(path: &str, links: &BTreeMap<String, String>) -> String {
+    let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let parent = resolve(parent, links);
+    let parent = if parent == "/" { String::new() } else { parent };
+    format!("{parent}/{name}")
 }
 
 struct Files(std::rc::Rc<State>);

@@ -206,7 +206,7 @@ def main():
     route.append("eno1\t00000000\t0101A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0")
     route.append("eno1\t0001A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0")
     for k in range(8):
-        net = "%02X00000A" % k  # 10.0.k.0, little-endian hex
+        net = "00%02X000A" % k  # 10.0.k.0, little-endian hex
         gw = "01%02X000A" % k  # 10.0.k.1
         route.append("rdma%d\t%s\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0" % (k, net))
         route.append("rdma%d\t0000000A\t%s\t0003\t0\t0\t%d\t0000FFFF\t0\t0\t0" % (k, gw, 100 + k))
