@@ -132,10 +132,12 @@ fn assign(ctx: &Ctx<'_>, job: &JobSubject) -> Assignment {
         );
         let mut load = vec![0u32; candidates.len()];
         for r in &mut ranks {
-            let Some(gpu) = facts.gpu(r.gpu) else { continue };
+            // A GPU or NIC without a place in the PCI tree (no NVML here, a software RDMA
+            // device) is equally far from every NIC: the least-loaded one is taken.
+            let gpu = facts.gpu(r.gpu);
             let dist: Vec<Affinity> = candidates
                 .iter()
-                .map(|n| facts.distance(gpu, n).unwrap_or(Affinity::Sys))
+                .map(|n| gpu.and_then(|g| facts.distance(g, n)).unwrap_or(Affinity::Sys))
                 .collect();
             let best = dist.iter().min().copied().unwrap_or(Affinity::Sys);
             // Ties go to the least-loaded NIC, in name order.

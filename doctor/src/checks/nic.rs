@@ -44,7 +44,7 @@ pub fn devices(ctx: &Ctx<'_>) -> Finding {
                 n.name,
                 n.driver.as_deref().unwrap_or("?"),
                 n.hca_type.as_deref().unwrap_or("?"),
-                n.bdf.as_deref().unwrap_or("?"),
+                n.bdf.as_deref().unwrap_or("no PCI device"),
                 n.numa.map(|x| x.to_string()).unwrap_or("?".into()),
                 n.uverbs.as_deref().unwrap_or("no uverbs device")
             )
