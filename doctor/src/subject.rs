@@ -48,7 +48,9 @@ pub struct JobSubject {
     pub nodes: u32,
     /// The local GPU index (0-based on this node) of each of the job's ranks on this node.
     pub local_gpus: Vec<u32>,
-    pub num_qps_per_rank: u32,
+    /// RC QPs between two ranks that exchange over RDMA (the engine's
+    /// `JobPlan::qps_per_peer`: `NVSHMEM_IBGDA_NUM_RC_PER_PE`, i.e. V1's `num_qps_per_rank`).
+    pub qps_per_peer: u32,
     /// Low-latency buffer capacity T.
     pub max_dispatch_tokens: Option<u32>,
     /// The variables the communication library reads: the job's environment as DeepEP leaves
@@ -118,7 +120,7 @@ impl Subject {
                     num_ranks: job.num_ranks(),
                     nodes: nodes.len() as u32,
                     local_gpus,
-                    num_qps_per_rank: deepep.map_or(0, |d| d.buffer.num_qps_per_rank),
+                    qps_per_peer: job.qps_per_peer(),
                     max_dispatch_tokens: deepep
                         .filter(|d| d.mode == EpMode::LowLatency)
                         .map(|d| d.workload.max_dispatch_tokens_per_rank),

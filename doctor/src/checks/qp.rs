@@ -19,7 +19,7 @@ pub const FAST_ATOMICS_HCA: &str = "MT4131";
 
 /// RC QPs one rank creates, and their depth; the rule that gives them, for the report.
 pub fn qps_per_rank(job: &JobSubject, fast_atomics: bool) -> (u64, u32, String) {
-    let q = job.num_qps_per_rank as u64;
+    let q = job.qps_per_peer as u64;
     match job.api {
         Api::V1 => match job.mode {
             Some(EpMode::LowLatency) => {
