@@ -15,7 +15,6 @@ pub mod ids;
 pub mod layout;
 pub mod plan;
 pub mod profile;
-pub mod replay;
 pub mod result;
 pub mod rng;
 pub mod routing;

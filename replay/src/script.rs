@@ -1,23 +1,54 @@
-//! Replaying a scenario with DeepEP's own test scripts (docs/deepep-replay.md): which script,
-//! flags and environment reproduce the scenario ([`launch`]), and the numbers the scripts
-//! print brought back as a result document with `backend.kind = "deepep"` ([`import`]).
-//!
-//! The scripts are DeepEP V1's `tests/test_intranode.py`, `test_internode.py` and
-//! `test_low_latency.py`; their launch conventions, flags and output lines are described in
-//! docs/deepep-replay.md. Everything here is pure: the binary reads the logs and passes
-//! their text.
-
-pub mod import;
-pub mod launch;
+//! DeepEP's test scripts a replay runs, by family ([`ScriptFamily`]), and their command-line
+//! flags parsed and written ([`ScriptArgs`]; docs/deepep-replay.md, "The scripts").
 
 use std::fmt;
 
-use crate::deepep::config::{Config, EpMode};
-use crate::deepep::env::EnvOrigin;
-use crate::plan::{JobKind, Plan};
-use crate::scenario::schema::{BufferSpec, NvlinkKind, OpKind, Scenario, WorkloadSpec};
+use eptwin_engine::plan::EpMode;
 
-/// One of DeepEP V1's test scripts.
+use crate::subject::Subject;
+
+/// A family of DeepEP's test scripts: one launch convention, one set of flags and printed
+/// lines. A replay picks the family ([`ScriptFamily::of`]), then the family's script for the
+/// job's mode; the family's rules (`launch::v1`) say where its scripts differ from the
+/// scenario. A second family adds a variant here, its scripts to [`Script`], and its rules and
+/// line formats beside V1's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptFamily {
+    /// DeepEP V1's `tests/test_intranode.py`, `test_internode.py` and `test_low_latency.py`:
+    /// one script per mode, started once per node (`WORLD_SIZE` = nodes, `RANK` = node rank)
+    /// with one process per local GPU.
+    V1,
+}
+
+impl ScriptFamily {
+    /// Every family, in the order a script path is looked up.
+    pub const ALL: [ScriptFamily; 1] = [ScriptFamily::V1];
+
+    /// The family that replays `subject` (DeepEP V1's scripts for every scenario today).
+    pub fn of(_subject: &Subject) -> ScriptFamily {
+        ScriptFamily::V1
+    }
+
+    /// The family's scripts.
+    pub fn scripts(self) -> &'static [Script] {
+        match self {
+            ScriptFamily::V1 => &[Script::Intranode, Script::Internode, Script::LowLatency],
+        }
+    }
+
+    /// The family's script for a job of `mode`.
+    pub fn script_for(self, mode: EpMode) -> Script {
+        match self {
+            ScriptFamily::V1 => match mode {
+                EpMode::Intranode => Script::Intranode,
+                EpMode::Internode => Script::Internode,
+                EpMode::LowLatency => Script::LowLatency,
+            },
+        }
+    }
+}
+
+/// One of DeepEP's test scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Script {
     Intranode,
@@ -26,11 +57,9 @@ pub enum Script {
 }
 
 impl Script {
-    pub fn for_mode(mode: EpMode) -> Script {
-        match mode {
-            EpMode::Intranode => Script::Intranode,
-            EpMode::Internode => Script::Internode,
-            EpMode::LowLatency => Script::LowLatency,
+    pub fn family(self) -> ScriptFamily {
+        match self {
+            Script::Intranode | Script::Internode | Script::LowLatency => ScriptFamily::V1,
         }
     }
 
@@ -45,9 +74,7 @@ impl Script {
     /// The script a path names (`DeepEP/tests/test_low_latency.py`, `tests/legacy/...`).
     pub fn from_path(path: &str) -> Option<Script> {
         let name = path.rsplit('/').next().unwrap_or(path);
-        [Script::Intranode, Script::Internode, Script::LowLatency]
-            .into_iter()
-            .find(|s| s.file_name() == name)
+        ScriptFamily::ALL.iter().flat_map(|f| f.scripts()).copied().find(|s| s.file_name() == name)
     }
 
     /// Flags this script accepts (docs/deepep-replay.md, "The scripts"), value-taking ones marked `true`.
@@ -260,129 +287,6 @@ impl ScriptArgs {
     }
 }
 
-/// What a replay reads from a [`Plan`]: the one place that knows the plan's types.
-#[derive(Debug, Clone)]
-pub struct Subject {
-    pub file: String,
-    pub name: String,
-    pub sha256: String,
-    pub nodes: u32,
-    pub gpus_per_node: u32,
-    pub ranks_per_gpu: u32,
-    pub nvlink: NvlinkKind,
-    pub jobs: Vec<SubjectJob>,
-}
-
-#[derive(Debug, Clone)]
-pub struct SubjectJob {
-    pub name: String,
-    pub num_ranks: u32,
-    /// Whether the job holds every rank of the cluster (the scripts run on all GPUs).
-    pub all_ranks: bool,
-    /// Variables the user sets and DeepEP does not write (DeepEP's own writes are left to it).
-    pub user_env: Vec<(String, String)>,
-    pub ops: Vec<OpKind>,
-    /// `None` for a background traffic job.
-    pub deepep: Option<SubjectDeepEp>,
-}
-
-#[derive(Debug, Clone)]
-pub struct SubjectDeepEp {
-    pub mode: EpMode,
-    pub buffer: BufferSpec,
-    pub workload: WorkloadSpec,
-    pub dispatch_config: Option<Config>,
-    pub combine_config: Option<Config>,
-}
-
-impl Subject {
-    /// `scenario` is the parsed file `plan` was built from: the replay compares keys as written
-    /// (explicit ring sizes, `enable_shrink`, `topk_groups`), which the plan resolves away.
-    pub fn from_plan(plan: &Plan, scenario: &Scenario) -> Subject {
-        let t = &plan.topology;
-        let cluster_ranks = t.nodes * t.gpus_per_node * t.ranks_per_gpu;
-        let jobs = plan
-            .jobs
-            .iter()
-            .zip(&scenario.jobs)
-            .map(|(job, spec)| SubjectJob {
-                name: job.name.clone(),
-                num_ranks: job.num_ranks(),
-                all_ranks: job.num_ranks() == cluster_ranks,
-                user_env: job
-                    .env
-                    .iter()
-                    .filter(|(_, v)| v.origin != EnvOrigin::DeepEp)
-                    .map(|(k, v)| (k.clone(), v.value.clone()))
-                    .collect(),
-                ops: job.ops.clone(),
-                deepep: match (&job.kind, &spec.buffer, &spec.workload) {
-                    (JobKind::DeepEp(d), Some(buffer), Some(workload)) => Some(SubjectDeepEp {
-                        mode: d.mode,
-                        buffer: buffer.clone(),
-                        workload: workload.clone(),
-                        dispatch_config: d.dispatch_config,
-                        combine_config: d.combine_config,
-                    }),
-                    _ => None,
-                },
-            })
-            .collect();
-        Subject {
-            file: plan.scenario_file.clone(),
-            name: plan.name.clone(),
-            sha256: plan.scenario_sha256.clone(),
-            nodes: t.nodes,
-            gpus_per_node: t.gpus_per_node,
-            ranks_per_gpu: t.ranks_per_gpu,
-            nvlink: t.nvlink,
-            jobs,
-        }
-    }
-}
-
-/// How much a difference between the scenario and the script matters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Severity {
-    /// The replay would run as the scenario says, or the difference does not change what is
-    /// timed: a note on stderr (and an advisory in imported results).
-    Warning,
-    /// The replay would measure something else: no commands, exit 2.
-    Refused,
-}
-
-/// One way the scripts differ from the scenario: the key, both values and why it matters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Note {
-    pub severity: Severity,
-    /// The job it concerns (`None` for the cluster and the job list).
-    pub job: Option<String>,
-    /// The scenario key (`job.buffer.num_qps_per_rank`, `cluster.ranks_per_gpu`, ...).
-    pub key: String,
-    pub scenario_value: String,
-    /// What the script does, naming it ("test_low_latency.py uses 18 (experts / ranks)").
-    pub script_value: String,
-    pub why: String,
-}
-
-impl fmt::Display for Note {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let level = match self.severity {
-            Severity::Warning => "warning",
-            Severity::Refused => "refused",
-        };
-        write!(f, "{level}: ")?;
-        if let Some(job) = &self.job {
-            write!(f, "job {job:?}: ")?;
-        }
-        write!(
-            f,
-            "{}: the scenario has {}, {}: {}",
-            self.key, self.scenario_value, self.script_value, self.why
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,7 +337,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(crate::testing::proptest_config(256))]
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         #[test]
         fn any_args_round_trip(
             script in proptest::sample::select(vec![Script::Intranode, Script::Internode, Script::LowLatency]),

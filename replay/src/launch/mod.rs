@@ -1,52 +1,20 @@
 //! From a scenario to the command lines that run DeepEP's matching test script on every node
 //! (DeepEP's rendezvous: `WORLD_SIZE` = nodes, `RANK` = node rank), or the reasons the
-//! scripts cannot replay it. docs/deepep-replay.md lists every rule below.
+//! scripts cannot replay it: the rules every family shares here (one DeepEP job, one rank per
+//! GPU, no background traffic), each family's own in its module (`v1`). docs/deepep-replay.md
+//! lists every rule.
+
+pub mod v1;
 
 use std::fmt::Write;
 
-use super::{Note, Script, ScriptArgs, Severity, Subject, SubjectDeepEp, SubjectJob};
-use crate::deepep::config::{
-    Direction, EpMode, low_latency_rdma_size_hint, tuned, tuned_rank_counts,
-};
-use crate::deepep::env::shell_quote;
-use crate::scenario::schema::{Dtype, NvlinkKind, OpKind, RoutingKind};
+use eptwin_engine::deepep::env::shell_quote;
+
+use crate::script::{Script, ScriptArgs, ScriptFamily};
+use crate::subject::{Note, Severity, Subject, SubjectDeepEp, SubjectJob};
 
 /// DeepEP's default rendezvous port (`utils.init_dist`).
 pub const DEFAULT_MASTER_PORT: u16 = 8361;
-/// SMs the normal scripts tune at.
-pub const SCRIPT_NORMAL_SMS: u32 = 24;
-/// `Buffer.num_sms` default (what LL-only scenarios leave untouched).
-const DEFAULT_NUM_SMS: u32 = 20;
-/// The normal scripts' buffers: `int(2e9)` NVL bytes, `int(1e9)` RDMA bytes (internode).
-pub const SCRIPT_NVL_BYTES: u64 = 2_000_000_000;
-pub const SCRIPT_RDMA_BYTES: u64 = 1_000_000_000;
-/// `num_qps_per_rank` of test_internode.py (without `--test-ll-compatibility`) and
-/// test_intranode.py.
-const INTERNODE_QPS: u32 = 24;
-const INTRANODE_QPS: u32 = 1;
-/// (token, slot) entries test_low_latency.py masks to -1.
-pub const SCRIPT_LL_MASKED: u32 = 10;
-
-/// The chunk sizes the normal scripts' tuning loops try (docs/deepep-replay.md, "The scripts"): a scenario
-/// Config outside them has no per-config line, and the import falls back to the Best line.
-fn in_tuning_sweep(script: Script, dispatch: bool, nvl_chunk: u32, rdma_chunk: u32) -> bool {
-    match (script, dispatch) {
-        (Script::Intranode, true) => (4..=32).contains(&nvl_chunk) && nvl_chunk.is_multiple_of(2),
-        (Script::Intranode, false) => (1..=16).contains(&nvl_chunk),
-        (Script::Internode, true) => {
-            (4..=44).contains(&nvl_chunk)
-                && nvl_chunk.is_multiple_of(4)
-                && (4..=32).contains(&rdma_chunk)
-                && rdma_chunk.is_multiple_of(4)
-        }
-        (Script::Internode, false) => {
-            (1..=7).contains(&nvl_chunk)
-                && (8..=32).contains(&rdma_chunk)
-                && rdma_chunk.is_multiple_of(4)
-        }
-        (Script::LowLatency, _) => true,
-    }
-}
 
 /// How the launch text is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +75,8 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
             "ranks that share a GPU cannot be started by the scripts",
         );
     }
-    let mut replayed: Option<(&SubjectJob, &SubjectDeepEp)> = None;
+    let family = ScriptFamily::of(subject);
+    let mut replayed: Option<(&SubjectJob, &SubjectDeepEp, Script)> = None;
     for job in &subject.jobs {
         match &job.deepep {
             None => notes.push(Note {
@@ -119,34 +88,20 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
                 why: "the traffic is part of what the scenario measures".into(),
             }),
             Some(d) => {
-                job_notes(subject, job, d, &mut notes);
-                replayed.get_or_insert((job, d));
+                let script = family.script_for(d.mode);
+                match family {
+                    ScriptFamily::V1 => v1::job_notes(subject, job, d, script, &mut notes),
+                }
+                replayed.get_or_insert((job, d, script));
             }
         }
     }
-    let Some((job, d)) = replayed else { return Err(notes) };
+    let Some((job, d, script)) = replayed else { return Err(notes) };
     if notes.iter().any(|n| n.severity == Severity::Refused) {
         return Err(notes);
     }
-    let script = Script::for_mode(d.mode);
-    let w = &d.workload;
-    let args = ScriptArgs {
-        script,
-        num_processes: subject.gpus_per_node,
-        num_tokens: w.tokens_per_rank,
-        hidden: w.hidden,
-        num_topk: w.topk,
-        num_experts: w.experts,
-        num_topk_groups: (script == Script::Internode).then(|| match w.routing {
-            RoutingKind::NodeLimited => w.topk_groups.unwrap_or(subject.nodes.min(4)),
-            // Keeping every node is plain top-k over all experts.
-            RoutingKind::Uniform | RoutingKind::Zipf | RoutingKind::File => subject.nodes,
-        }),
-        allow_mnnvl: d.buffer.allow_mnnvl && script != Script::Internode,
-        use_fabric: d.buffer.use_fabric && script == Script::Intranode,
-        disable_nvlink: !d.buffer.allow_nvlink_for_low_latency_mode && script == Script::LowLatency,
-        use_logfmt: w.combine_dtype == Dtype::Logfmt,
-        other: Vec::new(),
+    let args = match family {
+        ScriptFamily::V1 => v1::script_args(subject, d, script),
     };
     let dir = deepep_dir.trim_end_matches('/');
     Ok(Launch {
@@ -160,324 +115,6 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
         env: job.user_env.clone(),
         warnings: notes,
     })
-}
-
-fn job_notes(subject: &Subject, job: &SubjectJob, d: &SubjectDeepEp, notes: &mut Vec<Note>) {
-    let script = Script::for_mode(d.mode);
-    let s = script.file_name();
-    let mut note = |severity: Severity, key: &str, scenario: String, script_value: String, why| {
-        notes.push(Note {
-            severity,
-            job: Some(job.name.clone()),
-            key: key.into(),
-            scenario_value: scenario,
-            script_value,
-            why: String::from(why),
-        })
-    };
-    use Severity::{Refused, Warning};
-    let b = &d.buffer;
-    let w = &d.workload;
-    let n = job.num_ranks;
-    if !job.all_ranks {
-        let total = subject.nodes * subject.gpus_per_node * subject.ranks_per_gpu;
-        note(
-            Refused,
-            "job.ranks",
-            format!("{n} of the cluster's {total} ranks"),
-            format!("{s} uses every GPU of every node"),
-            "the scripts take all local GPUs of each node",
-        );
-    }
-    for op in &job.ops {
-        if !matches!(op, OpKind::Dispatch | OpKind::Combine) {
-            note(
-                Refused,
-                "job.workload.ops",
-                format!("{op:?}").to_lowercase(),
-                format!("{s} times dispatch and combine"),
-                "the scripts time nothing else",
-            );
-        }
-    }
-    match d.mode {
-        EpMode::Intranode if subject.nodes > 1 => note(
-            Refused,
-            "cluster.nodes",
-            subject.nodes.to_string(),
-            format!("{s} runs on 1"),
-            "the intranode script runs the ranks of one node",
-        ),
-        EpMode::Internode if subject.gpus_per_node != 8 => note(
-            Refused,
-            "cluster.gpus_per_node",
-            subject.gpus_per_node.to_string(),
-            format!("{s} asserts 8 (local ranks)"),
-            "the normal internode kernels need 8 GPUs per node",
-        ),
-        _ => {}
-    }
-    // Routing: the scripts draw |N(0,1)| + 1 scores and take the top-k (test_internode.py
-    // first keeps the top --num-topk-groups nodes). They take no routing from outside, so a
-    // recorded routing (`routing = "file"`) cannot be replayed either, even one recorded from
-    // the same script: the draw depends on torch's version and the GPU's SM count.
-    let routing_ok = match (w.routing, script) {
-        (RoutingKind::Uniform, _) => true,
-        (RoutingKind::NodeLimited, Script::Internode) => true,
-        (RoutingKind::NodeLimited | RoutingKind::Zipf | RoutingKind::File, _) => false,
-    };
-    if !routing_ok {
-        let scenario = match w.routing {
-            RoutingKind::Zipf => format!("zipf (skew {})", w.skew.unwrap_or_default()),
-            RoutingKind::NodeLimited => {
-                format!("node-limited (topk_groups {})", w.topk_groups.unwrap_or_default())
-            }
-            RoutingKind::File => {
-                format!("file ({})", w.routing_file.as_deref().unwrap_or_default())
-            }
-            RoutingKind::Uniform => "uniform".into(),
-        };
-        let theirs = if script == Script::Internode {
-            "random scores, top --num-topk-groups nodes, then top-k"
-        } else {
-            "random scores, top-k over all experts (uniform)"
-        };
-        note(
-            Refused,
-            "job.workload.routing",
-            scenario,
-            format!("{s} uses {theirs}"),
-            "the replay would route tokens differently",
-        );
-    }
-    let script_masked = if script == Script::LowLatency { SCRIPT_LL_MASKED } else { 0 };
-    // A file routing carries its own masked entries (the refusal above already covers it).
-    if w.masked_selections != script_masked && w.routing != RoutingKind::File {
-        note(
-            Warning,
-            "job.workload.masked_selections",
-            w.masked_selections.to_string(),
-            format!("{s} uses {script_masked}"),
-            "a few (token, slot) entries more or fewer: under 1 % of the selections",
-        );
-    }
-    // Data types: the LL benchmark dispatches FP8 and combines BF16 (LogFMT with
-    // --use-logfmt); the normal scripts time FP8 and BF16 dispatch and BF16 combine.
-    if script == Script::LowLatency && w.dispatch_dtype != Dtype::Fp8 {
-        note(
-            Refused,
-            "job.workload.dispatch_dtype",
-            dtype_name(w.dispatch_dtype).into(),
-            format!("{s} uses fp8 (the benchmark dispatches with use_fp8=True)"),
-            "the replay would time another data type",
-        );
-    }
-    let combine_ok = match script {
-        Script::LowLatency => matches!(w.combine_dtype, Dtype::Bf16 | Dtype::Logfmt),
-        Script::Intranode | Script::Internode => w.combine_dtype == Dtype::Bf16,
-    };
-    if !combine_ok {
-        note(
-            Refused,
-            "job.workload.combine_dtype",
-            dtype_name(w.combine_dtype).into(),
-            format!("{s} uses bf16"),
-            "the replay would time another data type",
-        );
-    }
-    if script == Script::LowLatency {
-        let max_tokens = w.max_dispatch_tokens_per_rank();
-        if max_tokens != w.tokens_per_rank {
-            note(
-                Warning,
-                "job.workload.num_max_dispatch_tokens_per_rank",
-                max_tokens.to_string(),
-                format!("{s} uses --num-tokens = {}", w.tokens_per_rank),
-                "the script sizes its buffer for the tokens it sends; the kernels move the same messages",
-            );
-        }
-        let hint = low_latency_rdma_size_hint(w.tokens_per_rank, w.hidden, w.experts);
-        if b.num_rdma_bytes.bytes() != hint {
-            note(
-                Warning,
-                "job.buffer.num_rdma_bytes",
-                b.num_rdma_bytes.bytes().to_string(),
-                format!("{s} uses {hint} (get_low_latency_rdma_size_hint)"),
-                "the low-latency layout depends on tokens, hidden and experts only; the rest of a buffer is unused",
-            );
-        }
-        if b.num_nvl_bytes.bytes() != 0 {
-            note(
-                Warning,
-                "job.buffer.num_nvl_bytes",
-                b.num_nvl_bytes.bytes().to_string(),
-                format!("{s} uses 0"),
-                "the low-latency kernels do not use the NVL buffer",
-            );
-        }
-        let qps = w.experts / n.max(1);
-        if b.num_qps_per_rank != qps {
-            note(
-                Refused,
-                "job.buffer.num_qps_per_rank",
-                b.num_qps_per_rank.to_string(),
-                format!("{s} uses {qps} (experts / ranks = {} / {n})", w.experts),
-                "the low-latency kernels spread messages over the QPs; another count is another measurement",
-            );
-        }
-        if b.num_sms != DEFAULT_NUM_SMS {
-            note(
-                Warning,
-                "job.buffer.num_sms",
-                b.num_sms.to_string(),
-                format!("{s} uses {DEFAULT_NUM_SMS}"),
-                "the low-latency kernels size their own grids; num_sms has no effect on them",
-            );
-        }
-    } else {
-        if b.num_sms != SCRIPT_NORMAL_SMS {
-            note(
-                Refused,
-                "job.buffer.num_sms",
-                b.num_sms.to_string(),
-                format!("{s} uses {SCRIPT_NORMAL_SMS}"),
-                "the scripts tune and print at 24 SMs only",
-            );
-        }
-        if tuned(Direction::Dispatch, n).is_none() {
-            note(
-                Refused,
-                "job.ranks",
-                format!("{n} ranks"),
-                format!(
-                    "{s} needs a rank count of DeepEP's tuned table ({})",
-                    tuned_rank_counts().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
-                ),
-                "Buffer.get_dispatch_config / get_combine_config raise for other counts",
-            );
-        }
-        if b.num_nvl_bytes.bytes() != SCRIPT_NVL_BYTES {
-            note(
-                Warning,
-                "job.buffer.num_nvl_bytes",
-                b.num_nvl_bytes.bytes().to_string(),
-                format!("{s} uses {SCRIPT_NVL_BYTES} (int(2e9))"),
-                "the normal kernels' rings are sized by the Config, not by the buffer",
-            );
-        }
-        let script_rdma = if script == Script::Internode { SCRIPT_RDMA_BYTES } else { 0 };
-        if b.num_rdma_bytes.bytes() != script_rdma {
-            note(
-                Warning,
-                "job.buffer.num_rdma_bytes",
-                b.num_rdma_bytes.bytes().to_string(),
-                format!("{s} uses {script_rdma}"),
-                "the normal kernels' rings are sized by the Config, not by the buffer",
-            );
-        }
-        let script_qps = if script == Script::Internode { INTERNODE_QPS } else { INTRANODE_QPS };
-        if b.num_qps_per_rank != script_qps {
-            let (severity, why) = match script {
-                Script::Intranode => {
-                    (Warning, "NVSHMEM is not initialised intranode: no QPs are created")
-                }
-                _ if b.num_qps_per_rank > script_qps => (
-                    Warning,
-                    "at 24 SMs the kernels use QPs 0-23 (channel and channel + 12) either way",
-                ),
-                _ => (Refused, "fewer QPs than 2 x channels change which QP each channel uses"),
-            };
-            note(
-                severity,
-                "job.buffer.num_qps_per_rank",
-                b.num_qps_per_rank.to_string(),
-                format!("{s} uses {script_qps}"),
-                why,
-            );
-        }
-        if !b.allow_nvlink_for_low_latency_mode {
-            note(
-                Warning,
-                "job.buffer.allow_nvlink_for_low_latency_mode",
-                "false".into(),
-                format!("{s} uses true (no flag)"),
-                "NVSHMEM_DISABLE_P2P does not change the normal kernels' paths",
-            );
-        }
-        for (direction, config, explicit) in [
-            ("dispatch", d.dispatch_config, &b.dispatch_config),
-            ("combine", d.combine_config, &b.combine_config),
-        ] {
-            if explicit.num_max_nvl_chunked_recv_tokens.is_some()
-                || explicit.num_max_rdma_chunked_recv_tokens.is_some()
-            {
-                note(
-                    Warning,
-                    &format!("job.buffer.{direction}_config"),
-                    "explicit ring sizes (*_recv_tokens)".into(),
-                    format!("{s} uses its own ring sizes"),
-                    "the tuning lines vary the send chunks only",
-                );
-            }
-            let Some(c) = config else { continue };
-            let (nvl, rdma) =
-                (c.num_max_nvl_chunked_send_tokens, c.num_max_rdma_chunked_send_tokens);
-            if !in_tuning_sweep(script, direction == "dispatch", nvl, rdma) {
-                let chunks = if script == Script::Internode {
-                    format!("NVL chunk {nvl}, RDMA chunk {rdma}")
-                } else {
-                    format!("NVL chunk {nvl}")
-                };
-                note(
-                    Warning,
-                    &format!("job.buffer.{direction}_config"),
-                    chunks,
-                    format!("{s} tunes other chunk sizes (no line for it)"),
-                    "the import takes the script's Best line for this op instead",
-                );
-            }
-        }
-    }
-    if b.allow_mnnvl && script == Script::Internode {
-        let severity = if subject.nvlink == NvlinkKind::Mnnvl { Refused } else { Warning };
-        note(
-            severity,
-            "job.buffer.allow_mnnvl",
-            "true".into(),
-            format!("{s} uses false (no flag)"),
-            if severity == Refused {
-                "across an MNNVL domain NVSHMEM would take other paths"
-            } else {
-                "without multi-node NVLink NVSHMEM_DISABLE_MNNVL changes nothing"
-            },
-        );
-    }
-    if b.use_fabric && script != Script::Intranode {
-        note(
-            Warning,
-            "job.buffer.use_fabric",
-            "true".into(),
-            format!("{s} uses false (no flag)"),
-            "fabric handles only change how the NVL buffer is shared",
-        );
-    }
-    if b.enable_shrink {
-        note(
-            Warning,
-            "job.buffer.enable_shrink",
-            "true".into(),
-            format!("{s} uses false (--shrink-test would also fail ranks on purpose)"),
-            "the shrink buffers are not on the timed path",
-        );
-    }
-}
-
-fn dtype_name(d: Dtype) -> &'static str {
-    match d {
-        Dtype::Fp8 => "fp8",
-        Dtype::Bf16 => "bf16",
-        Dtype::Logfmt => "logfmt",
-    }
 }
 
 /// The line each node prints before the script's own output, so that `eptwin deepep import`
@@ -669,12 +306,14 @@ impl Marker {
 
 #[cfg(test)]
 mod tests {
+    use eptwin_engine::plan::Plan;
+    use eptwin_engine::scenario::parse;
+
     use super::*;
-    use crate::scenario::parse;
 
     pub(crate) fn subject(text: &str) -> Subject {
         let loaded = parse("test.toml", text).unwrap();
-        let plan = crate::plan::Plan::build(&loaded).unwrap();
+        let plan = Plan::build(&loaded).unwrap();
         Subject::from_plan(&plan, &loaded.scenario)
     }
 
@@ -779,10 +418,13 @@ masked_selections = 10
     #[test]
     fn a_file_routing_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let plan = crate::plan::Plan::build(&parse("test.toml", LL16).unwrap()).unwrap();
+        let plan = Plan::build(&parse("test.toml", LL16).unwrap()).unwrap();
         let table = plan.jobs[0].deepep().unwrap().routing().clone();
-        std::fs::write(dir.path().join("r.json"), crate::routing_file::to_json(&table, "test"))
-            .unwrap();
+        std::fs::write(
+            dir.path().join("r.json"),
+            eptwin_engine::routing_file::to_json(&table, "test"),
+        )
+        .unwrap();
         let text = LL16.replace(
             "masked_selections = 10",
             &format!("routing = \"file\"\nrouting_file = {:?}", dir.path().join("r.json")),

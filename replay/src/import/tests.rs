@@ -1,27 +1,31 @@
 //! The import against log fixtures written from the print formats
-//! (engine/tests/fixtures/deepep/make_fixtures.py; every number invented there).
+//! (replay/tests/fixtures/make_fixtures.py; every number invented there).
 
 use std::path::Path;
 
+use eptwin_engine::plan::Plan;
+use eptwin_engine::scenario::schema::{Dtype, Scenario};
+
+use super::build::ranges;
+use super::parse::{Line, RankLine, Tuning, TuningOf, parse_line};
 use super::*;
-use crate::plan::Plan;
 
 /// A scenario of the repository with its plan (the import reads both).
-fn plan(rel: &str) -> (Plan, crate::scenario::schema::Scenario) {
+fn plan(rel: &str) -> (Plan, Scenario) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
-    let loaded = crate::scenario::load(&path).unwrap();
+    let loaded = eptwin_engine::scenario::load(&path).unwrap();
     (Plan::build(&loaded).unwrap(), loaded.scenario)
 }
 
 fn fixture(name: &str) -> (String, String) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepep").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     (name.to_string(), std::fs::read_to_string(path).unwrap())
 }
 
 fn import_files(
-    (plan, scenario): &(Plan, crate::scenario::schema::Scenario),
+    (plan, scenario): &(Plan, Scenario),
     names: &[&str],
-) -> Result<RunResult, EngineError> {
+) -> Result<RunResult, ReplayError> {
     let texts: Vec<(String, String)> = names.iter().map(|n| fixture(n)).collect();
     let logs: Vec<LogText<'_>> = texts.iter().map(|(n, t)| LogText { name: n, text: t }).collect();
     import(plan, scenario, &logs, Provenance::default())
@@ -30,7 +34,7 @@ fn import_files(
 const LL16: &str = "scenarios/validation/deepep-ll-ep16.toml";
 
 #[test]
-fn every_line_kind_parses() {
+fn rank_lines_parse() {
     let cases = [
         (
             "[rank 3] Dispatch + combine bandwidth: 66.65 GB/s, avg_t=331.48 us, min_t=322.70 us, max_t=338.82 us",
@@ -63,6 +67,15 @@ fn every_line_kind_parses() {
                 },
             ),
         ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(parse_line(text), Ok(want), "{text}");
+    }
+}
+
+#[test]
+fn every_other_line_kind_parses() {
+    let cases = [
         (
             "[tuning] SMs 24, NVL chunk 6: 153.00 GB/s (NVL), 1048.83 us",
             Line::Tuning(Tuning {
@@ -190,6 +203,10 @@ fn every_line_kind_parses() {
     for (text, want) in cases {
         assert_eq!(parse_line(text), Ok(want), "{text}");
     }
+}
+
+#[test]
+fn lines_cut_short_are_errors() {
     for cut in [
         "[rank 5] Dispatch bandwidth: 63.02 GB/s,",
         "[rank 5] Dispatch + combine bandwidth: 66.65 GB/s, avg_t=331.48 us, min_t=322.",
@@ -421,7 +438,7 @@ fn hook_mode_takes_send_plus_recv() {
     let text = std::fs::read_to_string(&path)
         .unwrap()
         .replace("iterations = 3", "iterations = 3\nhook = true");
-    let loaded = crate::scenario::parse(LL16, &text).unwrap();
+    let loaded = eptwin_engine::scenario::parse(LL16, &text).unwrap();
     let plan = (Plan::build(&loaded).unwrap(), loaded.scenario);
     let r = import_files(&plan, &["ll-ep16.node0.log", "ll-ep16.node1.log"]).unwrap();
     assert_eq!(r.verdict, Verdict::Ok, "{:?}", r.failures);
@@ -441,7 +458,7 @@ fn hook_mode_takes_send_plus_recv() {
 }
 
 proptest::proptest! {
-    #![proptest_config(crate::testing::proptest_config(256))]
+    #![proptest_config(eptwin_engine::testing::proptest_config(256))]
     #[test]
     fn no_line_panics(line in "\\PC{0,120}") {
         let _ = parse_line(&line);
