@@ -39,7 +39,6 @@ const ALLOW_LONG_FNS: &[(&str, &str)] = &[
     ("reports/src/report/ep_scaling.rs", "ep_scaling"),
     ("reports/src/report/published.rs", "vs_published"),
     ("reports/src/report/sweep.rs", "sweep_chart"),
-    ("sim/src/net/topology.rs", "new"),
 ];
 
 /// Module cycles allowed: (crate, modules that may form a cycle among themselves).
