@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use eptwin_engine::plan::EpMode;
+use eptwin_engine::api::EpMode;
 
 use crate::subject::Subject;
 

@@ -3,9 +3,9 @@
 
 use std::fmt;
 
-use eptwin_engine::deepep::config::{Config, EpMode};
+use eptwin_engine::api::{Config, EpMode};
+use eptwin_engine::api::{JobKind, Plan};
 use eptwin_engine::deepep::env::EnvOrigin;
-use eptwin_engine::plan::{JobKind, Plan};
 use eptwin_engine::scenario::schema::{BufferSpec, NvlinkKind, OpKind, Scenario, WorkloadSpec};
 
 /// What a replay reads from a [`Plan`]: the one place that knows the plan's types.

@@ -1,6 +1,6 @@
 //! Words for results: which backend, which hardware. Legends and tables name both.
 
-use eptwin_engine::result::RunResult;
+use eptwin_engine::api::RunResult;
 use serde_json::Value;
 
 /// How a hardware result's internode bytes moved (`backend.wire`: "verbs", "tcp", "none"),

@@ -10,11 +10,11 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use eptwin_engine::Plan;
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::OpKind;
-use eptwin_engine::rng::Rng;
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::OpKind;
+use eptwin_engine::api::Rng;
+use eptwin_engine::api::{OpSpec, Transport};
 use eptwin_engine::testing::ScenarioDraft;
-use eptwin_engine::transport::{OpSpec, Transport};
 use eptwin_sim::core::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::core::{Action, Ev};
 use eptwin_sim::{QueueChoice, SimOptions, Simulator};

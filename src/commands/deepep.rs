@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use eptwin_engine::result::{Provenance, result_path, write_atomic};
+use eptwin_engine::api::{Provenance, result_path, write_atomic};
 use eptwin_replay::import::{LogText, import};
 use eptwin_replay::launch::{LaunchFormat, launch};
 use eptwin_replay::subject::{Severity, Subject};

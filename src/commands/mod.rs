@@ -11,8 +11,8 @@ mod topo;
 mod validate;
 
 use anyhow::Result;
-use eptwin_engine::result::Provenance;
-use eptwin_engine::transport::Transport;
+use eptwin_engine::api::Provenance;
+use eptwin_engine::api::Transport;
 
 use crate::ExitCode;
 use crate::cli::{BackendArg, Command, WireArg};

@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::deepep::config::Config;
-use eptwin_engine::plan::JobPlan;
-use eptwin_engine::result::{OpResult, SampleRecord, Stats, Summary};
-use eptwin_engine::run::reference_comparison;
+use eptwin_engine::api::Config;
+use eptwin_engine::api::JobPlan;
+use eptwin_engine::api::reference_comparison;
+use eptwin_engine::api::{OpResult, SampleRecord, Stats, Summary};
 use eptwin_engine::scenario::schema::{Dtype, OpKind};
 use serde_json::{Value, json};
 

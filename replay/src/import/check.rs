@@ -2,8 +2,8 @@
 //! launch markers' script, nodes and flags, the `[config]` lines, the per-rank lines' rank
 //! numbers and message counts, and the tuning lines' script.
 
-use eptwin_engine::deepep::bytes::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
-use eptwin_engine::plan::JobPlan;
+use eptwin_engine::api::JobPlan;
+use eptwin_engine::api::{ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 use eptwin_engine::scenario::schema::Dtype;
 
 use super::parse::{Loc, Parsed, RankLine};

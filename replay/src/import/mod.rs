@@ -11,12 +11,12 @@ mod parse;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use eptwin_engine::plan::Plan;
-use eptwin_engine::result::{JobResult, Provenance, RESULT_SCHEMA, RunResult, Verdict};
-use eptwin_engine::run::{job_facts, job_kind_name, scenario_ref};
+use eptwin_engine::api::BackendKind;
+use eptwin_engine::api::Plan;
+use eptwin_engine::api::{JobResult, Provenance, RESULT_SCHEMA, RunResult, Verdict};
+use eptwin_engine::api::{job_facts, job_kind_name, scenario_ref};
 use eptwin_engine::scenario::schema::{OpKind, Scenario};
 use eptwin_engine::scenario::sha256_hex;
-use eptwin_engine::transport::BackendKind;
 use serde_json::{Value, json};
 
 use crate::error::ReplayError;

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use eptwin_engine::plan::Plan;
+use eptwin_engine::api::Plan;
 use eptwin_engine::scenario::schema::{Dtype, Scenario};
 
 use super::build::ranges;

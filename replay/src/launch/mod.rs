@@ -306,7 +306,7 @@ impl Marker {
 
 #[cfg(test)]
 mod tests {
-    use eptwin_engine::plan::Plan;
+    use eptwin_engine::api::Plan;
     use eptwin_engine::scenario::parse;
 
     use super::*;

@@ -2,7 +2,7 @@
 //! rail-optimized leaf/spine fat tree, and the static routes (d-mod-k), tabulated per
 //! (switch, destination NIC) where the table is small enough.
 
-use eptwin_engine::plan::{FabricKind, FabricTopology, Plan};
+use eptwin_engine::api::{FabricKind, FabricTopology, Plan};
 
 use super::{Endpoint, Lane, Net, Port, Switch, TO_NIC};
 use crate::core::ring::Ring;

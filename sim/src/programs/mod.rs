@@ -7,9 +7,9 @@
 
 pub mod channel_ring;
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::{DeepEpJob, OpKind, Plan};
-use eptwin_engine::transport::{OpSample, PhaseTime};
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::{DeepEpJob, OpKind, Plan};
+use eptwin_engine::api::{OpSample, PhaseTime};
 
 use crate::core::time::Time;
 
@@ -135,7 +135,7 @@ pub fn channel_range(tokens: u32, channels: u32, c: u32) -> (u32, u32) {
 }
 
 /// What every rank must end up holding against what it did: per rank a count and a wrapping
-/// sum of `eptwin_engine::rng::mix` keys, so "each (token, rank) pair arrives exactly once" is checked without
+/// sum of `eptwin_engine::api::mix` keys, so "each (token, rank) pair arrives exactly once" is checked without
 /// storing the pairs, whatever the arrival order.
 #[derive(Clone, Debug)]
 pub struct Ledger {
@@ -188,7 +188,7 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use eptwin_engine::rng::mix;
+    use eptwin_engine::api::mix;
 
     use super::*;
 

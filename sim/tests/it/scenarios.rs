@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use eptwin_engine::result::{Provenance, RunResult, Verdict};
+use eptwin_engine::api::{Provenance, RunResult, Verdict};
 use eptwin_engine::scenario::sha256_hex;
 use eptwin_engine::testing::{ScenarioDraft, bundled_scenarios};
 use eptwin_sim::{SimOptions, Simulator};
@@ -48,7 +48,7 @@ fn run_scenario(scenario: &Path) -> Outcome {
     let mut sim = Simulator::new(SimOptions { trace });
     let provenance =
         Provenance { version: eptwin_engine::VERSION.to_string(), ..Provenance::default() };
-    let result = eptwin_engine::run::run(&plan, &mut sim, provenance)
+    let result = eptwin_engine::api::run(&plan, &mut sim, provenance)
         .unwrap_or_else(|e| panic!("{}: {e}", scenario.display()));
     let trace_sha256 = sim.trace_json().filter(|_| trace).map(|t| sha256_hex(t.as_bytes()));
     Outcome { scenario: scenario.to_path_buf(), result, trace_sha256 }
