@@ -19,11 +19,11 @@ pub mod traffic;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::{EpMode, JobKind, OpKind, Plan};
-use eptwin_engine::transport::{
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::{
     BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
 };
+use eptwin_engine::api::{EpMode, JobKind, OpKind, Plan};
 
 use crate::core::Core;
 use crate::core::world::{Program, RunError, World};
