@@ -81,7 +81,7 @@ mod tests {
         w.routing = RoutingKind::Uniform;
         w.masked_selections = masked;
         w.seed = seed;
-        generate(&crate::plan::Workload::from_spec(&w, ranks), ranks)
+        generate(&crate::workload::Workload::from_spec(&w, ranks), ranks)
     }
 
     proptest! {

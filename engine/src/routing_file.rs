@@ -496,9 +496,9 @@ impl<'de> Visitor<'de> for SlotsSeed<'_, '_, '_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::Workload;
     use crate::scenario::schema::{RoutingKind, WorkloadSpec};
     use crate::testing::{ScenarioDraft, one_gpu_low_latency};
+    use crate::workload::Workload;
     use proptest::prelude::*;
 
     /// 2 ranks × 3 tokens, top-2 of 8 experts.

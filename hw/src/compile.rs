@@ -129,10 +129,10 @@ impl Compiler {
     }
 }
 
-/// Write a cache file the way results are written (`eptwin_engine::result::write_file_atomic`),
+/// Write a cache file the way results are written (`eptwin_engine::api::write_file_atomic`),
 /// so concurrent runs never read half a file.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HwError> {
-    eptwin_engine::result::write_file_atomic(path, bytes)
+    eptwin_engine::api::write_file_atomic(path, bytes)
         .map_err(|e| HwError::Cache { path: path.display().to_string(), message: e.to_string() })
 }
 

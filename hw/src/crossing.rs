@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eptwin_engine::plan::{DeepEpJob, EpMode, JobPlan, PeerPath, Plan};
+use eptwin_engine::api::{DeepEpJob, EpMode, JobPlan, PeerPath, Plan};
 
 use eptwin_wire::WireError;
 use eptwin_wire::links::{EndpointExchange, MappedMemory};

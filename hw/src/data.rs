@@ -8,7 +8,7 @@
 //! So the host predicts every received byte, and a single wrong row cannot hide in rounding.
 //! No zero codes: zeros hide unwritten outputs.
 
-use eptwin_engine::rng::splitmix64;
+use eptwin_engine::api::splitmix64;
 use half::bf16;
 
 /// bf16 code -> f32 (exact).

@@ -1,7 +1,7 @@
 //! The crate's one error enum. Every variant carries the coordinates a user needs to find the
 //! failure (which call, which GPU, which rank / channel / peer / expert).
 
-use eptwin_engine::transport::TransportError;
+use eptwin_engine::api::TransportError;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum HwError {

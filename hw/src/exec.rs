@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::OpSample;
 
 use crate::cuda::{DeviceBuffer, Event, Gpu, Module};
 use crate::error::{ErrorRecord, HwError};
@@ -368,8 +368,8 @@ pub fn bf16_close(got: f32, want: f32, scale: f32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eptwin_engine::ids::JobId;
-    use eptwin_engine::plan::OpKind;
+    use eptwin_engine::api::JobId;
+    use eptwin_engine::api::OpKind;
 
     #[test]
     fn digests_are_checked_against_the_host_checked_iteration() {

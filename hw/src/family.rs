@@ -13,9 +13,9 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::{DeepEpJob, JobPlan, OpKind};
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{DeepEpJob, JobPlan, OpKind};
 
 use crate::compile::Compiler;
 use crate::crossing::Crossing;
@@ -157,11 +157,11 @@ macro_rules! steps_of_the_prepared_job {
             &mut self,
             devs: &mut $crate::exec::Devices,
             op: &$crate::family::OpRun<'_>,
-        ) -> Result<eptwin_engine::transport::OpSample, $crate::error::HwError> {
+        ) -> Result<eptwin_engine::api::OpSample, $crate::error::HwError> {
             let job = $crate::family::prepared(&mut self.job)?;
             match op.op {
-                eptwin_engine::plan::OpKind::Dispatch => job.dispatch(devs, op),
-                eptwin_engine::plan::OpKind::Combine => job.combine(devs, op),
+                eptwin_engine::api::OpKind::Dispatch => job.dispatch(devs, op),
+                eptwin_engine::api::OpKind::Combine => job.combine(devs, op),
                 other => Err($crate::family::op_error(other)),
             }
         }

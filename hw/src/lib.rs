@@ -39,10 +39,8 @@ pub mod processes;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use eptwin_engine::plan::{EpMode, OpKind, Plan};
-use eptwin_engine::transport::{
-    BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError,
-};
+use eptwin_engine::api::{BackendKind, Capabilities, OpOutcome, OpSpec, Transport, TransportError};
+use eptwin_engine::api::{EpMode, OpKind, Plan};
 use serde_json::{Value, json};
 
 use crate::environment::Environment;
@@ -297,7 +295,7 @@ impl Transport for HwTransport {
 }
 
 /// The NVML implementation of the engine's `TopologyProbe`, or why there is none here.
-pub fn nvml_probe() -> Result<Box<dyn eptwin_engine::topology::TopologyProbe>, String> {
+pub fn nvml_probe() -> Result<Box<dyn eptwin_engine::api::TopologyProbe>, String> {
     let api = nvml::RealNvml::init()?;
     let probe = nvml::NvmlProbe::new(api, nvml::cuda_bus_ids())?;
     Ok(Box::new(probe))

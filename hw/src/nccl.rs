@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use cudarc::nccl::sys;
-use eptwin_engine::plan::OpKind;
+use eptwin_engine::api::OpKind;
 
 use crate::cuda::guarded;
 use crate::error::HwError;

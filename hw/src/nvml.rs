@@ -5,7 +5,7 @@
 //! libraries print bus ids differently (`00000000:00:06.0` vs `0000:00:06.0`), so both are
 //! normalised first. All NVML calls go through [`NvmlApi`] so the probe is tested with mockall.
 
-use eptwin_engine::topology::TopologyProbe;
+use eptwin_engine::api::TopologyProbe;
 
 /// The NVML calls the probe makes, by NVML device index.
 #[cfg_attr(test, mockall::automock)]
@@ -225,7 +225,7 @@ mod tests {
 
     #[test]
     fn the_engine_check_runs_on_the_probe() {
-        use eptwin_engine::topology::{NvlinkCheckMode, check_nvlink_connections};
+        use eptwin_engine::api::{NvlinkCheckMode, check_nvlink_connections};
         let mut api = api_with_two_gpus_in_reverse_order();
         api.expect_nvlink_p2p_ok().returning(|_, _| Ok(false));
         let probe = NvmlProbe::new(api, None).unwrap();

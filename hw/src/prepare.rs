@@ -8,8 +8,8 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::{DeepEpJob, EpMode, JobKind, JobPlan, OpKind, Plan};
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::{DeepEpJob, EpMode, JobKind, JobPlan, OpKind, Plan};
 use eptwin_kernels::ModuleId;
 
 use crate::compile::Compiler;

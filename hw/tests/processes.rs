@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use eptwin_engine::result::{Provenance, RunResult, Verdict};
+use eptwin_engine::api::{Provenance, RunResult, Verdict};
 use eptwin_group::{
     GroupConfig, LaunchInfo, ProcessGroup, SpawnOptions, Timeouts, rank_blocks, spawn_with,
 };
@@ -59,7 +59,7 @@ fn child_process() {
     let group = ProcessGroup::join(&config).unwrap();
     let procs = Processes::new(group, &launch, blocks);
     let mut hw = HwTransport::in_processes(options(), procs).unwrap();
-    let result = eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).unwrap();
+    let result = eptwin_engine::api::run(&plan, &mut hw, Provenance::default()).unwrap();
     if launch.process_rank == 0 {
         let out = PathBuf::from(std::env::var(OUT).unwrap());
         std::fs::write(out.join("result.json"), result.to_json()).unwrap();
@@ -74,7 +74,7 @@ fn child_process() {
 
 fn single(text: &str) -> RunResult {
     let mut hw = HwTransport::new(options());
-    eptwin_engine::run::run(&plan_of(text), &mut hw, Provenance::default()).unwrap()
+    eptwin_engine::api::run(&plan_of(text), &mut hw, Provenance::default()).unwrap()
 }
 
 fn in_processes(text: &str, processes: usize, ranks_per_process: usize) -> RunResult {

@@ -19,7 +19,7 @@ mod with_rdma {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    use eptwin_engine::rng::Rng;
+    use eptwin_engine::api::Rng;
 
     use eptwin_wire::rdma::*;
     use eptwin_wire::{Doorbell, Proxy, ProxySpec, WireError, doorbell_queue};

@@ -25,7 +25,7 @@ fn without_the_feature_no_verbs_wire_is_chosen() {
 mod with_rdma {
     use std::time::Duration;
 
-    use eptwin_engine::plan::NvshmemSettings;
+    use eptwin_engine::api::NvshmemSettings;
 
     use eptwin_wire::protocol::{QpTable, Traffic};
     use eptwin_wire::rdma::{Nic, QpSettings, QpState};

@@ -16,8 +16,9 @@ use crate::deepep::bytes::{
 };
 use crate::deepep::config::EpMode;
 use crate::ids::JobId;
-use crate::plan::{Dtype, JobPlan, Plan};
+use crate::plan::{JobPlan, Plan};
 use crate::result::{Provenance, Verdict};
+use crate::scenario::schema::Dtype;
 use crate::scenario::schema::OpKind;
 use crate::transport::{Capabilities, OpOutcome, OpSpec, Transport, TransportError};
 

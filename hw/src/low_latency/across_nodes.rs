@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::{Dtype, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
+use eptwin_engine::api::{Dtype, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
 use crate::crossing::pinned;
 use crate::cuda::DeviceBuffer;

@@ -1,7 +1,7 @@
 //! What every receiving rank's local experts must hold after dispatch, from the engine's routing
 //! table alone.
 
-use eptwin_engine::plan::RoutingTable;
+use eptwin_engine::api::RoutingTable;
 
 /// What a receiving rank's local expert must hold after dispatch: per source rank, the
 /// (token, top-k slot) pairs in token order.
@@ -38,12 +38,12 @@ pub fn expectations(routing: &RoutingTable) -> Vec<Vec<ExpertExpectation>> {
 mod tests {
     use super::*;
     use crate::low_latency::LlJob;
-    use eptwin_engine::plan::Workload;
+    use eptwin_engine::api::Workload;
 
     #[test]
     fn expectations_cover_every_selection() {
         let spec = Workload { masked_selections: 10, ..Workload::new(64, 256, 8, 64) };
-        let rt = eptwin_engine::routing::generate(&spec, 8);
+        let rt = eptwin_engine::api::generate_routing(&spec, 8);
         let ex = expectations(&rt);
         let total: usize = ex.iter().flatten().map(|e| e.count()).sum();
         assert_eq!(total as u64, rt.topk_idx.iter().filter(|&&e| e >= 0).count() as u64);

@@ -1,8 +1,8 @@
 //! The timed ops: parameters, counter resets and poisoning, the launches (send and receive
 //! phases apart in hook mode), CUDA-event timing, digests and the host-checked iteration.
 
-use eptwin_engine::plan::{Dtype, OpKind, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
-use eptwin_engine::transport::{OpSample, PhaseTime};
+use eptwin_engine::api::{Dtype, OpKind, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
+use eptwin_engine::api::{OpSample, PhaseTime};
 
 use super::args::LlParams;
 use super::{LlJob, PHASE_RECV, PHASE_SEND, WARPS_PER_GROUP};
@@ -48,7 +48,7 @@ impl LlJob {
         devs: &mut Devices,
         kernel: &str,
         op: OpKind,
-        job_id: eptwin_engine::ids::JobId,
+        job_id: eptwin_engine::api::JobId,
         iteration: u32,
         warmup: bool,
     ) -> Result<OpSample, HwError> {

@@ -19,7 +19,7 @@ mod times;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::{Dtype, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
+use eptwin_engine::api::{Dtype, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
 pub use expect::{ExpertExpectation, expectations};
 

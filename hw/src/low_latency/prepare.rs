@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::{DeepEpJob, Dtype, RoutingTable, Workload};
+use eptwin_engine::api::{DeepEpJob, Dtype, RoutingTable, Workload};
 use rayon::prelude::*;
 
 use super::across_nodes::LlAcross;

@@ -8,7 +8,7 @@ mod probes;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::OpKind;
+use eptwin_engine::api::OpKind;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

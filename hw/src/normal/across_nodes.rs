@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::{Dtype, OpKind, normal_combine_token_bytes, normal_dispatch_token_bytes};
-use eptwin_engine::transport::{OpSample, PhaseTime};
+use eptwin_engine::api::{Dtype, OpKind, normal_combine_token_bytes, normal_dispatch_token_bytes};
+use eptwin_engine::api::{OpSample, PhaseTime};
 use rayon::prelude::*;
 
 use super::args::{InternodeParams, InternodeRankArgs};
@@ -107,7 +107,7 @@ pub(super) struct AcrossNodes {
 /// Tokens of the source ranks `sources` that cross to another node, once per destination
 /// node.
 fn tokens_crossing(
-    routing: &eptwin_engine::plan::RoutingTable,
+    routing: &eptwin_engine::api::RoutingTable,
     g: &Geometry,
     sources: impl Iterator<Item = u32>,
 ) -> u64 {
@@ -562,11 +562,11 @@ mod tests {
 
     #[test]
     fn crossing_tokens_count_each_remote_node_once() {
-        let spec = eptwin_engine::plan::Workload {
+        let spec = eptwin_engine::api::Workload {
             seed: 3,
-            ..eptwin_engine::plan::Workload::new(50, 256, 4, 32)
+            ..eptwin_engine::api::Workload::new(50, 256, 4, 32)
         };
-        let routing = eptwin_engine::routing::generate(&spec, 8);
+        let routing = eptwin_engine::api::generate_routing(&spec, 8);
         let g = Geometry {
             num_ranks: 8,
             ranks_per_node: 4,

@@ -1,7 +1,7 @@
 //! What every receiving rank must end up with, from the engine's routing table alone: the host
 //! side of DeepEP's intranode layout (rows ordered by source rank, then channel, then token).
 
-use eptwin_engine::plan::{RoutingTable, channel_range};
+use eptwin_engine::api::{RoutingTable, channel_range};
 
 /// What one receiving rank must end up with after dispatch.
 #[derive(Debug, Clone, Default)]
@@ -61,10 +61,10 @@ pub fn expectations(routing: &RoutingTable, channels: u32) -> Vec<RecvExpectatio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eptwin_engine::plan::Workload;
+    use eptwin_engine::api::Workload;
 
     fn routing(n: u32, tokens: u32) -> RoutingTable {
-        eptwin_engine::routing::generate(&Workload::new(tokens, 256, 4, n * 4), n)
+        eptwin_engine::api::generate_routing(&Workload::new(tokens, 256, 4, n * 4), n)
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! block size (every block resident at once, since they wait on each other), the cluster
 //! kernels' launch, and across nodes the internode kernels' grid; each compiled for the GPUs.
 
-use eptwin_engine::plan::{Config, Dtype};
+use eptwin_engine::api::{Config, Dtype};
 use eptwin_kernels::ModuleId;
 
 use super::NormalLaunch;

@@ -1,10 +1,10 @@
 //! The timed ops: parameters, poisoning, the notify + main launches (global-memory or cluster
 //! rings), CUDA-event timing, digests and the host-checked iteration.
 
-use eptwin_engine::plan::{
+use eptwin_engine::api::{
     Config, Dtype, OpKind, normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
-use eptwin_engine::transport::{OpSample, PhaseTime};
+use eptwin_engine::api::{OpSample, PhaseTime};
 
 use super::args::NormalParams;
 use super::check::rows_region;

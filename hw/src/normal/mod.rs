@@ -23,7 +23,7 @@ mod warp_times;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::{Config, Dtype, RoutingTable, logical_row_bytes};
+use eptwin_engine::api::{Config, Dtype, RoutingTable, logical_row_bytes};
 
 pub use expect::{RecvExpectation, expectations};
 pub use layout::NvlLayout;

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::Dtype;
-use eptwin_engine::plan::{RoutingTable, Workload};
+use eptwin_engine::api::Dtype;
+use eptwin_engine::api::{RoutingTable, Workload};
 use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};

@@ -1,7 +1,7 @@
 //! Where the normal kernels' rings live (thread-block cluster shared memory or global memory)
 //! and the launch shape of the cluster kernels.
 
-use eptwin_engine::plan::{ClusterSlot, Dtype, cluster_ring_slots};
+use eptwin_engine::api::{ClusterSlot, Dtype, cluster_ring_slots};
 
 use crate::error::HwError;
 use crate::options::{HwOptions, RingsWanted};

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::ClusterSlot;
+use eptwin_engine::api::ClusterSlot;
 use eptwin_kernels::ModuleId;
 
 use crate::compile::Compiler;
@@ -458,7 +458,7 @@ const LAUNCH_CLUSTERS: u32 = 15;
 /// `_frame` kernel takes the combine's slots per source and slot bytes).
 fn launch_shapes(sm_count: u32) -> Vec<(String, &'static str, u32, u32, u32)> {
     let n = REDUCE_RANKS;
-    let dispatch = ClusterSlot::dispatch(7168, 8, eptwin_engine::plan::Dtype::Fp8)
+    let dispatch = ClusterSlot::dispatch(7168, 8, eptwin_engine::api::Dtype::Fp8)
         .expect("the probe's shape moves in bulk")
         .smem_bytes(n, 3) as u32;
     let combine = reduce_smem_bytes(7168, 8, 2);

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use eptwin_engine::transport::{OpSample, PhaseTime};
+use eptwin_engine::api::{OpSample, PhaseTime};
 use serde::{Deserialize, Serialize};
 
 use crate::error::HwError;
@@ -123,8 +123,8 @@ pub fn merge_ops(parts: Vec<(ProcessLabel, ProcessOp)>) -> ProcessOp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eptwin_engine::ids::JobId;
-    use eptwin_engine::plan::OpKind;
+    use eptwin_engine::api::JobId;
+    use eptwin_engine::api::OpKind;
 
     fn label(p: usize, ranks: Range<usize>) -> ProcessLabel {
         ProcessLabel { process: p, host: format!("h{p}"), ranks }

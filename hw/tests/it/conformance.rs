@@ -2,8 +2,8 @@
 //! `eptwin_engine::testing::conformance` (the list `for_each_conformance_body!` holds) over a
 //! fresh `HwTransport` on the GPU (the simulator's arm is `sim/tests/it/conformance.rs`).
 
+use eptwin_engine::api::Transport;
 use eptwin_engine::testing::conformance::{self, for_each_conformance_body};
-use eptwin_engine::transport::Transport;
 use eptwin_hw::{HwOptions, HwTransport};
 
 fn hw_arm(body: fn(&mut dyn Transport)) {

@@ -5,8 +5,8 @@
 
 mod conformance;
 
-use eptwin_engine::result::{Provenance, Verdict};
-use eptwin_engine::transport::Transport;
+use eptwin_engine::api::Transport;
+use eptwin_engine::api::{Provenance, Verdict};
 use eptwin_hw::{HwOptions, HwTransport};
 
 fn scenario(name: &str, ranks_note: &str, buffer: &str, workload: &str) -> String {
@@ -18,17 +18,17 @@ fn scenario(name: &str, ranks_note: &str, buffer: &str, workload: &str) -> Strin
 }
 
 /// Run a scenario on the GPU (a missing GPU fails the test: it runs only with `--ignored`).
-fn run(text: &str) -> eptwin_engine::result::RunResult {
+fn run(text: &str) -> eptwin_engine::api::RunResult {
     let loaded = eptwin_engine::parse("conformance.toml", text).expect("scenario parses");
     let plan = eptwin_engine::Plan::build(&loaded).expect("scenario is valid");
     let mut hw = HwTransport::new(HwOptions { kernel_timeout_ms: 5_000, ..HwOptions::from_env() });
     if let Some(reason) = hw.capabilities().unavailable {
         panic!("the hardware backend is unavailable: {reason}");
     }
-    eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes")
+    eptwin_engine::api::run(&plan, &mut hw, Provenance::default()).expect("run completes")
 }
 
-fn assert_ok(result: &eptwin_engine::result::RunResult) {
+fn assert_ok(result: &eptwin_engine::api::RunResult) {
     assert_eq!(
         result.verdict,
         Verdict::Ok,
@@ -112,7 +112,7 @@ fn two_nodes(name: &str, ranks_per_node: u32, buffer: &str, workload: &str) -> S
 }
 
 /// Run `text` with the TCP wire (a missing GPU fails the test: it runs only with `--ignored`).
-fn run_over_tcp(text: &str) -> eptwin_engine::result::RunResult {
+fn run_over_tcp(text: &str) -> eptwin_engine::api::RunResult {
     let loaded = eptwin_engine::parse("conformance.toml", text).expect("scenario parses");
     let plan = eptwin_engine::Plan::build(&loaded).expect("scenario is valid");
     let options = HwOptions {
@@ -124,12 +124,12 @@ fn run_over_tcp(text: &str) -> eptwin_engine::result::RunResult {
     if let Some(reason) = hw.capabilities().unavailable {
         panic!("the hardware backend is unavailable: {reason}");
     }
-    eptwin_engine::run::run(&plan, &mut hw, Provenance::default()).expect("run completes")
+    eptwin_engine::api::run(&plan, &mut hw, Provenance::default()).expect("run completes")
 }
 
 /// The verdict and what every op ran (the copy probes are not asked for: `EPTWIN_PROBES=0`
 /// keeps these runs short).
-fn assert_over_tcp(r: &eptwin_engine::result::RunResult) {
+fn assert_over_tcp(r: &eptwin_engine::api::RunResult) {
     assert_eq!(
         r.verdict,
         Verdict::Ok,
@@ -191,7 +191,7 @@ fn internode_low_latency_two_nodes_over_tcp() {
 #[test]
 #[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/gpu-hw-redesign.sh)"]
 fn low_latency_without_nvlink_sends_every_peer_message_over_the_wire() {
-    use eptwin_engine::plan::{Dtype, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
+    use eptwin_engine::api::{Dtype, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
     let text = scenario(
         "conf-ll-ep4-no-p2p",
         "4 ranks, low-latency, NVLink off",

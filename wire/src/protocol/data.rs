@@ -3,7 +3,7 @@
 //! in BF16, so the sums the receivers form are exact and every received byte and every
 //! combined row can be checked bit for bit.
 
-use eptwin_engine::rng::splitmix64;
+use eptwin_engine::api::splitmix64;
 
 use super::geometry::TokenDtype;
 

@@ -5,7 +5,7 @@
 //! (experts divide over ranks, rings of a multiple of the send chunk and at least twice it, FP8
 //! rows of whole 128-element blocks, at least one QP), so nothing here checks them again.
 
-use eptwin_engine::plan::{DeepEpJob, Dtype, JobPlan, channel_range};
+use eptwin_engine::api::{DeepEpJob, Dtype, JobPlan, channel_range};
 
 /// `value` rounded up to a multiple of `alignment`.
 pub(crate) fn align_up(value: u64, alignment: u64) -> u64 {
@@ -40,7 +40,7 @@ impl TokenDtype {
     /// Scale bytes of one token (FP8: an f32 per 128 elements).
     pub fn scale_bytes(self, hidden: u32) -> u64 {
         match self {
-            TokenDtype::Fp8 => eptwin_engine::plan::fp8_scale_bytes(hidden),
+            TokenDtype::Fp8 => eptwin_engine::api::fp8_scale_bytes(hidden),
             TokenDtype::Bf16 => 0,
         }
     }

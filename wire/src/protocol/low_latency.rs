@@ -6,7 +6,7 @@
 //! Every offset is a closed formula of [`LlLayout`]'s fields (`#[repr(C)]`, `u64`s) so a CUDA
 //! kernel can take it as an argument.
 
-use eptwin_engine::plan::{Dtype, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
+use eptwin_engine::api::{Dtype, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
 use super::geometry::{Geometry, align_up};
 use super::normal::AREA_ALIGN_BYTES;

@@ -5,7 +5,7 @@
 //! Every offset is a closed formula of [`NormalLayout`]'s fields, which is `#[repr(C)]` of
 //! `u64`s so a CUDA kernel can take it as an argument and compute the same addresses.
 
-use eptwin_engine::plan::{normal_combine_token_bytes, normal_dispatch_token_bytes};
+use eptwin_engine::api::{normal_combine_token_bytes, normal_dispatch_token_bytes};
 
 use super::geometry::{Geometry, align_up};
 

@@ -3,7 +3,7 @@
 //! `NVSHMEM_IB_TRAFFIC_CLASS`, `NVSHMEM_QP_DEPTH`, `NVSHMEM_IB_GID_INDEX`, the fabric MTU and
 //! `num_qps_per_rank`.
 
-use eptwin_engine::plan::{JobPlan, NvshmemSettings, Plan};
+use eptwin_engine::api::{JobPlan, NvshmemSettings, Plan};
 
 use super::types::{LinkLayer, mtu_code};
 

@@ -10,8 +10,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eptwin_engine::plan::{JobPlan, Plan};
-use eptwin_engine::routing::RoutingTable;
+use eptwin_engine::api::RoutingTable;
+use eptwin_engine::api::{JobPlan, Plan};
 use eptwin_wire::protocol::{
     Geometry, HostLinks, HostStats, LlLayout, NormalLayout, QpTable, Traffic, run_low_latency,
     run_normal,

@@ -3,14 +3,17 @@
 //! NVLink check of PCIe SKUs; the job's typed settings when nothing failed.
 
 use super::{Job, buffer, low_latency, normal, workload};
+use crate::deepep::buffer::BufferSettings;
 use crate::deepep::config::{EpMode, num_rdma_ranks};
+use crate::deepep::env::NvshmemSettings;
 use crate::diag::Diagnostics;
 use crate::ids::{GpuId, Rank};
-use crate::plan::{BufferSettings, DeepEpJob, NvshmemSettings, Workload};
+use crate::plan::DeepEpJob;
 use crate::scenario::schema::{BufferSpec, NvlinkKind, WorkloadSpec};
 use crate::topology::{
     DeclaredProbe, NUM_MAX_NVL_PEERS, NUM_MAX_RDMA_PEERS, NvlinkCheckMode, check_nvlink_connections,
 };
+use crate::workload::Workload;
 
 /// `launch.cuh` instantiation domains.
 const INTRANODE_RANKS: [u32; 3] = [2, 4, 8];

@@ -4,8 +4,8 @@
 use super::Job;
 use crate::deepep::config::low_latency_rdma_size_hint;
 use crate::deepep::env::MAX_QP_DEPTH;
+use crate::deepep::env::NvshmemSettings;
 use crate::diag::Diagnostics;
-use crate::plan::NvshmemSettings;
 use crate::scenario::schema::{BufferSpec, Dtype, NvlinkKind, WorkloadSpec};
 use crate::topology::NUM_MAX_NVL_PEERS;
 

@@ -4,7 +4,7 @@
 //! back into the source's `[expert][token]` slot, then a flag per (expert, source rank); the
 //! source waits for all flags and forms the weighted sum over its top-k.
 
-use eptwin_engine::plan::RoutingTable;
+use eptwin_engine::api::RoutingTable;
 
 use super::normal::check_inputs;
 use super::{HostLinks, HostStats, RankPort, TagRole, run_ranks, tag};

@@ -2,7 +2,7 @@
 //! on the rank's rail (its own node included, reached by direct writes as DeepEP's own node
 //! is), then the combine the reverse way (module docs of `internode`).
 
-use eptwin_engine::plan::RoutingTable;
+use eptwin_engine::api::RoutingTable;
 
 use super::{HostLinks, HostStats, RankPort, TagRole, run_ranks, tag};
 use crate::doorbell::Doorbell;
