@@ -1,27 +1,50 @@
 #!/usr/bin/env python3
-"""Hold hardware result documents against the committed ones of the same scenario.
+"""Hold the hardware result documents of scripts/gpu-hw-redesign.sh against committed ones.
 
-    gpu-hw-redesign-compare.py NEW_DIR COMMITTED_ROOT...
+    gpu-hw-redesign-compare.py NEW_DIR SIM_DIR
 
-For every `NEW_DIR/<name>.json` the committed `<name>.json` under the roots (one-process
-documents preferred) is compared: the `measurements` keys and, for object values, their
-nested keys must be the same (a key the new document adds is listed, one it lacks fails); the
-values that do not depend on timing must be equal (placement, flag scope, the bytes counted,
-the NCCL baseline's bytes); output digests are listed as equal or not (they are equal when the
-kernels and the routing are). A document named `*-no-p2p` has no committed counterpart: it must
-have run over the wire (`backend.wire` = "tcp", one peer per other rank) with no more
-NVLink/device-local bytes than a rank's messages to itself. Exits 1 on a failed check.
+Each `NEW_DIR/<scenario>.json` named in REFERENCES is held against the committed result of
+the same scenario, run by the code before the hardware backend's redesign with the same kernels
+and routing (git log a9128b7.. -- kernels engine/src/routing.rs is empty for them):
+
+* verdict `ok`;
+* every committed `hw.output_digest.<op>.rank<r>` present and equal: each rank's outputs are
+  byte-identical to the committed run's (the digest covers every received row, count and index,
+  and every combined row: docs/results.md);
+* per op the bytes counted (`rdma_bytes`, `nvlink_bytes`, `logical_bytes_per_rank`,
+  `wire_bytes`) and the number of samples equal;
+* every committed `measurements` key present (keys of the probes of several GPUs excepted), and
+  the values that depend on neither timing nor the GPU model equal: placement, flag scope,
+  kernel timeout, L2 hints, the bytes the measurements count, the kernels' shapes (less
+  registers, local memory and residency, which follow the compiler and the GPU).
+
+`NEW_DIR/h200-ep8-ll-128-no-p2p.json` (NVLink off) is held against `SIM_DIR/` of the same
+name, the simulator's run of the same plan: verdict ok on both, the TCP wire with one block per
+rank (`wire_report.peers` = ranks - 1), and per op the GPU's `rdma_bytes` and `nvlink_bytes`
+equal to the simulator's (both follow `Plan::low_latency_path`), with `rdma_bytes` > 0.
+
+Timings are never compared. Prints every check; exits 1 when one failed or a document is missing.
 """
 
 import json
 import sys
 from pathlib import Path
 
+REFERENCES = {
+    "h200-ep8-ll-128": "results/h200/repeat/h200-ep8-ll-128.json",
+    "h200-ep8-normal-128": "results/h200/repeat/h200-ep8-normal-128.json",
+    "h200-2node-ep8-ll": "results/h200/internode/one-process/h200-2node-ep8-ll.json",
+    "h200-2node-ep16-normal": "results/h200/internode/one-process/h200-2node-ep16-normal.json",
+}
+NO_P2P = "h200-ep8-ll-128-no-p2p"
+DIGEST = "hw.output_digest."
+# Values that follow neither timing nor the GPU model.
 DETERMINISTIC = (
     "hw.placement",
     "hw.flag_scope",
     "hw.kernel_timeout_ms",
     "hw.l2_discard_consumed_lines",
+    "hw.nccl_baseline",
     "dispatch.logical_bytes_all_ranks",
     "combine.logical_bytes_all_ranks",
     "dispatch.transported_bytes_all_ranks",
@@ -29,105 +52,131 @@ DETERMINISTIC = (
     "dispatch.nccl_alltoall_bytes_all_ranks",
     "combine.nccl_alltoall_bytes_all_ranks",
 )
-DIGEST = "hw.output_digest."
+KERNEL_SHAPES = ("hw.normal_kernels", "hw.cluster_kernels", "hw.low_latency_kernels", "hw.internode_kernels")
+# Kernel fields that follow the compiler or the GPU model, not the backend's structure.
+COMPILER_OR_GPU = {
+    "registers_per_thread",
+    "local_memory_bytes_per_thread",
+    "resident_blocks_per_sm",
+    "resident_clusters",
+    "effective_sms_per_rank",
+}
+ONLY_WITH_SEVERAL_GPUS = ("probe.peer_copy_bw_gbps", "probe.flag_latency_peer_ns")
+SUMMARY_BYTES = ("rdma_bytes", "nvlink_bytes", "logical_bytes_per_rank", "wire_bytes")
 
 
-def committed_for(name, roots):
-    """The committed document of `name`: a one-process one first, then any."""
-    found = []
-    for root in roots:
-        found += sorted(Path(root).rglob(name))
-    docs = []
-    for path in found:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("backend", {}).get("kind") == "hw":
-            docs.append((path, doc))
-    docs.sort(key=lambda pd: pd[1]["backend"].get("processes", 1) != 1)
-    return docs[0] if docs else (None, None)
+def without(value, fields):
+    """`value` with `fields` dropped at every depth."""
+    if isinstance(value, dict):
+        return {k: without(v, fields) for k, v in value.items() if k not in fields}
+    return value
 
 
-def nested_keys(value, prefix=""):
-    if not isinstance(value, dict):
-        return set()
-    keys = set()
-    for k, v in value.items():
-        keys.add(prefix + k)
-        keys |= nested_keys(v, prefix + k + ".")
-    return keys
+def ops_of(doc):
+    return {(j["name"], o["op"]): o for j in doc["jobs"] for o in j["ops"]}
 
 
-def compare(name, new, old_path, old):
-    failures, notes = [], []
-    m_new, m_old = new.get("measurements", {}), old.get("measurements", {})
-    plain = lambda m: {k for k in m if not k.startswith(DIGEST)}  # noqa: E731
-    for k in sorted(plain(m_old) - plain(m_new)):
-        failures.append(f"{name}: key {k} of {old_path} is missing")
-    for k in sorted(plain(m_new) - plain(m_old)):
-        notes.append(f"{name}: key {k} is new")
-    for k in sorted(plain(m_new) & plain(m_old)):
-        a, b = nested_keys(m_new[k]), nested_keys(m_old[k])
-        for sub in sorted(b - a):
-            failures.append(f"{name}: {k}.{sub} of {old_path} is missing")
-        for sub in sorted(a - b):
-            notes.append(f"{name}: {k}.{sub} is new")
+def verdict_line(doc):
+    why = doc.get("waived_reason") or doc.get("failures") or ""
+    return f"verdict {doc.get('verdict')}" + (f": {why}" if why else "")
+
+
+def against_committed(name, new, ref_path, ref):
+    checks = [(new.get("verdict") == "ok", verdict_line(new))]  # (passed, line)
+    if new.get("verdict") != "ok":
+        return [(ok, f"{name}: {line}") for ok, line in checks]
+    m_new, m_ref = new.get("measurements", {}), ref.get("measurements", {})
+    digests = sorted(k for k in m_ref if k.startswith(DIGEST))
+    equal = [k for k in digests if m_new.get(k) == m_ref[k]]
+    checks.append((
+        bool(digests) and len(equal) == len(digests),
+        f"{len(equal)} of {len(digests)} output digests equal the committed ones (byte-identical outputs)",
+    ))
+    for k in digests:
+        if m_new.get(k) != m_ref[k]:
+            checks.append((False, f"{k}: {m_new.get(k)} against {m_ref[k]}"))
+    ops_new, ops_ref = ops_of(new), ops_of(ref)
+    checks.append((set(ops_new) == set(ops_ref), f"ops {sorted(ops_new)}"))
+    for key in sorted(set(ops_new) & set(ops_ref)):
+        a, b = ops_new[key], ops_ref[key]
+        for f in SUMMARY_BYTES:
+            va, vb = a["summary"].get(f), b["summary"].get(f)
+            checks.append((va == vb, f"{key[0]} {key[1]}: {f} {va} (committed {vb})"))
+        checks.append((len(a["samples"]) == len(b["samples"]), f"{key[0]} {key[1]}: {len(a['samples'])} samples"))
+    missing = sorted(
+        k for k in m_ref if not k.startswith(DIGEST) and k not in m_new and k not in ONLY_WITH_SEVERAL_GPUS
+    )
+    checks.append((not missing, f"every committed measurement key present{': missing ' + ', '.join(missing) if missing else ''}"))
+    added = sorted(k for k in m_new if k not in m_ref and not k.startswith(DIGEST))
+    if added:
+        checks.append((True, f"keys the committed run lacks: {', '.join(added)}"))
     for k in DETERMINISTIC:
-        if k in m_new and k in m_old and m_new[k] != m_old[k]:
-            failures.append(f"{name}: {k} = {m_new[k]}, committed {m_old[k]}")
-    digests = [k for k in m_new if k.startswith(DIGEST)]
-    same = sum(1 for k in digests if m_old.get(k) == m_new[k])
-    notes.append(f"{name}: {same} of {len(digests)} output digests equal the committed ones")
-    return failures, notes
+        if k in m_ref:
+            checks.append((m_new.get(k) == m_ref[k], f"{k} = {json.dumps(m_new.get(k))}"))
+    for k in KERNEL_SHAPES:
+        if k in m_ref:
+            a, b = without(m_new.get(k), COMPILER_OR_GPU), without(m_ref[k], COMPILER_OR_GPU)
+            checks.append((a == b, f"{k} (shapes) = {json.dumps(a)}" + ("" if a == b else f", committed {json.dumps(b)}")))
+    return [(ok, f"{name}: {line}") for ok, line in checks]
 
 
-def check_no_p2p(name, doc):
-    failures, notes = [], []
-    backend = doc.get("backend", {})
-    ranks = doc["jobs"][0]["ranks"]
-    if doc.get("verdict") != "ok":
-        failures.append(f"{name}: verdict {doc.get('verdict')}: {doc.get('failures')}")
-    if backend.get("wire") != "tcp":
-        failures.append(f"{name}: backend.wire = {backend.get('wire')!r}, not the TCP wire")
+def no_p2p(new, sim):
+    checks = [(new.get("verdict") == "ok", "hw " + verdict_line(new))]
+    checks.append((sim.get("verdict") == "ok", "sim " + verdict_line(sim)))
+    if new.get("verdict") != "ok" or sim.get("verdict") != "ok":
+        return [(ok, f"{NO_P2P}: {line}") for ok, line in checks]
+    backend = new.get("backend", {})
+    ranks = new["jobs"][0]["ranks"]
+    checks.append((backend.get("wire") == "tcp", f"backend.wire = {backend.get('wire')!r}"))
     peers = backend.get("wire_report", {}).get("peers")
-    if peers != ranks - 1:
-        failures.append(f"{name}: {peers} wire peers for {ranks} ranks (one block per rank)")
-    for op in doc["jobs"][0]["ops"]:
-        s = op["summary"]
-        notes.append(
-            f"{name}: {op['op']}: rdma_bytes {s['rdma_bytes']}, nvlink_bytes {s['nvlink_bytes']} "
-            f"(a rank's own messages), {s['latency_us']['mean']:.1f} us"
-        )
-        # Uniform top-8 of 256 experts over 8 ranks: about 1/8 of the messages are a rank's own.
-        if not s["rdma_bytes"] > 3 * s["nvlink_bytes"]:
-            failures.append(f"{name}: {op['op']} moved {s['nvlink_bytes']} bytes by stores")
-    return failures, notes
+    checks.append((peers == ranks - 1, f"{peers} wire peers for {ranks} ranks (one block per rank)"))
+    ops_new, ops_sim = ops_of(new), ops_of(sim)
+    checks.append((set(ops_new) == set(ops_sim), f"ops {sorted(ops_new)}"))
+    for key in sorted(set(ops_new) & set(ops_sim)):
+        a, b = ops_new[key]["summary"], ops_sim[key]["summary"]
+        checks.append((a["rdma_bytes"] > 0, f"{key[0]} {key[1]}: rdma_bytes {a['rdma_bytes']} > 0"))
+        for f in ("rdma_bytes", "nvlink_bytes"):
+            checks.append((a[f] == b[f], f"{key[0]} {key[1]}: {f} {a[f]} (simulator {b[f]})"))
+        checks.append((True, f"{key[0]} {key[1]}: {a['latency_us']['mean']:.1f} us over loopback TCP (not a fabric time)"))
+    return [(ok, f"{NO_P2P}: {line}") for ok, line in checks]
+
+
+def guarded(name, compare):
+    """The checks of `compare()`, or one failed check naming what broke it (a waived or failed
+    run's document has no jobs to compare)."""
+    try:
+        return compare()
+    except (KeyError, IndexError, TypeError) as e:
+        return [(False, f"{name}: the document lacks what the checks read ({type(e).__name__}: {e})")]
+
+
+def load(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        return e
 
 
 def main():
-    new_dir, roots = Path(sys.argv[1]), sys.argv[2:]
-    failures, notes = [], []
-    for path in sorted(new_dir.glob("*.json")):
-        doc = json.loads(path.read_text())
-        name = path.stem
-        if name.endswith("-no-p2p"):
-            f, n = check_no_p2p(name, doc)
-        else:
-            old_path, old = committed_for(path.name, roots)
-            if old is None:
-                notes.append(f"{name}: no committed hardware result to compare with")
-                continue
-            notes.append(f"{name}: against {old_path}")
-            f, n = compare(name, doc, old_path, old)
-        failures += f
-        notes += n
-    for line in notes:
-        print("  " + line)
-    for line in failures:
-        print("FAILED " + line)
-    print(f"{len(failures)} failed checks")
-    return 1 if failures else 0
+    new_dir, sim_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    checks = []
+    for name, ref_path in REFERENCES.items():
+        new, ref = load(new_dir / f"{name}.json"), load(ref_path)
+        if isinstance(new, Exception) or isinstance(ref, Exception):
+            checks.append((False, f"{name}: no document to compare: {new if isinstance(new, Exception) else ref}"))
+            continue
+        checks.append((True, f"{name}: against {ref_path} ({ref['eptwin'].get('git_commit', '?')[:9]}, {ref['backend'].get('gpus')})"))
+        checks += guarded(name, lambda: against_committed(name, new, ref_path, ref))
+    new, sim = load(new_dir / f"{NO_P2P}.json"), load(sim_dir / f"{NO_P2P}.json")
+    if isinstance(new, Exception) or isinstance(sim, Exception):
+        checks.append((False, f"{NO_P2P}: no document to compare: {new if isinstance(new, Exception) else sim}"))
+    else:
+        checks += guarded(NO_P2P, lambda: no_p2p(new, sim))
+    for ok, line in checks:
+        print(("  ok     " if ok else "  FAILED ") + line)
+    failed = sum(1 for ok, _ in checks if not ok)
+    print(f"{failed} failed checks of {len(checks)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
