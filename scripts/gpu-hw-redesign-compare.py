@@ -20,8 +20,11 @@ and routing (git log a9128b7.. -- kernels engine/src/routing.rs is empty for the
 
 `NEW_DIR/h200-ep8-ll-128-no-p2p.json` (NVLink off) is held against `SIM_DIR/` of the same
 name, the simulator's run of the same plan: verdict ok on both, the TCP wire with one block per
-rank (`wire_report.peers` = ranks - 1), and per op the GPU's `rdma_bytes` and `nvlink_bytes`
-equal to the simulator's (both follow `Plan::low_latency_path`), with `rdma_bytes` > 0.
+rank (`wire_report.peers` = ranks - 1), per op the same bytes in all (every message counted
+once) and on the GPU all but a rank's own messages over the wire (`rdma_bytes` > 0,
+`nvlink_bytes` under a quarter of the total; the exact split against the routing is the GPU
+test's). The simulator's split is printed, not checked: its one-GPU model (`h200-single`'s
+kernel programs) keeps every message on the GPU whatever `NVSHMEM_DISABLE_P2P` says.
 
 Timings are never compared. Prints every check; exits 1 when one failed or a document is missing.
 """
@@ -134,9 +137,14 @@ def no_p2p(new, sim):
     checks.append((set(ops_new) == set(ops_sim), f"ops {sorted(ops_new)}"))
     for key in sorted(set(ops_new) & set(ops_sim)):
         a, b = ops_new[key]["summary"], ops_sim[key]["summary"]
-        checks.append((a["rdma_bytes"] > 0, f"{key[0]} {key[1]}: rdma_bytes {a['rdma_bytes']} > 0"))
-        for f in ("rdma_bytes", "nvlink_bytes"):
-            checks.append((a[f] == b[f], f"{key[0]} {key[1]}: {f} {a[f]} (simulator {b[f]})"))
+        total, sim_total = a["rdma_bytes"] + a["nvlink_bytes"], b["rdma_bytes"] + b["nvlink_bytes"]
+        checks.append((total == sim_total, f"{key[0]} {key[1]}: {total} bytes in all, simulator {sim_total} (every message once)"))
+        # Uniform top-k over the ranks: about 1/ranks of the messages are a rank's own.
+        checks.append((
+            a["rdma_bytes"] > 0 and 4 * a["nvlink_bytes"] < total,
+            f"{key[0]} {key[1]}: rdma_bytes {a['rdma_bytes']}, nvlink_bytes {a['nvlink_bytes']} "
+            f"(a rank's own messages only; simulator rdma {b['rdma_bytes']}, nvlink {b['nvlink_bytes']})",
+        ))
         checks.append((True, f"{key[0]} {key[1]}: {a['latency_us']['mean']:.1f} us over loopback TCP (not a fabric time)"))
     return [(ok, f"{NO_P2P}: {line}") for ok, line in checks]
 
