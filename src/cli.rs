@@ -191,6 +191,10 @@ pub enum Command {
         /// this one.
         #[arg(long, value_name = "DIR")]
         node: Option<PathBuf>,
+        /// Start N processes of this command on this machine, as a launcher would: the first
+        /// process on each host runs the checks and process 0 prints every node's report.
+        #[arg(long, value_name = "N", conflicts_with = "node")]
+        spawn: Option<usize>,
     },
     /// Replay a scenario with DeepEP's own test scripts: their launch lines out, their
     /// printed numbers back in as a result document (docs/deepep-replay.md).

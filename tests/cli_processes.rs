@@ -211,3 +211,65 @@ fn a_killed_process_ends_the_run_for_the_others_within_the_bound() {
         assert!(o.stdout.is_empty(), "nothing ran, nothing printed");
     }
 }
+
+/// `eptwin doctor` under srun on two nodes (three processes; the node names are the launcher's
+/// SLURMD_NODENAME, both on this machine): the first process of each node runs the checks and
+/// process 0 prints both nodes' reports, each naming the processes it speaks for.
+#[test]
+fn doctor_under_a_launcher_gathers_one_report_per_node_at_process_zero() {
+    let port = eptwin_group::spawn::free_loopback_port().unwrap();
+    let nodes = ["node-a", "node-a", "node-b"];
+    let children: Vec<Child> = nodes
+        .iter()
+        .enumerate()
+        .map(|(rank, node)| {
+            let node_id = usize::from(*node == "node-b");
+            let local_id = if rank == 1 { 1 } else { 0 };
+            let mut cmd = eptwin();
+            cmd.args(["doctor", "--json"])
+                .env_remove("RANK")
+                .env_remove("WORLD_SIZE")
+                .env("SLURM_PROCID", rank.to_string())
+                .env("SLURM_NTASKS", "3")
+                .env("SLURM_LOCALID", local_id.to_string())
+                .env("SLURM_NODEID", node_id.to_string())
+                .env("SLURM_STEP_TASKS_PER_NODE", "2,1")
+                .env("SLURMD_NODENAME", node)
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("EPTWIN_RENDEZVOUS_TIMEOUT_S", "30")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    for (rank, o) in outputs.iter().enumerate() {
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "process {rank}: {:?}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert!(outputs[1].stdout.is_empty() && outputs[2].stdout.is_empty(), "only process 0 prints");
+    let doc: serde_json::Value = serde_json::from_slice(&outputs[0].stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&outputs[0].stdout)));
+    assert_eq!(doc["kind"], "eptwin-doctor-nodes");
+    let nodes = doc["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{doc}");
+    assert_eq!(nodes[0]["host"], "node-a");
+    assert_eq!(nodes[0]["processes"], serde_json::json!([0, 1]));
+    assert_eq!(nodes[1]["host"], "node-b");
+    assert_eq!(nodes[1]["processes"], serde_json::json!([2]));
+    for n in nodes {
+        assert_eq!(n["report"]["kind"], "eptwin-doctor", "{n}");
+        assert!(!n["report"]["findings"].as_array().unwrap().is_empty());
+    }
+    // The worst node decides process 0's exit.
+    let any_failed = nodes.iter().any(|n| {
+        n["report"]["findings"].as_array().unwrap().iter().any(|f| f["status"] == "fail")
+    });
+    assert_eq!(outputs[0].status.code(), Some(i32::from(any_failed)));
+}

@@ -40,8 +40,8 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
             sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
         Command::Deepep { command } => deepep::dispatch(command),
-        Command::Doctor { scenario, json, node } => {
-            doctor::doctor(scenario.as_deref(), json, node.as_deref())
+        Command::Doctor { scenario, json, node, spawn } => {
+            doctor::doctor(scenario.as_deref(), json, node.as_deref(), spawn)
         }
     }
 }
