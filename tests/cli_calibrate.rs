@@ -68,7 +68,11 @@ fn from_measurements_it_writes_a_profile_a_scenario_runs_on() {
     ), "{text}");
     // What was not measured is the base's, with its source.
     assert!(text.contains("link_gbps = 50 # from h100-cx7: NDR 400 Gb/s"), "{text}");
-    for line in text.lines().filter(|l| l.contains(" = ") && !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .skip_while(|l| !l.starts_with('['))
+        .filter(|l| l.contains(" = ") && !l.starts_with('#'))
+    {
         assert!(line.contains(" # "), "no source on {line:?}");
     }
 
