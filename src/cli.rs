@@ -220,6 +220,10 @@ pub enum Command {
         /// Time limit of each one-rank DeepEP run, seconds.
         #[arg(long, default_value_t = 300)]
         deepep_timeout_s: u64,
+        /// Time for the whole one-rank sweep, seconds: the shapes not started within it are
+        /// left out (the sweep runs the most telling first).
+        #[arg(long, value_name = "S")]
+        deepep_budget_s: Option<u64>,
         /// Probe nothing: only fit the DeepEP costs to the one-rank runs on the base profile as
         /// it is (a profile of a machine whose GPU ran them elsewhere).
         #[arg(long)]

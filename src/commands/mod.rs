@@ -48,6 +48,7 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
             deepep_runs,
             python,
             deepep_timeout_s,
+            deepep_budget_s,
             deepep_only,
         } => {
             if backend == BackendArg::Sim && from.is_empty() && !deepep_only {
@@ -65,6 +66,7 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
                 deepep_runs,
                 python,
                 deepep_timeout: std::time::Duration::from_secs(deepep_timeout_s),
+                deepep_budget: deepep_budget_s.map(std::time::Duration::from_secs),
                 deepep_only,
             };
             calibrate::calibrate(&options)

@@ -6,7 +6,6 @@
 //! no cost below zero, of the model's relative errors on the four op times (dispatch and
 //! combine, fused and hook) and, at a third of the weight, on the six kernels.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,17 +33,19 @@ const fn shape(tokens: u32, topk: u32, hidden: u32) -> Shape {
 
 /// Tokens 8-256 at top-8 and hidden 7,168; top-1, 2, 4 and hidden 2,048, 4,096 at 128 tokens
 /// (the committed H100 sweep, results/h100/deepep-one-rank/sweep; DeepEP needs the token
-/// count to be a multiple of 4, and the default NVSHMEM_QP_DEPTH caps it at 511).
+/// count to be a multiple of 4, and the default NVSHMEM_QP_DEPTH caps it at 511). In the order
+/// they run: where a time budget cuts the sweep short, the first ones already span the tokens,
+/// the top-k and the hidden size, each cost's lever.
 pub const SWEEP: [Shape; 10] = [
-    shape(8, 8, 7168),
-    shape(32, 8, 7168),
-    shape(64, 8, 7168),
     shape(128, 8, 7168),
+    shape(8, 8, 7168),
     shape(256, 8, 7168),
     shape(128, 1, 7168),
+    shape(128, 8, 2048),
+    shape(32, 8, 7168),
+    shape(64, 8, 7168),
     shape(128, 2, 7168),
     shape(128, 4, 7168),
-    shape(128, 8, 2048),
     shape(128, 8, 4096),
 ];
 
@@ -354,13 +355,24 @@ pub fn sweep(
     deepep_dir: &str,
     python: &str,
     timeout: Duration,
+    budget: Option<Duration>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<Run>> {
     // The launch script runs in each shape's folder: the checkout by its absolute path.
     let deepep_dir = std::path::absolute(deepep_dir)?.display().to_string();
     let deepep_dir = deepep_dir.as_str();
     let mut runs = Vec::new();
-    for s in shapes {
+    let sweep_started = Instant::now();
+    for (i, s) in shapes.iter().enumerate() {
+        let Some(limit) = run_limit(timeout, budget, sweep_started.elapsed()) else {
+            progress(&format!(
+                "DeepEP one rank: the time budget is spent; {} of {} shapes left out ({})",
+                shapes.len() - i,
+                shapes.len(),
+                shapes[i..].iter().map(Shape::tag).collect::<Vec<_>>().join(", ")
+            ));
+            break;
+        };
         let out = run_dir(dir, s);
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
         let (fused, hook) = (plan_of(s, false)?, plan_of(s, true)?);
@@ -377,7 +389,7 @@ pub fn sweep(
         std::fs::write(out.join("launch.sh"), &script)?;
         progress(&format!("DeepEP one rank: {} (launch.sh in {})", s.tag(), out.display()));
         let started = Instant::now();
-        let status = run_script(&out, python, timeout)?;
+        let status = run_script(&out, python, limit)?;
         let log_path = out.join(format!("{}.node0.log", fused.0.scenario.name));
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
         progress(&format!("  {} after {:.0} s", status, started.elapsed().as_secs_f64()));
@@ -413,6 +425,14 @@ pub fn sweep(
     Ok(runs)
 }
 
+/// The time limit of the next run: the per-run `timeout`, cut to what is left of the sweep's
+/// `budget` after `spent`; none when less than ten seconds are left (DeepEP's start-up alone
+/// takes about that long).
+fn run_limit(timeout: Duration, budget: Option<Duration>, spent: Duration) -> Option<Duration> {
+    let left = budget.map_or(timeout, |b| b.saturating_sub(spent)).min(timeout);
+    (left >= Duration::from_secs(10)).then_some(left)
+}
+
 /// The one-GPU scenario of a shape, parsed and planned (the profile does not enter a launch).
 fn plan_of(s: &Shape, hook: bool) -> Result<(eptwin_engine::LoadedScenario, eptwin_engine::Plan)> {
     let text = scenario_text(s, "h100-cx7", hook, None);
@@ -423,35 +443,37 @@ fn plan_of(s: &Shape, hook: bool) -> Result<(eptwin_engine::LoadedScenario, eptw
 }
 
 /// Run `launch.sh` in `dir` with `python` (its own `tee` writes the log there; the stand-in
-/// script records its routing with `EPTWIN_DEEPEP_OUT`), killed after `timeout`.
+/// script records its routing with `EPTWIN_DEEPEP_OUT`; stderr goes to `stderr.txt`), killed
+/// after `timeout`. Coreutils' `timeout` runs it in a process group of its own and signals the
+/// whole group, so a Python process the script started does not outlive it holding the GPU.
 #[allow(clippy::disallowed_methods)] // wall time: the run's time limit
 fn run_script(dir: &Path, python: &str, timeout: Duration) -> Result<String> {
-    let mut child = Command::new("bash")
-        .arg("launch.sh")
+    let stderr = std::fs::File::create(dir.join("stderr.txt"))
+        .with_context(|| format!("creating {}/stderr.txt", dir.display()))?;
+    let secs = timeout.as_secs().max(1);
+    let mut child = Command::new("timeout")
+        .args(["--kill-after=5", &secs.to_string(), "bash", "launch.sh"])
         .current_dir(dir)
         .env("EPTWIN_DEEPEP_OUT", std::path::absolute(dir)?)
         .env("PYTHON", python)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(stderr)
         .spawn()
-        .context("starting bash")?;
+        .context("starting timeout bash launch.sh")?;
     let started = Instant::now();
     loop {
         if let Some(status) = child.try_wait()? {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            std::fs::write(dir.join("stderr.txt"), &err)?;
-            return Ok(format!(
-                "exit {}",
-                status.code().map_or("by signal".into(), |c| c.to_string())
-            ));
+            return Ok(match status.code() {
+                Some(124) | Some(137) => format!("killed after {secs} s"),
+                Some(c) => format!("exit {c}"),
+                None => "exit by signal".into(),
+            });
         }
-        if started.elapsed() > timeout {
+        // `timeout` itself stuck: the last resort.
+        if started.elapsed() > timeout + Duration::from_secs(15) {
             let _ = child.kill();
             let _ = child.wait();
-            return Ok(format!("killed after {} s", timeout.as_secs()));
+            return Ok(format!("killed after {} s", started.elapsed().as_secs()));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -531,7 +553,7 @@ mod tests {
         for s in SWEEP {
             assert_eq!(Shape::parse(&s.tag()), Some(s));
         }
-        let e32 = Shape { experts: 32, ..SWEEP[3] };
+        let e32 = Shape { experts: 32, ..SWEEP[0] };
         assert_eq!(e32.tag(), "t128-k8-h7168-e32");
         assert_eq!(Shape::parse("t128-k8-h7168-e32"), Some(e32));
         assert_eq!(Shape::parse("summary.txt"), None);
@@ -551,6 +573,25 @@ mod tests {
                 assert!(text.contains(&format!("--num-tokens {}", s.tokens)), "{text}");
             }
         }
+    }
+
+    #[test]
+    fn the_budget_cuts_each_run_and_stops_the_sweep() {
+        let s = Duration::from_secs;
+        assert_eq!(run_limit(s(90), None, s(1000)), Some(s(90)));
+        assert_eq!(run_limit(s(90), Some(s(200)), s(0)), Some(s(90)));
+        assert_eq!(run_limit(s(90), Some(s(200)), s(150)), Some(s(50)));
+        assert_eq!(run_limit(s(90), Some(s(200)), s(195)), None);
+        assert_eq!(run_limit(s(90), Some(s(200)), s(300)), None);
+    }
+
+    #[test]
+    fn the_sweep_spans_every_lever_in_its_first_five() {
+        let first = &SWEEP[..5];
+        let tokens: std::collections::BTreeSet<u32> = first.iter().map(|s| s.tokens).collect();
+        assert!(tokens.len() >= 3, "{tokens:?}");
+        assert!(first.iter().any(|s| s.topk < 8));
+        assert!(first.iter().any(|s| s.hidden < 7168));
     }
 
     #[test]

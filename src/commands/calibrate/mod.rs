@@ -40,6 +40,8 @@ pub struct Options {
     pub python: String,
     /// Each one-rank run's time limit.
     pub deepep_timeout: Duration,
+    /// The whole sweep's time: shapes not started within it are left out.
+    pub deepep_budget: Option<Duration>,
     /// Probe nothing: fit the DeepEP costs on the base profile as it is (its GPU keys stay).
     pub deepep_only: bool,
 }
@@ -384,9 +386,15 @@ fn one_rank_runs(o: &Options) -> Result<Vec<deepep::Run>> {
         return Ok(Vec::new());
     }
     let dir = o.out.with_extension("deepep");
-    deepep::sweep(&deepep::SWEEP, &dir, deepep_dir, &o.python, o.deepep_timeout, &mut |m| {
-        progress(m)
-    })
+    deepep::sweep(
+        &deepep::SWEEP,
+        &dir,
+        deepep_dir,
+        &o.python,
+        o.deepep_timeout,
+        o.deepep_budget,
+        &mut |m| progress(m),
+    )
 }
 
 /// The summary on stdout: every measured key against the base's, then the one-rank fit.
