@@ -11,10 +11,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use eptwin_engine::replay::Subject;
-use eptwin_engine::replay::import::{LogText, import};
-use eptwin_engine::replay::launch::{LaunchFormat, launch};
 use eptwin_engine::result::{Provenance, RunResult};
+use eptwin_replay::import::{LogText, import};
+use eptwin_replay::launch::{LaunchFormat, launch};
+use eptwin_replay::subject::Subject;
 
 use crate::cli::BackendArg;
 
