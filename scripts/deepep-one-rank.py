@@ -7,11 +7,17 @@
 # Needs a DeepEP V1 build importable as `deep_ep` (a binary wheel carried to the GPU machine)
 # and NVSHMEM's host library on LD_LIBRARY_PATH. No NIC is needed: one PE, remote transport off.
 #
-#   python3 scripts/deepep-one-rank.py OUT_DIR [--tokens 128] [--hidden 7168] [--experts 288]
+#   python3 scripts/deepep-one-rank.py [OUT_DIR] [--tokens 128] [--hidden 7168] [--experts 288]
 #       [--topk 8] [--iterations 20]
 #
-# OUT_DIR gets result.json (the timings), routing.json (the routing the kernels ran, an eptwin
-# routing file) and the profiler traces.
+# It takes test_low_latency.py's flags too (--num-processes 1, --num-tokens, --hidden,
+# --num-topk, --num-experts) and prints that script's per-rank lines, so that it stands in for
+# it where DeepEP's tests are not installed (the wheel has none): put it at
+# <dir>/tests/test_low_latency.py and `eptwin deepep launch SCENARIO --deepep-dir <dir>` runs it,
+# `eptwin deepep import` reads what it prints (`eptwin calibrate` does both).
+#
+# OUT_DIR (else $EPTWIN_DEEPEP_OUT, else the working directory) gets result.json (the timings),
+# routing.json (the routing the kernels ran, an eptwin routing file) and the profiler traces.
 import argparse
 import json
 import os
@@ -22,13 +28,16 @@ import time
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("out", nargs="?", default=os.environ.get("EPTWIN_DEEPEP_OUT", "."))
+    ap.add_argument("--tokens", "--num-tokens", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--experts", type=int, default=288)
-    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--experts", "--num-experts", type=int, default=288)
+    ap.add_argument("--topk", "--num-topk", type=int, default=8)
     ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--num-processes", type=int, default=1)
     args = ap.parse_args()
+    if args.num_processes != 1:
+        sys.exit("this stand-in for test_low_latency.py runs one rank on one GPU (--num-processes 1)")
     os.makedirs(args.out, exist_ok=True)
 
     # One PE: no remote transport; NVLink multicast stays off (the GPU machine's rule).
@@ -137,8 +146,24 @@ def main():
                 c_ms.append(ev[1].elapsed_time(ev[2]))
             mode["events_dispatch_us"] = 1e3 * sum(d_ms) / len(d_ms)
             mode["events_combine_us"] = 1e3 * sum(c_ms) / len(c_ms)
+            events_d, events_c = [1e3 * v for v in d_ms], [1e3 * v for v in c_ms]
         res["modes"][name] = mode
         print(name, json.dumps(mode), flush=True)
+
+    # test_low_latency.py's per-rank lines (docs/deepep-replay.md): the logical bytes it counts
+    # per valid selection, over the profiler's kernel times.
+    valid = int((topk_idx >= 0).sum().item())
+    d_bytes, c_bytes = valid * (h + h // 128 * 4 + 16), valid * h * 2
+    fused, hook = res["modes"]["fused"], res["modes"]["hook"]
+    both = [a + b for a, b in zip(events_d, events_c)]
+    print(f"[rank 0] Dispatch + combine bandwidth: {(d_bytes + c_bytes) / 1e3 / (sum(both) / len(both)):.2f} GB/s, "
+          f"avg_t={sum(both) / len(both):.2f} us, min_t={min(both):.2f} us, max_t={max(both):.2f} us", flush=True)
+    dt, ct = fused["dispatch"]["kernel_us"], fused["combine"]["kernel_us"]
+    print(f"[rank 0] Dispatch bandwidth: {d_bytes / 1e3 / dt:.2f} GB/s, avg_t={dt:.2f} us | "
+          f"Combine bandwidth: {c_bytes / 1e3 / ct:.2f} GB/s, avg_t={ct:.2f} us", flush=True)
+    print(f"[rank 0] Dispatch send/recv time: {hook['dispatch']['send_us']:.2f} + "
+          f"{hook['dispatch']['recv_us']:.2f} us | Combine send/recv time: "
+          f"{hook['combine']['send_us']:.2f} + {hook['combine']['recv_us']:.2f} us", flush=True)
 
     routing = {"source": f"scripts/deepep-one-rank.py on {res['gpu']}, torch {res['torch']}, "
                          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
@@ -146,7 +171,6 @@ def main():
                "topk_idx": [topk_idx.cpu().tolist()]}
     json.dump(routing, open(os.path.join(args.out, "routing.json"), "w"))
     json.dump(res, open(os.path.join(args.out, "result.json"), "w"), indent=1)
-    print(json.dumps(res, indent=1), flush=True)
     buffer.destroy()
     dist.destroy_process_group()
 

@@ -202,6 +202,51 @@ pub enum Command {
         #[command(subcommand)]
         command: DeepepCommand,
     },
+    /// Probe this GPU machine and write a hardware profile with the source of every value;
+    /// what is not measured here comes from a base profile (docs/calibration.md). Waived (77)
+    /// without a GPU.
+    Calibrate {
+        /// Where the probes run (the hardware; `--from` reads earlier results instead).
+        #[arg(long, value_enum, default_value = "hw")]
+        backend: BackendArg,
+        /// The profile the keys not measured come from: a bundled name or a profile file
+        /// (default: the bundled profile of this GPU's kind, h100-cx7 or h200-cx7).
+        #[arg(long, value_name = "PROFILE")]
+        base: Option<String>,
+        /// The profile file to write.
+        #[arg(long, default_value = "calibrated.toml", value_name = "FILE")]
+        out: PathBuf,
+        /// The profile's `name` (default: the file name without .toml).
+        #[arg(long)]
+        name: Option<String>,
+        /// Take the probes from these hardware results (JSON) or `eptwin run` logs instead of
+        /// probing here (re-generating a profile from committed measurements).
+        #[arg(long, value_name = "FILE")]
+        from: Vec<PathBuf>,
+        /// Run DeepEP's low-latency test at one rank over a sweep of shapes with this DeepEP
+        /// checkout (`<dir>/tests/test_low_latency.py`, or scripts/deepep-one-rank.py put
+        /// there) and fit the DeepEP model's GPU costs to it.
+        #[arg(long, value_name = "DIR")]
+        deepep_dir: Option<String>,
+        /// Fit the DeepEP model's GPU costs to one-rank runs already made (the folders the
+        /// sweep leaves: `<shape>/deepep-one-rank-<shape>{,-hook}.deepep.json`, routing.json).
+        #[arg(long, value_name = "DIR")]
+        deepep_runs: Option<PathBuf>,
+        /// The Python that imports `deep_ep`.
+        #[arg(long, default_value = "python3")]
+        python: String,
+        /// Time limit of each one-rank DeepEP run, seconds.
+        #[arg(long, default_value_t = 300)]
+        deepep_timeout_s: u64,
+        /// Time for the whole one-rank sweep, seconds: the shapes not started within it are
+        /// left out (the sweep runs the most telling first).
+        #[arg(long, value_name = "S")]
+        deepep_budget_s: Option<u64>,
+        /// Probe nothing: only fit the DeepEP costs to the one-rank runs on the base profile as
+        /// it is (a profile of a machine whose GPU ran them elsewhere).
+        #[arg(long)]
+        deepep_only: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -40,6 +40,8 @@ pub struct Plan {
     pub scenario_file: String,
     pub scenario_sha256: String,
     pub profile: HardwareProfile,
+    /// The profile file the scenario names, when it names one (results record it).
+    pub profile_file: Option<crate::result::ProfileFileRecord>,
     pub topology: Topology,
     pub qos: FabricQos,
     pub jobs: Vec<JobPlan>,
@@ -262,19 +264,21 @@ impl Plan {
             .collect()
     }
 
-    /// The sha256 of everything the plan was read from: the scenario's text alone when no job
-    /// replays a routing file (then it is `scenario_sha256`), else the scenario's and every
-    /// routing file's digest together. Processes of one run compare it, so each must have read
-    /// the same routing as well as the same scenario.
+    /// The sha256 of everything the plan was read from: the scenario's text alone when it
+    /// reads no other file (then it is `scenario_sha256`), else the scenario's, its profile
+    /// file's and every routing file's digest together. Processes of one run compare it, so
+    /// each must have read the same profile and routing as well as the same scenario.
     pub fn inputs_sha256(&self) -> String {
         let files = self.routing_files();
-        if files.is_empty() {
+        if files.is_empty() && self.profile_file.is_none() {
             return self.scenario_sha256.clone();
         }
         let mut text = self.scenario_sha256.clone();
-        for f in &files {
+        for sha in
+            self.profile_file.iter().map(|p| &p.sha256).chain(files.iter().map(|f| &f.sha256))
+        {
             text.push('\n');
-            text.push_str(&f.sha256);
+            text.push_str(sha);
         }
         crate::scenario::sha256_hex(text.as_bytes())
     }

@@ -4,6 +4,8 @@
 
 pub mod ranges;
 
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 
 use crate::scenario::schema::{ClusterSpec, FabricKind, FabricRouting, FabricTopology, NvlinkKind};
@@ -342,17 +344,40 @@ pub struct DeepEpCosts {
     pub per_token_issue_ns: u64,
     /// Low-latency: per-expert count/flag signalling cost on the sender, ns.
     pub ll_signal_ns: u64,
-    /// Low-latency receive: per received message unpack cost per warp group, ns.
+    /// Low-latency dispatch receive: the dependent steps of one round of a receive group's
+    /// warps (one message each: source info, the copy's rounds of loads, the scales), beyond its
+    /// bytes, ns.
     pub ll_recv_per_msg_ns: u64,
     /// Low-latency dispatch: GPU time of each kernel launch that does not scale with tokens
-    /// and no other cost covers (start-up, first loads, the receive's count and layout
-    /// atomics), ns. A hook-mode dispatch is two kernels and pays it twice. Absent = 0.
+    /// and no other cost covers (start-up, the counting warp's loads, the next buffer's clean,
+    /// the finish-counter waits), ns: the fused kernel's, and hook mode's send kernel's.
+    /// Absent = 0.
     #[serde(default)]
     pub ll_dispatch_fixed_ns: u64,
-    /// Low-latency combine: the same for the combine kernel (start-up, TMA and barrier setup,
-    /// the flag wait, the reduction's first loads), ns. Absent = 0.
+    /// Low-latency combine: the same for the combine kernel (start-up, TMA and barrier setup),
+    /// ns: the fused kernel's, and hook mode's send kernel's. Absent = 0.
     #[serde(default)]
     pub ll_combine_fixed_ns: u64,
+    /// Low-latency dispatch, hook mode: the fixed part of the receive kernel the hook launches,
+    /// ns. Absent: `ll_dispatch_fixed_ns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ll_dispatch_recv_fixed_ns: Option<u64>,
+    /// Low-latency combine, hook mode: the fixed part of its receive kernel, ns. Absent:
+    /// `ll_combine_fixed_ns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ll_combine_recv_fixed_ns: Option<u64>,
+    /// Low-latency dispatch: the dependent steps of one token a send block handles, beyond the
+    /// bytes its copies move (the cast's loads, the slot atomic, the release), ns. Absent = 0.
+    #[serde(default)]
+    pub ll_send_round_ns: u64,
+    /// Low-latency combine: the dependent steps of one token a send warp stages and stores,
+    /// beyond its bytes (source index, TMA load and store waits), ns. Absent = 0.
+    #[serde(default)]
+    pub ll_combine_round_ns: u64,
+    /// Low-latency combine: one top-k partial a reducing thread loads and adds (its loads
+    /// follow one another), ns. Absent = 0.
+    #[serde(default)]
+    pub ll_reduce_load_ns: u64,
 }
 
 /// Why a profile could not be resolved.
@@ -371,17 +396,87 @@ pub fn bundled_table(name: &str) -> Option<toml::Table> {
         .map(|(_, text)| toml::from_str(text).expect("bundled profiles are tested to parse"))
 }
 
-/// Resolve `[cluster]`: the named profile, with the scenario's cluster keys, fabric keys and
-/// `[cluster.overrides]` tables layered on top.
+/// Whether `cluster.profile` names a profile file rather than a bundled profile: a path (it
+/// has a `/`) or a `.toml` file name.
+pub fn names_file(profile: &str) -> bool {
+    profile.ends_with(".toml") || profile.contains('/')
+}
+
+/// Where a profile file a scenario names is: a relative path is relative to the scenario
+/// file's directory, so a scenario and its profile move together.
+pub fn file_path(scenario_file: &str, profile: &str) -> PathBuf {
+    crate::routing_file::resolve(scenario_file, profile)
+}
+
+/// The largest profile file read (1 MiB; a profile is a few KiB).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// Read the profile file at `on_disk` (named `shown` in messages) and check it as a complete
+/// profile: every key present with its type, every number in range. Its TOML table and the hex
+/// sha256 of its bytes, or every fault found as `file:line:col: what`.
+pub fn read_file(on_disk: &Path, shown: &str) -> Result<(toml::Table, String), Vec<String>> {
+    use std::io::Read;
+    let whole = |what: String| vec![format!("{shown}: {what}")];
+    let meta = std::fs::metadata(on_disk).map_err(|e| whole(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(whole("not a regular file; a profile is a TOML file".into()));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(on_disk)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| whole(e.to_string()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(whole(format!("larger than {MAX_FILE_BYTES} bytes; a profile is a few KiB")));
+    }
+    let sha256 = crate::scenario::sha256_hex(&bytes);
+    let text = String::from_utf8(bytes)
+        .map_err(|e| whole(format!("invalid UTF-8 at byte {}", e.utf8_error().valid_up_to())))?;
+    check_text(shown, &text).map(|table| (table, sha256))
+}
+
+/// [`read_file`] on a profile's text.
+pub fn check_text(shown: &str, text: &str) -> Result<toml::Table, Vec<String>> {
+    let src = crate::scenario::source::SourceMap::new(shown, text);
+    let at = |e: &toml::de::Error| match e.span() {
+        Some(span) => src.location_of(span.start).to_string(),
+        None => shown.to_string(),
+    };
+    let table: toml::Table =
+        toml::from_str(text).map_err(|e| vec![format!("{}: {}", at(&e), e.message().trim())])?;
+    let profile: HardwareProfile = toml::from_str(text).map_err(|e| {
+        vec![format!("{}: {}", at(&e), crate::scenario::plain::describe(e.message().trim(), ""))]
+    })?;
+    let mut faults: Vec<String> = ranges::violations(&profile)
+        .into_iter()
+        .map(|(key, message)| format!("{}: {key} = {message}", src.locate(&key)))
+        .collect();
+    if let Some(Err(message)) = profile.gpu.memory.as_ref().map(GpuMemory::cluster_keys) {
+        faults.push(format!("{}: {message}", src.locate("gpu.memory")));
+    }
+    if faults.is_empty() { Ok(table) } else { Err(faults) }
+}
+
+/// Resolve `[cluster]` with a bundled profile: the named profile, with the scenario's cluster
+/// keys, fabric keys and `[cluster.overrides]` tables layered on top.
 pub fn resolve(cluster: &ClusterSpec) -> Result<HardwareProfile, ProfileError> {
-    let mut table = bundled_table(&cluster.profile).ok_or_else(|| ProfileError {
+    let table = bundled_table(&cluster.profile).ok_or_else(|| ProfileError {
         key: "cluster.profile".into(),
         message: format!(
-            "unknown profile {:?}; bundled profiles: {}",
+            "unknown profile {:?}; bundled profiles: {} (or a profile file: a path with a '/' \
+             or ending in .toml, relative to the scenario)",
             cluster.profile,
             bundled_names().collect::<Vec<_>>().join(", ")
         ),
     })?;
+    resolve_with(cluster, table)
+}
+
+/// [`resolve`] on `base`, a profile's table (bundled, or read with [`read_file`]).
+pub fn resolve_with(
+    cluster: &ClusterSpec,
+    base: toml::Table,
+) -> Result<HardwareProfile, ProfileError> {
+    let mut table = base.clone();
 
     // `[cluster.overrides.<section>]` keys replace profile keys one by one.
     for (section, value) in &cluster.overrides {
@@ -416,7 +511,7 @@ pub fn resolve(cluster: &ClusterSpec) -> Result<HardwareProfile, ProfileError> {
 
     let mut profile: HardwareProfile = match table.try_into() {
         Ok(profile) => profile,
-        Err(e) => return Err(override_error(cluster, &e)),
+        Err(e) => return Err(override_error(cluster, &base, &e)),
     };
 
     if let Some(m) = &profile.gpu.memory
@@ -467,8 +562,11 @@ pub fn resolve(cluster: &ClusterSpec) -> Result<HardwareProfile, ProfileError> {
 /// The override a profile failed to deserialize with: each override alone on the bundled
 /// profile, the first that fails names its key (`cluster.overrides.nic.link_gbps: expected a
 /// number, found the string "fast"`).
-fn override_error(cluster: &ClusterSpec, whole: &toml::de::Error) -> ProfileError {
-    let base = bundled_table(&cluster.profile).unwrap_or_default();
+fn override_error(
+    cluster: &ClusterSpec,
+    base: &toml::Table,
+    whole: &toml::de::Error,
+) -> ProfileError {
     for (section, value) in &cluster.overrides {
         let toml::Value::Table(entries) = value else { continue };
         for (k, v) in entries {
@@ -498,6 +596,15 @@ fn override_error(cluster: &ClusterSpec, whole: &toml::de::Error) -> ProfileErro
 fn is_optional_profile_key(section: &str, key: &str) -> bool {
     (section == "fabric" && matches!(key, "ets_tc_bw" | "strict_tcs" | "pfc"))
         || (section == "gpu" && key == "memory")
+        || (section == "deepep"
+            && matches!(
+                key,
+                "ll_dispatch_recv_fixed_ns"
+                    | "ll_combine_recv_fixed_ns"
+                    | "ll_send_round_ns"
+                    | "ll_combine_round_ns"
+                    | "ll_reduce_load_ns"
+            ))
 }
 
 #[cfg(test)]
@@ -558,6 +665,50 @@ mod tests {
         assert!(err.message.contains("missing cluster_fill_wave_ns"), "{}", err.message);
         assert!(err.message.contains("cluster_bulk_copy_gbps"), "{}", err.message);
         assert!(err.message.contains("cluster_ingest_chunk_ns"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_profile_file_is_checked_whole_with_positions() {
+        let good = BUNDLED.iter().find(|(n, _)| *n == "h100-cx7").unwrap().1;
+        assert!(check_text("p.toml", good).is_ok());
+        // Out of range: the line and column of the value, the key and the range.
+        let zero = good.replacen("sm_count = 132", "sm_count = 0", 1);
+        let line = zero.lines().position(|l| l.starts_with("sm_count = 0")).unwrap() + 1;
+        let faults = check_text("p.toml", &zero).unwrap_err();
+        assert_eq!(faults.len(), 1, "{faults:?}");
+        assert!(faults[0].starts_with(&format!("p.toml:{line}:")), "{faults:?}");
+        assert!(faults[0].contains("gpu.sm_count = 0: expected"), "{faults:?}");
+        // A wrong type: where it is, in plain words.
+        let typed = good.replacen("sm_count = 132", "sm_count = \"many\"", 1);
+        let faults = check_text("p.toml", &typed).unwrap_err();
+        assert!(faults[0].starts_with(&format!("p.toml:{line}:")), "{faults:?}");
+        assert!(faults[0].contains("found the string \"many\""), "{faults:?}");
+        // A key missing: the file, and which.
+        let missing: String =
+            good.lines().filter(|l| !l.starts_with("sm_count")).map(|l| format!("{l}\n")).collect();
+        let faults = check_text("p.toml", &missing).unwrap_err();
+        assert!(faults[0].contains("sm_count"), "{faults:?}");
+        // Not TOML at all.
+        let faults = check_text("p.toml", "name = ").unwrap_err();
+        assert!(faults[0].starts_with("p.toml:1:"), "{faults:?}");
+    }
+
+    #[test]
+    fn a_profile_file_is_read_with_its_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = BUNDLED.iter().find(|(n, _)| *n == "h100-cx7").unwrap().1;
+        let path = dir.path().join("mine.toml");
+        std::fs::write(&path, text).unwrap();
+        let (table, sha) = read_file(&path, "mine.toml").unwrap();
+        assert_eq!(sha, crate::scenario::sha256_hex(text.as_bytes()));
+        assert_eq!(table, bundled_table("h100-cx7").unwrap());
+        let err = read_file(&dir.path().join("none.toml"), "none.toml").unwrap_err();
+        assert!(err[0].starts_with("none.toml: "), "{err:?}");
+        let err = read_file(dir.path(), "d").unwrap_err();
+        assert_eq!(err, vec!["d: not a regular file; a profile is a TOML file".to_string()]);
+        assert!(names_file("profiles/my.toml") && names_file("my.toml") && names_file("./x"));
+        assert!(!names_file("h100-cx7"));
+        assert_eq!(file_path("scenarios/s.toml", "p/my.toml"), Path::new("scenarios/p/my.toml"));
     }
 
     #[test]

@@ -75,6 +75,19 @@ pub struct ScenarioRef {
     /// the exact routing it ran as `sha256` names the exact text; absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routing_files: Vec<RoutingFileRecord>,
+    /// The profile file the scenario names (`cluster.profile = "path.toml"`); absent for a
+    /// bundled profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_file: Option<ProfileFileRecord>,
+}
+
+/// The profile file a scenario ran with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileFileRecord {
+    /// The path it was read from (relative ones joined to the scenario's directory).
+    pub file: String,
+    /// Hex sha256 of its bytes.
+    pub sha256: String,
 }
 
 /// One job's routing file in a result.

@@ -172,6 +172,7 @@ pub fn scenario_ref(plan: &Plan) -> ScenarioRef {
         description: plan.description.clone(),
         facts,
         routing_files: plan.routing_files(),
+        profile_file: plan.profile_file.clone(),
     }
 }
 

@@ -228,10 +228,18 @@ impl SweepPlan {
 }
 
 /// Point scenarios are written to the sweep's output directory, but a relative
-/// `routing_file` is relative to the base scenario's: make each one absolute, resolved from
-/// there (and from the working directory when the base's path is relative), so the point
-/// reads the same file and `eptwin run <point>.toml` does too.
+/// `routing_file` or profile file is relative to the base scenario's: make each one absolute,
+/// resolved from there (and from the working directory when the base's path is relative), so
+/// the point reads the same file and `eptwin run <point>.toml` does too.
 fn anchor_routing_files(table: &mut toml::Table, base_file: &str) {
+    // A profile file is relative to the scenario too.
+    if let Some(toml::Value::String(name)) =
+        table.get_mut("cluster").and_then(|c| c.get_mut("profile"))
+        && crate::profile::names_file(name)
+        && let Ok(absolute) = std::path::absolute(crate::profile::file_path(base_file, name))
+    {
+        *name = absolute.display().to_string();
+    }
     let Some(toml::Value::Array(jobs)) = table.get_mut("job") else { return };
     for job in jobs {
         let Some(toml::Value::String(file)) =

@@ -85,6 +85,9 @@ pub struct Xfer {
     pub dst_gpu: u32,
     pub kind: PathKind,
     pub bytes: u64,
+    /// What the bytes cost the link, in bytes at its rate (more than `bytes` where their
+    /// packets carry less than a full payload).
+    pub link_bytes: u64,
     /// End of the near side (and of the issuer's own rate limit).
     pub near_end: Time,
     pub done: Action,
@@ -131,6 +134,25 @@ impl Core {
         prog: ProgId,
         count: bool,
     ) -> Time {
+        self.copy_on_link(at, src, dst, kind, bytes, bytes, issuer, done, prog, count)
+    }
+
+    /// [`Core::copy`] of `bytes` that cost a link (NVLink, PCIe) `link_bytes` at its rate: the
+    /// stores' packets carry less than a full payload.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_on_link(
+        &mut self,
+        at: Time,
+        src: u32,
+        dst: u32,
+        kind: PathKind,
+        bytes: u64,
+        link_bytes: u64,
+        issuer: Rate,
+        done: Action,
+        prog: ProgId,
+        count: bool,
+    ) -> Time {
         let at = at.max(self.now);
         self.ensure_op(prog);
         let ob = &mut self.op_bytes[prog as usize];
@@ -152,9 +174,9 @@ impl Core {
             PathKind::Nvlink | PathKind::Pcie => {
                 let g = &mut self.gpus.gpus[src as usize];
                 let server = if kind == PathKind::Nvlink { &mut g.nvl_tx } else { &mut g.pcie_tx };
-                let (start, end) = server.reserve(at, bytes);
+                let (start, end) = server.reserve_for(at, bytes, server.rate.time(link_bytes));
                 let near_end = end.max(issue_end);
-                let x = Xfer { dst_gpu: dst, kind, bytes, near_end, done, prog };
+                let x = Xfer { dst_gpu: dst, kind, bytes, link_bytes, near_end, done, prog };
                 if start <= at && at == self.now {
                     self.far_side(x, start);
                 } else {
@@ -256,7 +278,8 @@ impl Core {
         let lat = self.latency_of(x.kind);
         let g = &mut self.gpus.gpus[x.dst_gpu as usize];
         let server = if x.kind == PathKind::Nvlink { &mut g.nvl_rx } else { &mut g.pcie_rx };
-        let (_, end) = server.reserve(near_start + lat, x.bytes);
+        let (_, end) =
+            server.reserve_for(near_start + lat, x.bytes, server.rate.time(x.link_bytes));
         let end = end.max(x.near_end + lat);
         self.copy_done_at(end, x.bytes, x.done, x.prog);
     }

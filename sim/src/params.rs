@@ -67,6 +67,10 @@ pub struct Params {
     pub wqe_process: Time,
     pub tx_latency: Time,
     pub rx_latency: Time,
+    /// What an RDMA atomic costs the responder beyond a write: it reads the target over PCIe
+    /// (a request and its completion, two traversals) before it writes the result (IB
+    /// atomics execute in the responder's NIC; docs/design.md, DeepEP §12).
+    pub atomic_read: Time,
     pub nvl_rate: Rate,
     pub nvl_latency: Time,
     pub hbm_copy_rate: Rate,
@@ -209,6 +213,7 @@ impl Params {
             wqe_process: ns(p.nic.wqe_process_ns),
             tx_latency: ns(p.nic.tx_latency_ns),
             rx_latency: ns(p.nic.rx_latency_ns),
+            atomic_read: 2 * ns(p.pcie.latency_ns),
             nvl_rate: Rate::from_gbps(p.nvlink.achievable_gbps()),
             nvl_latency: ns(p.nvlink.latency_ns),
             hbm_copy_rate: Rate::from_gbps(p.gpu.memcpy_bw_gbps),

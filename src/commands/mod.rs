@@ -1,5 +1,6 @@
 //! One function per subcommand; each returns the exit code.
 
+mod calibrate;
 mod compare;
 mod deepep;
 mod doctor;
@@ -40,6 +41,39 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
             sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
         Command::Deepep { command } => deepep::dispatch(command),
+        Command::Calibrate {
+            backend,
+            base,
+            out,
+            name,
+            from,
+            deepep_dir,
+            deepep_runs,
+            python,
+            deepep_timeout_s,
+            deepep_budget_s,
+            deepep_only,
+        } => {
+            if backend == BackendArg::Sim && from.is_empty() && !deepep_only {
+                eprintln!(
+                    "eptwin: calibrate --backend sim has nothing to probe: give --from RESULT.json"
+                );
+                return Ok(ExitCode::BadInput);
+            }
+            let options = calibrate::Options {
+                base,
+                out,
+                name,
+                from,
+                deepep_dir,
+                deepep_runs,
+                python,
+                deepep_timeout: std::time::Duration::from_secs(deepep_timeout_s),
+                deepep_budget: deepep_budget_s.map(std::time::Duration::from_secs),
+                deepep_only,
+            };
+            calibrate::calibrate(&options)
+        }
         Command::Doctor { scenario, json, node, spawn } => {
             doctor::doctor(scenario.as_deref(), json, node.as_deref(), spawn)
         }

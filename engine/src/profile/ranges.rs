@@ -131,7 +131,18 @@ pub fn entries(p: &HardwareProfile) -> Vec<Entry> {
         e("deepep.ll_recv_per_msg_ns", n(dp.ll_recv_per_msg_ns), Range::LatencyNs),
         e("deepep.ll_dispatch_fixed_ns", n(dp.ll_dispatch_fixed_ns), Range::LatencyNs),
         e("deepep.ll_combine_fixed_ns", n(dp.ll_combine_fixed_ns), Range::LatencyNs),
+        e("deepep.ll_send_round_ns", n(dp.ll_send_round_ns), Range::LatencyNs),
+        e("deepep.ll_combine_round_ns", n(dp.ll_combine_round_ns), Range::LatencyNs),
+        e("deepep.ll_reduce_load_ns", n(dp.ll_reduce_load_ns), Range::LatencyNs),
     ];
+    for (key, value) in [
+        ("deepep.ll_dispatch_recv_fixed_ns", dp.ll_dispatch_recv_fixed_ns),
+        ("deepep.ll_combine_recv_fixed_ns", dp.ll_combine_recv_fixed_ns),
+    ] {
+        if let Some(v) = value {
+            out.push(e(key, n(v), Range::LatencyNs));
+        }
+    }
     if let Some(m) = &g.memory {
         let opt = |key, value: Option<f64>, range| {
             value.map(|v| Entry { key, value: v, text: show(v), range })

@@ -29,6 +29,29 @@ use eptwin_engine::api::mix;
 const DOORBELL_BATCH: u32 = 4;
 /// Bytes of a count/flag release store over NVLink.
 const FLAG_BYTES: u64 = 4;
+/// Bytes one warp-wide 16-byte store covers (32 lanes): how DeepEP's dispatch writes a message
+/// to an NVLink peer (`UNROLLED_WARP_COPY` with `st_na_global`).
+const WARP_STORE_BYTES: u64 = 32 * 16;
+/// What a message of `bytes` written by warp-wide stores at byte `base` of the peer's buffer
+/// costs an NVLink port, in payload bytes at its rate. An SM store travels as packets of at most
+/// `nvlink.packet_payload_bytes` (128 B, docs/design.md fabric §7), one per line it touches, and
+/// a packet that carries only part of its line takes the link as a whole one; so a message that
+/// starts off a line boundary (DeepEP's 7,408-byte dispatch messages sit back to back, every
+/// warp store of 512 B then touches five lines) costs more than its bytes. Whole lines cost their
+/// bytes: the efficiency the link's rate carries was measured on such stores.
+pub(crate) fn nvlink_store_bytes(base: u64, bytes: u64, params: &crate::params::Params) -> u64 {
+    let line = params.profile.nvlink.packet_payload_bytes.max(1) as u64;
+    let mut packets = 0;
+    let mut at = 0;
+    while at < bytes {
+        let len = WARP_STORE_BYTES.min(bytes - at);
+        packets += (base + at + len - 1) / line - (base + at) / line + 1;
+        at += len;
+    }
+    // A message that starts on a line costs its bytes (its last packet is as partial as ever).
+    let aligned = bytes.div_ceil(line);
+    bytes + packets.saturating_sub(aligned) * line
+}
 /// What a count adds to its (receiver, source, local expert) counter, on top of the data
 /// messages' one each: the receiving group waits for the counter to reach it, and the data
 /// that arrived before the count is the rest (far below it: at most tokens × top-k).
@@ -60,6 +83,8 @@ pub struct LowLatencyProgram {
     hook: bool,
     n: u32,
     tokens: u32,
+    /// Receive-buffer slots per (local expert, source) (`num_max_dispatch_tokens_per_rank`).
+    max_tokens: u32,
     topk: u32,
     experts: u32,
     local: u32,
@@ -89,8 +114,10 @@ pub struct LowLatencyProgram {
     /// [`COUNT_ARRIVED`] once the count is in.
     recv_ctr: u32,
     groups_left: Vec<u32>,
-    /// Hook mode: the longest unpack of a rank's groups (they run in the receive kernel).
+    /// Hook mode: the longest unpack of a rank's groups (they run in the receive kernel), and
+    /// the bytes they copy.
     hook_recv: Vec<Time>,
+    hook_bytes: Vec<u64>,
     // --- combine ------------------------------------------------------------------------
     /// CSR over (holder rank, group = dst × L + local expert): the tokens to send back.
     group_off: Vec<u32>,
@@ -163,6 +190,7 @@ impl LowLatencyProgram {
             hook: w.hook,
             n,
             tokens: w.tokens_per_rank,
+            max_tokens: w.max_dispatch_tokens_per_rank,
             topk: w.topk,
             experts,
             local,
@@ -184,6 +212,7 @@ impl LowLatencyProgram {
             recv_ctr: 0,
             groups_left: vec![experts; n as usize],
             hook_recv: vec![0; n as usize],
+            hook_bytes: vec![0; n as usize],
             group_off: Vec::new(),
             group_tok: Vec::new(),
             group_pos: Vec::new(),
@@ -269,9 +298,11 @@ impl LowLatencyProgram {
             return;
         }
         self.next_token[bi] = t + self.blocks;
-        // FP8 cast: read BF16, write FP8 + scales into the send buffer.
-        let hidden = self.msg_bytes.saturating_sub(16);
-        let cast = self.costs.per_token + self.costs.sm.time(hidden * 3);
+        // The round's dependent steps before the puts: the FP8 cast (every thread of the
+        // block's cast warps loads its 16 bytes of the row at once: one load's latency, not a
+        // copy rate), the named barrier, each warp's slot atomic; the release after its put is
+        // counted here too.
+        let cast = self.costs.per_token + self.costs.ll_send_round;
         let t1 = now + cast;
         let mut end = t1;
         let put_warps = self.topk.max(1);
@@ -299,17 +330,31 @@ impl LowLatencyProgram {
                     }
                     end
                 }
-                Route::Copy(kind) => core.copy(
-                    t1,
-                    self.gpu[r as usize],
-                    self.gpu[d as usize],
-                    kind,
-                    self.msg_bytes,
-                    warp_rate,
-                    remote,
-                    self.me,
-                    r != d,
-                ),
+                Route::Copy(kind) => {
+                    let link = if kind == PathKind::Nvlink {
+                        let base = ((le * self.n + r) as u64 * self.max_tokens as u64
+                            + slot as u64)
+                            * self.msg_bytes;
+                        nvlink_store_bytes(base, self.msg_bytes, &core.params)
+                    } else {
+                        self.msg_bytes
+                    };
+                    let issued = core.copy_on_link(
+                        t1,
+                        self.gpu[r as usize],
+                        self.gpu[d as usize],
+                        kind,
+                        self.msg_bytes,
+                        link,
+                        warp_rate,
+                        remote,
+                        self.me,
+                        r != d,
+                    );
+                    // The warp's release after stores to a peer waits for their
+                    // acknowledgement (`internode_ll.cu`: the finish counter's release add).
+                    if kind == PathKind::Nvlink { issued + self.costs.nvl_ack } else { issued }
+                }
             };
             end = end.max(put_end);
             let cell = &mut self.cells[i];
@@ -419,14 +464,16 @@ impl LowLatencyProgram {
                 "rank {r} local expert {le}: received {count} tokens from rank {s}, routing selects {expected} (or a different set)"
             ));
         }
-        // The group copies its tokens out of the receive buffer (its share of the SM).
+        // The group copies its tokens out of the receive buffer (its share of the SM), its
+        // warps one message each per round.
         let rate = self.costs.group_rate(self.wpg, self.wpg * self.groups);
         let bytes = count * self.msg_bytes;
-        let per_msg = self.costs.ll_recv_per_msg * count;
+        let per_msg = self.costs.ll_recv_per_msg * count.div_ceil(self.wpg as u64);
         let dur = per_msg + rate.time(bytes);
         if self.hook {
             // The receive kernel runs once everything is in: unpack then, groups in parallel.
             self.hook_recv[r as usize] = self.hook_recv[r as usize].max(dur);
+            self.hook_bytes[r as usize] += bytes;
         } else {
             let (_, hbm_end) =
                 core.gpus.gpus[self.gpu[r as usize] as usize].hbm.reserve(core.now, bytes);
@@ -436,8 +483,14 @@ impl LowLatencyProgram {
         self.groups_left[r as usize] -= 1;
         if self.groups_left[r as usize] == 0 {
             if self.hook {
+                // The receive kernel's start-up, then its groups in parallel; the GEMM the
+                // test overlaps has flushed L2, so every message comes back from HBM.
                 let start = core.now;
-                let end = start + self.fixed() + self.hook_recv[r as usize];
+                let unpack = start + self.costs.ll_dispatch_recv_fixed;
+                let (_, hbm_end) = core.gpus.gpus[self.gpu[r as usize] as usize]
+                    .hbm
+                    .reserve(unpack, self.hook_bytes[r as usize]);
+                let end = (unpack + self.hook_recv[r as usize]).max(hbm_end);
                 self.ranks.phase("recv", r, end - start, self.n);
                 self.ranks.touch(r, end);
             }
@@ -546,6 +599,9 @@ impl LowLatencyProgram {
             return;
         }
         let take = (hi - lo - pos).min(self.wpg);
+        // The round's dependent steps before its puts (each warp's source index, the TMA load
+        // of its row and the wait for it).
+        let now = now + self.costs.ll_combine_round;
         let mut end = now;
         for k in 0..take {
             let idx = pos + k;
@@ -643,9 +699,14 @@ impl LowLatencyProgram {
                 self.expected_msgs[r as usize]
             ));
         }
-        let start = core.now + if self.hook { self.fixed() } else { self.costs.grid_sync };
+        let start = core.now
+            + if self.hook { self.costs.ll_combine_recv_fixed } else { self.costs.grid_sync };
         let mut end = start;
-        let mut block_end = vec![start; self.blocks as usize];
+        // DeepEP launches the combine with a block per token up to the GPU's SMs when that is
+        // more than its send groups need (128 blocks at 128 tokens on an H100,
+        // results/h100/deepep-one-rank/kernels-t128.json); a block reduces its tokens in turn.
+        let reducers = self.blocks.max(self.tokens.min(core.params.sm_count.max(1)));
+        let mut block_end = vec![start; reducers as usize];
         let mut bytes_total = 0;
         for t in 0..self.tokens {
             let ti = (r * self.tokens + t) as usize;
@@ -668,8 +729,9 @@ impl LowLatencyProgram {
             // Read the partials, write the combined BF16 row.
             let bytes = self.msg_bytes * (valid as u64 + 1);
             bytes_total += bytes;
-            let b = (t % self.blocks) as usize;
-            block_end[b] += self.costs.sm.time(bytes);
+            // Each thread adds the token's partials one load after another.
+            let b = (t % reducers) as usize;
+            block_end[b] += self.costs.ll_reduce_load * valid as u64;
             end = end.max(block_end[b]);
         }
         let (_, hbm_end) =
@@ -795,6 +857,45 @@ impl Program for LowLatencyProgram {
             format!("LL {op} rank {} kernel start-up", actor - nb - ng - 3 * self.n)
         } else {
             format!("LL {op} rank {} receiver", (actor - nb - ng) % self.n)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> crate::params::Params {
+        let p = toml::from_str(eptwin_engine::profile::BUNDLED[0].1).expect("h800 profile");
+        crate::params::Params::from_profile(&p)
+    }
+
+    #[test]
+    fn an_unaligned_message_costs_its_partial_packets_whole() {
+        let p = params();
+        // On a line boundary: its bytes. 7,408 bytes at offset 112 (the second slot of a
+        // region): 15 warp stores touch 73 lines instead of 58, each partial one a whole 128.
+        assert_eq!(nvlink_store_bytes(0, 7408, &p), 7408);
+        assert_eq!(nvlink_store_bytes(128 * 1000, 7408, &p), 7408);
+        assert_eq!(nvlink_store_bytes(7408, 7408, &p), 7408 + 15 * 128);
+        // A message inside one line is one packet wherever it sits.
+        assert_eq!(nvlink_store_bytes(16, 64, &p), 64);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
+        /// Never less than the bytes, never more than a whole packet per line touched; the same
+        /// for any base a line apart.
+        #[test]
+        fn link_bytes_are_bounded_and_depend_on_the_offset_only(
+            base in 0u64..1 << 40, bytes in 1u64..1 << 16,
+        ) {
+            let p = params();
+            let cost = nvlink_store_bytes(base, bytes, &p);
+            proptest::prop_assert!(cost >= bytes);
+            let stores = bytes.div_ceil(WARP_STORE_BYTES);
+            proptest::prop_assert!(cost <= bytes + stores * 128);
+            proptest::prop_assert_eq!(cost, nvlink_store_bytes(base % 128 + 128 * 7, bytes, &p));
         }
     }
 }

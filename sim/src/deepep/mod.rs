@@ -65,6 +65,17 @@ pub struct GpuCosts {
     pub ll_dispatch_fixed: Time,
     /// Fixed GPU time of each low-latency combine kernel launch.
     pub ll_combine_fixed: Time,
+    /// The same for the receive kernels of hook mode.
+    pub ll_dispatch_recv_fixed: Time,
+    pub ll_combine_recv_fixed: Time,
+    /// Dependent steps per token of a low-latency dispatch send block and of a combine send
+    /// warp (beyond their bytes), and per partial a combine's reducing thread adds.
+    pub ll_send_round: Time,
+    pub ll_combine_round: Time,
+    pub ll_reduce_load: Time,
+    /// What a release after stores to an NVLink peer waits for: the stores' acknowledgement,
+    /// one hop there and one back (docs/design.md, fabric §7).
+    pub nvl_ack: Time,
     pub wqe_post: Time,
     pub notify: Time,
     /// Fraction of an SM each of the kernel's blocks gets: co-located ranks (ranks_per_gpu)
@@ -90,6 +101,16 @@ impl GpuCosts {
             ll_recv_per_msg: crate::core::time::ns(prof.deepep.ll_recv_per_msg_ns),
             ll_dispatch_fixed: crate::core::time::ns(prof.deepep.ll_dispatch_fixed_ns),
             ll_combine_fixed: crate::core::time::ns(prof.deepep.ll_combine_fixed_ns),
+            ll_dispatch_recv_fixed: crate::core::time::ns(
+                prof.deepep.ll_dispatch_recv_fixed_ns.unwrap_or(prof.deepep.ll_dispatch_fixed_ns),
+            ),
+            ll_combine_recv_fixed: crate::core::time::ns(
+                prof.deepep.ll_combine_recv_fixed_ns.unwrap_or(prof.deepep.ll_combine_fixed_ns),
+            ),
+            ll_send_round: crate::core::time::ns(prof.deepep.ll_send_round_ns),
+            ll_combine_round: crate::core::time::ns(prof.deepep.ll_combine_round_ns),
+            ll_reduce_load: crate::core::time::ns(prof.deepep.ll_reduce_load_ns),
+            nvl_ack: 2 * p.nvl_latency,
             wqe_post: p.wqe_post,
             notify: crate::core::time::ns(prof.deepep.notify_host_roundtrip_ns),
             sm_share: 1.0,

@@ -710,8 +710,10 @@ impl Core {
             q.exec = msg.next;
             q.arrived -= 1;
             let (src, dst, lane) = (q.nic, q.peer_nic, q.lane);
-            // Data (or the atomic's result) is visible in GPU memory after the PCIe write.
-            let visible = self.now + self.params.rx_latency;
+            // Data is visible in GPU memory after the PCIe write; an atomic's result after the
+            // read of its target and then the write.
+            let read = if msg.atomic() { self.params.atomic_read } else { 0 };
+            let visible = self.now + read + self.params.rx_latency;
             let remote = self.net.msgs.remote(m, &msg);
             self.act_at(visible, remote);
             if let Some(tr) = self.trace.as_mut() {

@@ -402,10 +402,12 @@ iterations = 1
     )
 }
 
-/// `text` (a scenario) with the low-latency kernels' fixed parts set.
-fn with_ll_fixed(text: &str, dispatch_ns: u64, combine_ns: u64) -> String {
+/// `text` (a scenario) with the low-latency kernels' fixed parts set: the fused kernel's (hook
+/// mode's send kernel's) and hook mode's receive kernel's, of dispatch and of combine.
+fn with_ll_fixed(text: &str, dispatch_ns: [u64; 2], combine_ns: [u64; 2]) -> String {
     format!(
-        "{text}[cluster.overrides.deepep]\nll_dispatch_fixed_ns = {dispatch_ns}\nll_combine_fixed_ns = {combine_ns}\n"
+        "{text}[cluster.overrides.deepep]\nll_dispatch_fixed_ns = {}\nll_dispatch_recv_fixed_ns = {}\nll_combine_fixed_ns = {}\nll_combine_recv_fixed_ns = {}\n",
+        dispatch_ns[0], dispatch_ns[1], combine_ns[0], combine_ns[1]
     )
 }
 
@@ -433,24 +435,26 @@ proptest! {
     }
 
     /// Each low-latency kernel launch pays its fixed GPU time once, on any topology: an op's
-    /// time grows by exactly that time, a hook-mode op (two kernels) by twice it.
+    /// time grows by exactly that time, a hook-mode op (a send and a receive kernel) by both
+    /// kernels' times.
     #[test]
     fn low_latency_fixed_part_is_paid_once_per_kernel(
-        c in ll(), dispatch_ns in 0u64..20_000, combine_ns in 0u64..20_000,
+        c in ll(), dispatch_ns in [0u64..20_000, 0u64..20_000],
+        combine_ns in [0u64..20_000, 0u64..20_000],
     ) {
         let text = ll_toml(&c);
-        let base = run(&ScenarioDraft::from_text("prop", &with_ll_fixed(&text, 0, 0)).plan());
+        let base = run(&ScenarioDraft::from_text("prop", &with_ll_fixed(&text, [0, 0], [0, 0])).plan());
         let fixed = run(
             &ScenarioDraft::from_text("prop", &with_ll_fixed(&text, dispatch_ns, combine_ns)).plan(),
         );
         prop_assert_eq!(fixed.verdict, Verdict::Ok, "{:?}", fixed.failures);
-        let launches = if c.hook { 2.0 } else { 1.0 };
         for (a, b) in base.jobs[0].ops.iter().zip(&fixed.jobs[0].ops) {
             let ns = if a.op == "dispatch" { dispatch_ns } else { combine_ns };
+            let paid = if c.hook { ns[0] + ns[1] } else { ns[0] };
             let grew_us = b.summary.latency_us.mean - a.summary.latency_us.mean;
             prop_assert!(
-                (grew_us - launches * ns as f64 / 1e3).abs() < 1e-6,
-                "{}: {} -> {} us with {} ns per kernel", a.op, a.summary.latency_us.mean,
+                (grew_us - paid as f64 / 1e3).abs() < 1e-6,
+                "{}: {} -> {} us with {:?} ns per kernel", a.op, a.summary.latency_us.mean,
                 b.summary.latency_us.mean, ns
             );
         }

@@ -70,7 +70,7 @@ impl Job<'_> {
 
 fn resolve(scn: &Scenario, d: &mut Diagnostics<'_>) -> Option<Plan> {
     cluster::check_name(scn, d);
-    let profile = cluster::profile(scn, d)?;
+    let (profile, profile_file) = cluster::profile(scn, d)?;
     if !cluster::check_limits(scn, &profile, d) {
         return None;
     }
@@ -118,6 +118,7 @@ fn resolve(scn: &Scenario, d: &mut Diagnostics<'_>) -> Option<Plan> {
         scenario_file: d.source().file().to_string(),
         scenario_sha256: sha256_hex(d.source().text().as_bytes()),
         profile,
+        profile_file,
         topology,
         qos,
         jobs,

@@ -1,0 +1,442 @@
+//! `eptwin calibrate`: a hardware profile of this machine (docs/calibration.md, "Calibrating
+//! a profile for your machine"). The hardware backend's probes give the GPU's keys
+//! (`derive.rs`, `cluster.rs`), DeepEP's own low-latency kernels at one rank give the DeepEP
+//! model's GPU costs (`deepep.rs`), and every key neither measures comes from a base profile;
+//! the profile is written with the source of every value (`writer.rs`). Progress goes to
+//! stderr, the summary table to stdout. Without a GPU the command is waived (exit 77).
+
+mod cluster;
+mod deepep;
+mod derive;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use self::derive::Probes;
+use self::writer::{Machine, Measured};
+use crate::{ExitCode, outln};
+
+/// What `eptwin calibrate` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The profile the keys not measured come from: a bundled name or a profile file; absent,
+    /// the bundled profile of this GPU's kind (`h100-cx7`, `h200-cx7`).
+    pub base: Option<String>,
+    pub out: PathBuf,
+    /// The profile's `name`; absent, the output file's stem.
+    pub name: Option<String>,
+    /// Read the probes from these hardware results or logs instead of probing here.
+    pub from: Vec<PathBuf>,
+    /// A DeepEP checkout (`<dir>/tests/test_low_latency.py`) to run the one-rank sweep with.
+    pub deepep_dir: Option<String>,
+    /// One-rank runs already made (as the sweep leaves them) to fit instead of running.
+    pub deepep_runs: Option<PathBuf>,
+    /// The Python that imports `deep_ep`.
+    pub python: String,
+    /// Each one-rank run's time limit.
+    pub deepep_timeout: Duration,
+    /// The whole sweep's time: shapes not started within it are left out.
+    pub deepep_budget: Option<Duration>,
+    /// Probe nothing: fit the DeepEP costs on the base profile as it is (its GPU keys stay).
+    pub deepep_only: bool,
+}
+
+/// The one-rank fit's table: each run's shape, DeepEP's times and the model's.
+type FitRows = Vec<(deepep::Shape, deepep::Times, deepep::Times)>;
+
+/// `--deepep-only`: the base profile with the `[deepep]` low-latency costs fitted to the
+/// one-rank runs (for a profile of a machine not here whose GPU ran them: h800-cx7 takes the
+/// H100's, the same SMs, clocks and HBM3).
+fn deepep_only(o: &Options, name: &str) -> Result<ExitCode> {
+    let base = read_base(o.base.as_deref().unwrap_or("h100-cx7"))?;
+    let runs = one_rank_runs(o)?;
+    if runs.is_empty() {
+        bail!(
+            "--deepep-only needs one-rank runs: --deepep-runs DIR, or --deepep-dir with deep_ep importable"
+        );
+    }
+    let machine = runs_machine(o);
+    let from = o.deepep_runs.as_ref().map_or("run here".into(), |d| d.display().to_string());
+    let head = writer::Head {
+        name: name.to_string(),
+        description: base
+            .table
+            .get("description")
+            .and_then(toml::Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        header: vec![
+            format!(
+                "{name}: {} with the DeepEP low-latency costs fitted by eptwin calibrate {} ({})",
+                base.label,
+                eptwin_engine::VERSION,
+                env!("EPTWIN_GIT_COMMIT")
+            ),
+            format!("to DeepEP's kernels at one rank ({from})."),
+        ],
+    };
+    let draft = writer::render(&head, &base, &[], &machine)?;
+    let (measured, rows) = fit_deepep(o, &runs, &draft)?;
+    finish(o, &writer::render(&head, &base, &measured, &machine)?, &measured, &base, &rows)
+}
+
+/// Check and write the profile, print the summary.
+fn finish(
+    o: &Options,
+    text: &str,
+    measured: &[Measured],
+    base: &writer::Base,
+    rows: &FitRows,
+) -> Result<ExitCode> {
+    check(&o.out, text)?;
+    eptwin_engine::result::write_file_atomic(&o.out, text.as_bytes())
+        .with_context(|| format!("writing {}", o.out.display()))?;
+    progress(&format!("wrote {}", o.out.display()));
+    print_summary(measured, &base.table, &base.label, rows);
+    outln!("# profile: {}", o.out.display());
+    Ok(ExitCode::Ok)
+}
+
+/// The GPU the one-rank runs name (scripts/deepep-one-rank.py's `result.json`: `gpu`; its
+/// `routing.json` `source`, which says when).
+fn runs_machine(o: &Options) -> Machine {
+    let unknown = || Machine {
+        gpu: "the GPU of the one-rank runs".into(),
+        driver: "unknown".into(),
+        date: "date unknown".into(),
+    };
+    let Some(dir) = o.deepep_runs.as_ref() else { return unknown() };
+    let Ok(entries) = std::fs::read_dir(dir) else { return unknown() };
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    paths.sort();
+    let read = |p: &Path| -> Option<Value> {
+        serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
+    };
+    for p in paths {
+        let (Some(result), routing) = (read(&p.join("result.json")), read(&p.join("routing.json")))
+        else {
+            continue;
+        };
+        let gpu = result.get("gpu").and_then(Value::as_str).unwrap_or("unknown GPU").to_string();
+        // "... on <gpu>, torch <v>, 2026-12-07 03:59 UTC"
+        let date = routing
+            .and_then(|r| r.get("source").and_then(Value::as_str).map(str::to_string))
+            .and_then(|s| s.rsplit(", ").next().map(|d| d.chars().take(10).collect()))
+            .unwrap_or_else(|| "date unknown".into());
+        let driver = std::fs::read_to_string(dir.join("gpu.txt"))
+            .ok()
+            .and_then(|t| t.lines().nth(1).and_then(|l| l.split(", ").nth(1).map(str::to_string)))
+            .unwrap_or_else(|| "unknown".into());
+        return Machine { gpu, driver, date };
+    }
+    unknown()
+}
+
+/// Next to each one-rank run made here, the scenarios that set it against the model with the
+/// written profile (`eptwin compare <dir>/*/compare-*.toml --measured <dir>`): named as the
+/// imported results, with the routing the kernels ran.
+fn write_comparisons(o: &Options, runs: &[deepep::Run]) -> Result<()> {
+    if o.deepep_runs.is_some() || runs.is_empty() {
+        return Ok(());
+    }
+    let dir = o.out.with_extension("deepep");
+    let profile = std::path::absolute(&o.out)?.display().to_string();
+    for run in runs {
+        for hook in [false, true] {
+            let text = deepep::scenario_text(&run.shape, &profile, hook, run.routing.as_deref());
+            let name =
+                format!("compare-{}{}.toml", run.shape.tag(), if hook { "-hook" } else { "" });
+            std::fs::write(deepep::run_dir(&dir, &run.shape).join(name), text)?;
+        }
+    }
+    progress(&format!("comparison scenarios: {}/*/compare-*.toml", dir.display()));
+    Ok(())
+}
+
+/// Fit the low-latency costs on the profile `text` (written next to the output while the fit
+/// runs): the `[deepep]` values and the table of every run.
+fn fit_deepep(o: &Options, runs: &[deepep::Run], text: &str) -> Result<(Vec<Measured>, FitRows)> {
+    let draft = o.out.with_extension("draft.toml");
+    std::fs::write(&draft, text).with_context(|| format!("writing {}", draft.display()))?;
+    let path = std::path::absolute(&draft)?;
+    let fit = deepep::fit(runs, &path, &mut |m| progress(m));
+    let _ = std::fs::remove_file(&draft);
+    let fit = fit?;
+    let fitted = runs.iter().filter(|r| r.shape.experts == 288).count();
+    let measured = deepep::COSTS
+        .iter()
+        .zip(fit.costs)
+        .map(|(key, ns)| {
+            Measured::new(
+                "deepep",
+                key,
+                toml::Value::Integer(ns as i64),
+                format!("DeepEP's low-latency kernels at one rank, {fitted} shapes fused and in hook mode: least squares of the model's relative errors (docs/calibration.md)"),
+            )
+        })
+        .collect();
+    Ok((measured, fit.rows))
+}
+
+pub fn calibrate(o: &Options) -> Result<ExitCode> {
+    if let Some(dir) = o.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let name = match &o.name {
+        Some(n) => n.clone(),
+        None => o.out.file_stem().and_then(|s| s.to_str()).unwrap_or("calibrated").to_string(),
+    };
+    if o.deepep_only {
+        return deepep_only(o, &name);
+    }
+    let (probes, machine) = if o.from.is_empty() {
+        match probe_here(&o.out.with_extension("probes.json"))? {
+            Ok(found) => found,
+            Err(reason) => {
+                eprintln!("eptwin: calibrate waived: {reason}");
+                return Ok(ExitCode::Waived);
+            }
+        }
+    } else {
+        read_probes(&o.from)?
+    };
+    let base = read_base(o.base.as_deref().unwrap_or(default_base(&machine.gpu)))?;
+    progress(&format!("base profile {}; GPU {}", base.label, machine.gpu));
+    let mut measured = derive::gpu(&probes);
+    measured.extend(derive::memory(&probes));
+    if measured.is_empty() {
+        bail!("the probes measured nothing this command derives a profile key from");
+    }
+    let head = writer::Head {
+        name: name.clone(),
+        description: format!("{} calibrated by eptwin calibrate ({})", machine.gpu, machine.date),
+        header: header_lines(&name, &base.label, &machine, o),
+    };
+    let mut text = writer::render(&head, &base, &measured, &machine)?;
+    check(&o.out, &text)?;
+    // The DeepEP one-rank sweep, fitted on the profile as measured so far.
+    let runs = one_rank_runs(o)?;
+    let mut rows = Vec::new();
+    if !runs.is_empty() {
+        let (fitted, fit_rows) = fit_deepep(o, &runs, &text)?;
+        measured.extend(fitted);
+        rows = fit_rows;
+        text = writer::render(&head, &base, &measured, &machine)?;
+    }
+    let code = finish(o, &text, &measured, &base, &rows)?;
+    write_comparisons(o, &runs)?;
+    Ok(code)
+}
+
+fn progress(message: &str) {
+    eprintln!("eptwin calibrate: {message}");
+}
+
+/// The written text is a profile (every key, type and range), or the command fails saying why.
+fn check(out: &Path, text: &str) -> Result<()> {
+    eptwin_engine::profile::check_text(&out.display().to_string(), text).map(|_| ()).map_err(
+        |faults| anyhow::anyhow!("the calibrated profile is not valid:\n  {}", faults.join("\n  ")),
+    )
+}
+
+/// The bundled profile of a GPU's kind.
+fn default_base(gpu: &str) -> &'static str {
+    if gpu.contains("H200") { "h200-cx7" } else { "h100-cx7" }
+}
+
+/// The base profile: a bundled name or a profile file.
+fn read_base(name: &str) -> Result<writer::Base> {
+    if eptwin_engine::profile::names_file(name) {
+        let text =
+            std::fs::read_to_string(name).with_context(|| format!("reading --base {name}"))?;
+        let table = eptwin_engine::profile::check_text(name, &text).map_err(|f| {
+            anyhow::anyhow!("--base {name} is not a profile:\n  {}", f.join("\n  "))
+        })?;
+        return Ok(writer::Base { label: name.to_string(), text, table });
+    }
+    let Some((_, text)) = eptwin_engine::profile::BUNDLED.iter().find(|(n, _)| *n == name) else {
+        bail!(
+            "--base {name}: no bundled profile of that name ({}), and not a profile file (a path with a '/' or ending in .toml)",
+            eptwin_engine::profile::bundled_names().collect::<Vec<_>>().join(", ")
+        );
+    };
+    let table = toml::from_str(text).context("a bundled profile")?;
+    Ok(writer::Base { label: name.to_string(), text: text.to_string(), table })
+}
+
+fn header_lines(name: &str, base: &str, machine: &Machine, o: &Options) -> Vec<String> {
+    let from = if o.from.is_empty() {
+        "the hardware backend's probes, run here".to_string()
+    } else {
+        format!(
+            "the probes of {}",
+            o.from.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
+    };
+    vec![
+        format!(
+            "{name}: written by eptwin calibrate {} ({}) from {from}",
+            eptwin_engine::VERSION,
+            env!("EPTWIN_GIT_COMMIT")
+        ),
+        format!("on {} (driver {}), {}.", machine.gpu, machine.driver, machine.date),
+        format!(
+            "\"measured\" values say which probe or fit each is; \"from {base}\" ones are the base"
+        ),
+        "profile's, with its comment. docs/calibration.md says how each key is derived.".into(),
+    ]
+}
+
+/// The probes of hardware results (`measurements`, `backend`) and `eptwin run` logs (`# measured
+/// probe.<key>: <json>` lines): the first result names the machine.
+fn read_probes(files: &[PathBuf]) -> Result<(Probes, Machine)> {
+    let mut probes = Probes::default();
+    let mut machine = None;
+    for f in files {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        if let Ok(doc) = serde_json::from_str::<eptwin_engine::result::RunResult>(&text) {
+            if machine.is_none() {
+                probes.backend = doc.backend.clone();
+                machine = Some(machine_of(&doc.backend, doc.eptwin.created_at.as_deref()));
+            }
+            probes.add(&doc.measurements);
+            continue;
+        }
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# measured probe.") else { continue };
+            let Some((key, json)) = rest.split_once(": ") else { continue };
+            if let Ok(v) = serde_json::from_str::<Value>(json) {
+                // Several runs in one log: each occurrence counts.
+                probes.add(&BTreeMap::from([(format!("probe.{key}"), v)]));
+            }
+        }
+    }
+    let Some(machine) = machine else {
+        bail!(
+            "--from needs at least one hardware result (JSON) for the GPU's identity; logs alone carry only probes"
+        );
+    };
+    Ok((probes, machine))
+}
+
+fn machine_of(backend: &BTreeMap<String, Value>, created_at: Option<&str>) -> Machine {
+    let s = |k: &str| backend.get(k).and_then(Value::as_str).map(str::to_string);
+    let gpu = backend
+        .get("gpu_names")
+        .and_then(|n| n.get(0))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| "unknown GPU".into());
+    Machine {
+        gpu,
+        driver: s("driver_version").unwrap_or_else(|| "unknown".into()),
+        date: created_at.map_or("date unknown".into(), |t| t.chars().take(10).collect()),
+    }
+}
+
+/// Probe this machine: a short one-GPU run on the hardware backend with every probe on (the
+/// probes run when it prepares), its result kept at `keep` (`--from` reads it back).
+/// `Err(reason)` when there is no GPU to probe (waived).
+fn probe_here(keep: &Path) -> Result<Result<(Probes, Machine), String>> {
+    progress("probing this GPU (the hardware backend's probes, cluster probes included)");
+    let text = include_str!("probe-scenario.toml");
+    let loaded =
+        eptwin_engine::parse("calibrate-probes.toml", text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let plan = eptwin_engine::Plan::build(&loaded).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut options = eptwin_hw::HwOptions::from_env();
+    options.probes = true;
+    options.cluster_probe = true;
+    let mut hw = eptwin_hw::HwTransport::single(options, eptwin_hw::group::Launcher::Single);
+    let provenance = super::provenance(crate::cli::BackendArg::Hw);
+    let result = eptwin_engine::run::run_observed(&plan, &mut hw, provenance, &mut |_| {})?;
+    if result.verdict == eptwin_engine::result::Verdict::Waived {
+        return Ok(Err(result.waived_reason.unwrap_or_else(|| "no GPU".into())));
+    }
+    eptwin_engine::result::write_atomic(keep, &result.to_json())?;
+    progress(&format!("probe result: {}", keep.display()));
+    let mut probes = Probes { backend: result.backend.clone(), ..Probes::default() };
+    probes.add(&result.measurements);
+    let machine = machine_of(&result.backend, result.eptwin.created_at.as_deref());
+    Ok(Ok((probes, machine)))
+}
+
+/// The one-rank runs to fit: read from `--deepep-runs`, or run here with `--deepep-dir` when
+/// Python imports `deep_ep`; none (the base's costs stay) otherwise, saying why.
+fn one_rank_runs(o: &Options) -> Result<Vec<deepep::Run>> {
+    if let Some(dir) = &o.deepep_runs {
+        let runs = deepep::read_runs(dir)?;
+        progress(&format!("{} DeepEP one-rank runs read from {}", runs.len(), dir.display()));
+        return Ok(runs);
+    }
+    let Some(deepep_dir) = &o.deepep_dir else {
+        progress("no --deepep-dir: the DeepEP low-latency costs stay the base's");
+        return Ok(Vec::new());
+    };
+    if let Err(why) = deepep::deepep_importable(&o.python) {
+        progress(&format!(
+            "{} cannot import deep_ep ({why}): the DeepEP low-latency costs stay the base's",
+            o.python
+        ));
+        return Ok(Vec::new());
+    }
+    let dir = o.out.with_extension("deepep");
+    deepep::sweep(
+        &deepep::SWEEP,
+        &dir,
+        deepep_dir,
+        &o.python,
+        o.deepep_timeout,
+        o.deepep_budget,
+        &mut |m| progress(m),
+    )
+}
+
+/// The summary on stdout: every measured key against the base's, then the one-rank fit.
+fn print_summary(measured: &[Measured], base: &toml::Table, base_label: &str, fit: &FitRows) {
+    let base_value = |m: &Measured| {
+        let mut t = base;
+        for part in m.section.split('.') {
+            match t.get(part).and_then(toml::Value::as_table) {
+                Some(next) => t = next,
+                None => return "-".to_string(),
+            }
+        }
+        t.get(&m.key).map_or("-".into(), ToString::to_string)
+    };
+    outln!("{:<38} {:>14} {:>14}  source", "key", "measured", base_label);
+    for m in measured {
+        let source: String = m.source.chars().take(90).collect();
+        outln!("{:<38} {:>14} {:>14}  {source}", m.path(), m.value.to_string(), base_value(m));
+    }
+    if fit.is_empty() {
+        return;
+    }
+    outln!("\nDeepEP at one rank against the model with these costs (us, DeepEP / model, error):");
+    outln!(
+        "{:<16} {}",
+        "shape",
+        deepep::Times::NAMES.iter().map(|n| format!("{n:>24}")).collect::<String>()
+    );
+    for (shape, d, m) in fit {
+        let cells: String = (0..8)
+            .map(|q| {
+                format!(
+                    "{:>24}",
+                    format!(
+                        "{:.2}/{:.2} {:+.1}%",
+                        d.get(q),
+                        m.get(q),
+                        100.0 * (m.get(q) / d.get(q) - 1.0)
+                    )
+                )
+            })
+            .collect();
+        outln!("{:<16} {cells}", shape.tag());
+    }
+}
