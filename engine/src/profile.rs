@@ -286,6 +286,10 @@ pub struct NicParams {
     pub rx_latency_ns: u64,
     /// Largest QP depth the NIC supports (NVSHMEM caps at 32768).
     pub max_qp_depth: u32,
+    /// QPs the NIC can hold (`ibv_devinfo -v` `max_qp`): DeepEP V2's QPs per GPU (allocated
+    /// QPs × connected peers) must fit (DeepEP #649). Absent: not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_qps: Option<u32>,
 }
 
 /// Fabric defaults; `[cluster.fabric]` overrides any of them.
@@ -353,6 +357,13 @@ pub struct DeepEpCosts {
     /// the flag wait, the reduction's first loads), ns. Absent = 0.
     #[serde(default)]
     pub ll_combine_fixed_ns: u64,
+    /// DeepEP V2: a warp's TMA bulk load from HBM into shared memory, fixed part (issue to
+    /// landed), ns. Absent: the profile cannot run V2 jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic_tma_fill_ns: Option<u64>,
+    /// DeepEP V2: one SM's TMA bulk-copy throughput, shared by its warps, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic_sm_tma_gbps: Option<f64>,
 }
 
 /// Why a profile could not be resolved.
@@ -498,6 +509,8 @@ fn override_error(cluster: &ClusterSpec, whole: &toml::de::Error) -> ProfileErro
 fn is_optional_profile_key(section: &str, key: &str) -> bool {
     (section == "fabric" && matches!(key, "ets_tc_bw" | "strict_tcs" | "pfc"))
         || (section == "gpu" && key == "memory")
+        || (section == "nic" && key == "max_qps")
+        || (section == "deepep" && key.starts_with("elastic_"))
 }
 
 #[cfg(test)]

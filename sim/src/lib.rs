@@ -8,6 +8,7 @@
 
 pub mod core;
 pub mod deepep;
+pub mod elastic;
 pub mod gpu;
 pub mod hwkernels;
 pub mod jobs;
@@ -265,6 +266,7 @@ impl Transport for Simulator {
             ]),
             unavailable: None,
             modes: vec![EpMode::Intranode, EpMode::Internode, EpMode::LowLatency],
+            elastic: true,
             traffic: true,
             concurrent_jobs: true,
             max_ranks: None,

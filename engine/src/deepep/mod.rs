@@ -1,7 +1,8 @@
-//! DeepEP V1 semantics: `Config` and size hints, the environment `Buffer.__init__` leaves,
-//! the validator, and the byte conventions of DeepEP's tests.
+//! DeepEP semantics: V1's `Config` and size hints, the environment `Buffer.__init__` leaves,
+//! V2's `ElasticBuffer` (`elastic`), the validator, and the byte conventions of DeepEP's tests.
 
 pub mod bytes;
 pub mod config;
+pub mod elastic;
 pub mod env;
 pub mod validate;

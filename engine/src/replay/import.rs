@@ -960,6 +960,8 @@ fn op_result(
         phases_us: phases.into_iter().map(|(k, v)| (k, mean(&v))).collect(),
         checks,
         wrong,
+        so_bw_gbps: None,
+        su_bw_gbps: None,
     };
     OpResult {
         op: op.to_string(),

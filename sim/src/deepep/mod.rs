@@ -27,6 +27,9 @@ pub fn program(
 ) -> Box<dyn Program> {
     let d = plan.job(job).deepep().expect("a DeepEP job");
     let meta = Meta { job, op, iteration, warmup };
+    if d.elastic.is_some() {
+        return Box::new(crate::elastic::ElasticProgram::new(plan, core, meta));
+    }
     // Ranks sharing one GPU run the hardware backend's one-GPU kernels (DeepEP has none).
     if hwkernels::applies(core, &meta) {
         match d.mode {
