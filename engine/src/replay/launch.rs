@@ -118,6 +118,14 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
                 script_value: "the scripts run DeepEP kernels only".into(),
                 why: "the traffic is part of what the scenario measures".into(),
             }),
+            Some(d) if d.buffer.is_elastic() => notes.push(Note {
+                severity: Severity::Refused,
+                job: Some(job.name.clone()),
+                key: "job.buffer.api".into(),
+                scenario_value: "\"elastic\" (DeepEP V2 ElasticBuffer)".into(),
+                script_value: "the V1 scripts (tests/legacy/) build a V1 Buffer".into(),
+                why: "replaying V2 with tests/elastic/test_ep.py is not implemented yet".into(),
+            }),
             Some(d) => {
                 job_notes(subject, job, d, &mut notes);
                 replayed.get_or_insert((job, d));

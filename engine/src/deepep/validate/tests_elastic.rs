@@ -83,33 +83,123 @@ fn twenty_plus_invalid_v2_configurations_name_their_key() {
     let w = "job[0].workload";
     let cases: &[(&str, &str, String, &str)] = &[
         ("num_sms = 12", "num_sms = 12\nsl_idx = 16", format!("{b}.sl_idx"), "sl-idx"),
-        ("[job.env]", "[job.env]\nEP_OVERRIDE_RDMA_SL = \"16\"", "job[0].env.EP_OVERRIDE_RDMA_SL".into(), "sl-idx"),
-        ("[job.env]", "[job.env]\nEP_OVERRIDE_RDMA_SL = \"three\"", "job[0].env.EP_OVERRIDE_RDMA_SL".into(), "sl-idx"),
+        (
+            "[job.env]",
+            "[job.env]\nEP_OVERRIDE_RDMA_SL = \"16\"",
+            "job[0].env.EP_OVERRIDE_RDMA_SL".into(),
+            "sl-idx",
+        ),
+        (
+            "[job.env]",
+            "[job.env]\nEP_OVERRIDE_RDMA_SL = \"three\"",
+            "job[0].env.EP_OVERRIDE_RDMA_SL".into(),
+            "sl-idx",
+        ),
         ("num_sms = 12", "num_sms = 12\nnum_qps = 200", format!("{b}.num_qps"), "v2-qps"),
-        ("num_sms = 12", "num_sms = 12\nnum_allocated_qps = 8\nnum_qps = 9", format!("{b}.num_qps"), "v2-qps"),
+        (
+            "num_sms = 12",
+            "num_sms = 12\nnum_allocated_qps = 8\nnum_qps = 9",
+            format!("{b}.num_qps"),
+            "v2-qps",
+        ),
         ("num_sms = 12", "num_sms = 200", format!("{b}.num_sms"), "num-sms-device"),
         ("num_sms = 12", "num_sms = 1", format!("{b}.num_sms"), "v2-num-sms"),
-        ("num_max_tokens_per_rank = 8192\n", "", format!("{b}.num_max_tokens_per_rank"), "v2-max-tokens"),
-        ("num_max_tokens_per_rank = 8192", "num_max_tokens_per_rank = 4096", format!("{b}.num_max_tokens_per_rank"), "v2-max-tokens"),
-        ("num_sms = 12", "num_sms = 12\nnum_bytes = \"3MiB\"", format!("{b}.num_bytes"), "v2-buffer-align"),
-        ("num_sms = 12", "num_sms = 12\nnum_bytes = \"64MiB\"", format!("{b}.num_bytes"), "v2-buffer-size"),
-        ("use_fp8_dispatch = true", "use_fp8_dispatch = true\nnum_gpu_timeout_secs = 0", format!("{b}.num_gpu_timeout_secs"), "v2-timeout"),
-        ("use_fp8_dispatch = true", "use_fp8_dispatch = true\nnum_cpu_timeout_secs = 0", format!("{b}.num_cpu_timeout_secs"), "v2-timeout"),
-        ("num_sms = 12", "num_sms = 12\nnum_qps_per_rank = 24", format!("{b}.num_qps_per_rank"), "buffer-api"),
-        ("num_sms = 12", "num_sms = 12\nlow_latency_mode = true", format!("{b}.low_latency_mode"), "buffer-api"),
-        ("num_sms = 12", "num_sms = 12\nnum_rdma_bytes = \"1GiB\"", format!("{b}.num_rdma_bytes"), "buffer-api"),
+        (
+            "num_max_tokens_per_rank = 8192\n",
+            "",
+            format!("{b}.num_max_tokens_per_rank"),
+            "v2-max-tokens",
+        ),
+        (
+            "num_max_tokens_per_rank = 8192",
+            "num_max_tokens_per_rank = 4096",
+            format!("{b}.num_max_tokens_per_rank"),
+            "v2-max-tokens",
+        ),
+        (
+            "num_sms = 12",
+            "num_sms = 12\nnum_bytes = \"3MiB\"",
+            format!("{b}.num_bytes"),
+            "v2-buffer-align",
+        ),
+        (
+            "num_sms = 12",
+            "num_sms = 12\nnum_bytes = \"64MiB\"",
+            format!("{b}.num_bytes"),
+            "v2-buffer-size",
+        ),
+        (
+            "use_fp8_dispatch = true",
+            "use_fp8_dispatch = true\nnum_gpu_timeout_secs = 0",
+            format!("{b}.num_gpu_timeout_secs"),
+            "v2-timeout",
+        ),
+        (
+            "use_fp8_dispatch = true",
+            "use_fp8_dispatch = true\nnum_cpu_timeout_secs = 0",
+            format!("{b}.num_cpu_timeout_secs"),
+            "v2-timeout",
+        ),
+        (
+            "num_sms = 12",
+            "num_sms = 12\nnum_qps_per_rank = 24",
+            format!("{b}.num_qps_per_rank"),
+            "buffer-api",
+        ),
+        (
+            "num_sms = 12",
+            "num_sms = 12\nlow_latency_mode = true",
+            format!("{b}.low_latency_mode"),
+            "buffer-api",
+        ),
+        (
+            "num_sms = 12",
+            "num_sms = 12\nnum_rdma_bytes = \"1GiB\"",
+            format!("{b}.num_rdma_bytes"),
+            "buffer-api",
+        ),
         ("api = \"elastic\"\n", "", format!("{b}.num_max_tokens_per_rank"), "buffer-api"),
         ("experts = 256", "experts = 4096", format!("{w}.experts"), "v2-experts"),
         ("experts = 256", "experts = 255", format!("{w}.experts"), "experts-divisible"),
         ("topk = 8", "topk = 33", format!("{w}.topk"), "topk"),
         ("hidden = 7168", "hidden = 7200", format!("{w}.hidden"), "v2-hidden"),
-        ("experts = 256", "experts = 256\ncombine_dtype = \"logfmt\"", format!("{w}.combine_dtype"), "v2-dtype"),
+        (
+            "experts = 256",
+            "experts = 256\ncombine_dtype = \"logfmt\"",
+            format!("{w}.combine_dtype"),
+            "v2-dtype",
+        ),
         ("experts = 256", "experts = 256\nhook = true", format!("{w}.hook"), "hook"),
-        ("[job.env]", "[job.env]\nEP_DISABLE_GIN = \"1\"", "job[0].env.EP_DISABLE_GIN".into(), "v2-gin-disabled"),
-        ("[job.env]", "[job.env]\nEP_NUM_TOPK_IDX_BITS = \"12\"", "job[0].env.EP_NUM_TOPK_IDX_BITS".into(), "topk-idx-bits"),
-        ("num_sms = 12", "num_sms = 12\nnum_allocated_qps = 300000", format!("{b}.num_allocated_qps"), "v2-qp-budget"),
-        ("nodes = 2", "nodes = 2\nranks_per_gpu = 2", "cluster.ranks_per_gpu".into(), "v2-ranks-per-gpu"),
-        ("num_sms = 12", "num_sms = 0\nnum_bytes = \"2MiB\"", format!("{b}.num_bytes"), "v2-buffer-size"),
+        (
+            "[job.env]",
+            "[job.env]\nEP_DISABLE_GIN = \"1\"",
+            "job[0].env.EP_DISABLE_GIN".into(),
+            "v2-gin-disabled",
+        ),
+        (
+            "[job.env]",
+            "[job.env]\nEP_NUM_TOPK_IDX_BITS = \"12\"",
+            "job[0].env.EP_NUM_TOPK_IDX_BITS".into(),
+            "topk-idx-bits",
+        ),
+        (
+            "num_sms = 12",
+            "num_sms = 12\nnum_allocated_qps = 300000",
+            format!("{b}.num_allocated_qps"),
+            "v2-qp-budget",
+        ),
+        (
+            "nodes = 2",
+            "nodes = 2\nranks_per_gpu = 2",
+            "cluster.ranks_per_gpu".into(),
+            "v2-ranks-per-gpu",
+        ),
+        (
+            "num_sms = 12",
+            "num_sms = 0\nnum_bytes = \"2MiB\"",
+            format!("{b}.num_bytes"),
+            "v2-buffer-size",
+        ),
     ];
     assert!(cases.len() >= 20);
     for (old, new, key, rule) in cases {
@@ -123,7 +213,10 @@ fn v2_limits_on_ranks_and_domains() {
     let small = V2_EP16.replace("tokens_per_rank = 8192", "tokens_per_rank = 128");
     let big = small.replace("nodes = 2", "nodes = 40").replace("experts = 256", "experts = 320");
     let e = errors(&big);
-    assert!(e.iter().any(|d| d.rule == "v2-scaleout" && d.key == "job[0].buffer.allow_hybrid_mode"), "{e:#?}");
+    assert!(
+        e.iter().any(|d| d.rule == "v2-scaleout" && d.key == "job[0].buffer.allow_hybrid_mode"),
+        "{e:#?}"
+    );
     // 1032 ranks: over kNumMaxRanks.
     let huge = small.replace("nodes = 2", "nodes = 129").replace("experts = 256", "experts = 1032");
     let e = errors(&huge);
