@@ -242,13 +242,24 @@ pub fn channels_per_sm(dispatch_token: u64, combine_token: u64, hybrid: bool) ->
     fits(dispatch_token).min(fits(combine_token)).min(warps).clamp(1, MAX_CHANNELS_PER_SM)
 }
 
+/// Products of sizes, saturating: a huge `num_max_tokens_per_rank` is refused by the size
+/// rules, never wraps.
+fn prod(factors: &[u64]) -> u64 {
+    factors.iter().fold(1u64, |a, &b| a.saturating_mul(b))
+}
+
 /// The buffer bytes the dispatch kernel lays out (hybrid_dispatch.cuh:92-97; dispatch.cuh:266-267).
 pub fn dispatch_buffer_bytes(tok: u64, t: u64, so: u64, su: u64, channels: u64) -> u64 {
     if so > 1 {
         let per_channel = t.div_ceil(channels.max(1));
-        tok * su * so * t + tok * t + tok * so * channels * per_channel
+        prod(&[tok, su, so, t]).saturating_add(prod(&[tok, t])).saturating_add(prod(&[
+            tok,
+            so,
+            channels,
+            per_channel,
+        ]))
     } else {
-        tok * su * t + tok * t
+        prod(&[tok, su, t]).saturating_add(prod(&[tok, t]))
     }
 }
 
@@ -265,11 +276,12 @@ pub fn combine_buffer_bytes(
     let layout = |ranks: u64| if multiple_reduction && ranks <= topk { ranks } else { topk };
     if so > 1 {
         let per_channel = t.div_ceil(channels.max(1));
-        tok * layout(su) * so * t
-            + tok * layout(so) * t
-            + tok * if multiple_reduction { 1 } else { topk } * channels * so * per_channel
+        let copies = if multiple_reduction { 1 } else { topk };
+        prod(&[tok, layout(su), so, t])
+            .saturating_add(prod(&[tok, layout(so), t]))
+            .saturating_add(prod(&[tok, copies, channels, so, per_channel]))
     } else {
-        tok * layout(su) * t + tok * su * t
+        prod(&[tok, layout(su), t]).saturating_add(prod(&[tok, su, t]))
     }
 }
 

@@ -277,6 +277,10 @@ fn check_buffer(
     let bkey = |k: &str| format!("{prefix}.buffer.{k}");
     let wkey = |k: &str| format!("{prefix}.workload.{k}");
     let n = job.ranks.len() as u32;
+    if profile.deepep.elastic_tma_fill_ns.is_none() || profile.deepep.elastic_sm_tma_gbps.is_none()
+    {
+        d.error("v2-profile", "cluster.profile", name, format!("profile {:?} has no DeepEP V2 costs (deepep.elastic_tma_fill_ns, deepep.elastic_sm_tma_gbps): the simulator cannot time V2's TMA copies on it; the CX7 profiles have them", profile.name));
+    }
     let shape_ok = check_workload(job, b, w, d);
     let (rdma_ranks, nvl_ranks) = domains(job, d)?;
     let hybrid_allowed = b.allow_hybrid_mode.unwrap_or(defaults::ALLOW_HYBRID_MODE);

@@ -201,8 +201,26 @@ fn twenty_plus_invalid_v2_configurations_name_their_key() {
             "v2-buffer-size",
         ),
     ];
+    let cases: Vec<_> = cases
+        .iter()
+        .cloned()
+        .chain([
+            (
+                "profile = \"h100-cx7\"",
+                "profile = \"h200-single\"",
+                "cluster.profile".to_string(),
+                "v2-profile",
+            ),
+            (
+                "num_max_tokens_per_rank = 8192",
+                "num_max_tokens_per_rank = 4294967295\nnum_bytes = \"2GiB\"",
+                format!("{b}.num_bytes"),
+                "v2-buffer-size",
+            ),
+        ])
+        .collect();
     assert!(cases.len() >= 20);
-    for (old, new, key, rule) in cases {
+    for (old, new, key, rule) in &cases {
         refused(old, new, key, rule);
     }
 }
