@@ -544,10 +544,21 @@ fn v2() -> impl Strategy<Value = V2> {
         2u32..=6,
         any::<bool>(),
         any::<bool>(),
-        any::<u64>(),
+        // A TOML integer is an i64.
+        any::<u32>(),
     )
         .prop_map(|(nodes, gpus, tokens, topk, experts_per_rank, sms, hybrid, bf16, seed)| {
-            V2 { nodes, gpus, tokens, topk, experts_per_rank, sms: sms * 2, hybrid, bf16, seed }
+            V2 {
+                nodes,
+                gpus,
+                tokens,
+                topk,
+                experts_per_rank,
+                sms: sms * 2,
+                hybrid,
+                bf16,
+                seed: seed.into(),
+            }
         })
 }
 
