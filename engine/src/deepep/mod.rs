@@ -1,6 +1,9 @@
 //! DeepEP semantics: V1's `Config` and size hints, the environment `Buffer.__init__` leaves,
-//! V2's `ElasticBuffer` (`elastic`), the validator, and the byte conventions of DeepEP's tests.
+//! V2's `ElasticBuffer` (`elastic`), the validator and the byte conventions of DeepEP's tests.
+//! The rules both backends follow (low-latency paths, channel ranges, QPs per peer) are the
+//! plan's (`plan/rules.rs`).
 
+pub mod buffer;
 pub mod bytes;
 pub mod config;
 pub mod elastic;

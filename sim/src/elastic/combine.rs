@@ -1,8 +1,7 @@
 //! V2 combine: the scale-up warps (hybrid) or combine warps (direct), and the hybrid forward
 //! warps that reduce and put.
 
-use eptwin_engine::deepep::elastic::SCALEUP_UPDATE_INTERVAL;
-use eptwin_engine::rng::mix;
+use eptwin_engine::api::{SCALEUP_UPDATE_INTERVAL, mix};
 
 use super::ElasticProgram;
 use crate::core::{Action, Core};

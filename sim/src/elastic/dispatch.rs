@@ -1,7 +1,6 @@
 //! V2 dispatch: the scale-out (hybrid) or dispatch (direct) warps, and the hybrid forward warps.
 
-use eptwin_engine::deepep::elastic::SCALEOUT_UPDATE_INTERVAL;
-use eptwin_engine::rng::mix;
+use eptwin_engine::api::{SCALEOUT_UPDATE_INTERVAL, mix};
 
 use super::ElasticProgram;
 use crate::core::{Action, Core};
@@ -205,7 +204,7 @@ impl ElasticProgram {
         if m != cur || self.chunk_left[yi] == 0 {
             let tail = core.value(self.tails + (base + m as usize) as u32) as u32;
             self.chunk_left[yi] = (tail - self.consumed[base + m as usize])
-                .min(eptwin_engine::deepep::elastic::SLOTS_PER_FORWARD_CHUNK);
+                .min(eptwin_engine::api::SLOTS_PER_FORWARD_CHUNK);
             self.rr[yi] = m;
         }
         self.fcur[yi] = (m, self.consumed[base + m as usize]);

@@ -27,15 +27,14 @@
 
 mod order;
 
-use eptwin_engine::plan::{ElasticSettings, OpKind, Plan, RoutingTable};
-use eptwin_engine::rng::mix;
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::{ElasticSettings, OpKind, OpSample, Plan, RoutingTable, mix};
 
 use crate::core::time::{Rate, Time, ns};
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
-use crate::deepep::{GpuCosts, Ledger, Meta, Ranks, deepep_job};
+use crate::deepep::GpuCosts;
 use crate::gpu::PathKind;
+use crate::programs::{Ledger, Meta, Ranks, deepep_job};
 
 use order::Order;
 
@@ -123,9 +122,9 @@ impl ElasticProgram {
         let n = plan.job(meta.job).num_ranks();
         let dispatch = meta.op == OpKind::Dispatch;
         let tok_bytes = if dispatch {
-            eptwin_engine::deepep::elastic::dispatch_token_bytes(w.hidden, w.topk, w.dispatch_dtype)
+            eptwin_engine::api::elastic_dispatch_token_bytes(w.hidden, w.topk, w.dispatch_dtype)
         } else {
-            eptwin_engine::deepep::elastic::combine_token_bytes(w.hidden, w.topk)
+            eptwin_engine::api::elastic_combine_token_bytes(w.hidden, w.topk)
         };
         let costs = GpuCosts::new(plan, core).for_blocks(e.num_sms);
         let dp = &plan.profile.deepep;

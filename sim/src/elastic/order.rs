@@ -4,8 +4,7 @@
 //! (hybrid_dispatch.cuh:491-533); the combine replays that order (token_metadata_at_forward)
 //! and its scale-up warps follow per-destination linked lists (hybrid_combine.cuh:150-198).
 
-use eptwin_engine::deepep::elastic::SLOTS_PER_FORWARD_CHUNK;
-use eptwin_engine::plan::{ElasticSettings, RoutingTable};
+use eptwin_engine::api::{ElasticSettings, RoutingTable, SLOTS_PER_FORWARD_CHUNK};
 
 /// A token a forward warp handles: its source rank and index, and the ranks of the forward
 /// warp's domain it goes to (scale-up indices, one copy each).
