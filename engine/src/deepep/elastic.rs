@@ -90,6 +90,9 @@ pub struct ElasticSettings {
     /// QPs per call (GIN contexts used), and allocated at construction.
     pub num_qps: u32,
     pub num_allocated_qps: u32,
+    /// Whether `num_allocated_qps` was V2's automatic count (65 / 129 / 17 for the profile's
+    /// NIC): a node with another NIC gets its own.
+    pub num_allocated_qps_auto: bool,
     pub connection: GinConnection,
     /// The SL the GIN QPs carry: `sl_idx`, or `EP_OVERRIDE_RDMA_SL`.
     pub sl: u8,

@@ -275,7 +275,6 @@ fn check_buffer(
 ) -> Option<ElasticSettings> {
     let (prefix, name, profile) = (job.prefix.as_str(), job.name(), job.profile);
     let bkey = |k: &str| format!("{prefix}.buffer.{k}");
-    let wkey = |k: &str| format!("{prefix}.workload.{k}");
     let n = job.ranks.len() as u32;
     if profile.deepep.elastic_tma_fill_ns.is_none() || profile.deepep.elastic_sm_tma_gbps.is_none()
     {
@@ -376,6 +375,55 @@ fn check_buffer(
     if channels > v2::NUM_MAX_CHANNELS {
         d.error("v2-channels", &bkey("num_sms"), name, format!("{num_sms} SMs × {per_sm} channels = {channels} > kNumMaxChannels = 1024 (common/compiled.cuh:83)"));
     }
+    let (t, num_bytes) = check_buffer_bytes(job, b, w, (so, su, channels), d);
+    let (cpu_timeout, gpu_timeout) = check_call_flags(job, b, w, d);
+    let multiple = b.allow_multiple_reduction.unwrap_or(defaults::ALLOW_MULTIPLE_REDUCTION);
+    let use_fp8 = b.use_fp8_dispatch.unwrap_or(false);
+    if !shape_ok {
+        return None;
+    }
+    Some(ElasticSettings {
+        hybrid,
+        num_scaleout_ranks: so,
+        num_scaleup_ranks: su,
+        num_rdma_ranks: rdma_ranks,
+        num_nvlink_ranks: nvl_ranks,
+        num_sms,
+        num_sms_auto: auto,
+        channels_per_sm: per_sm,
+        num_channels: channels,
+        num_qps,
+        num_allocated_qps: allocated,
+        num_allocated_qps_auto: matches!(b.num_allocated_qps, None | Some(0)),
+        connection,
+        sl,
+        sl_from_env,
+        gin_disabled: user.gin_disabled,
+        use_fp8_dispatch: use_fp8,
+        deterministic: b.deterministic.unwrap_or(false),
+        allow_multiple_reduction: multiple,
+        prefer_overlap_with_compute: b
+            .prefer_overlap_with_compute
+            .unwrap_or(defaults::PREFER_OVERLAP_WITH_COMPUTE),
+        num_max_tokens_per_rank: t,
+        num_bytes,
+        num_cpu_timeout_secs: cpu_timeout,
+        num_gpu_timeout_secs: gpu_timeout,
+    })
+}
+
+/// The buffer against what dispatch and combine lay out in it (`(so, su, channels)` the
+/// logical domains and channels): `(num_max_tokens_per_rank, num_bytes)`.
+fn check_buffer_bytes(
+    job: &Job<'_>,
+    b: &BufferSpec,
+    w: &WorkloadSpec,
+    (so, su, channels): (u32, u32, u32),
+    d: &mut Diagnostics<'_>,
+) -> (u32, u64) {
+    let (prefix, name) = (job.prefix.as_str(), job.name());
+    let bkey = |k: &str| format!("{prefix}.buffer.{k}");
+    let combine_tok = v2::combine_token_bytes(w.hidden, w.topk);
     let t = b.num_max_tokens_per_rank.unwrap_or(0);
     if w.tokens_per_rank > t {
         d.error("v2-max-tokens", &bkey("num_max_tokens_per_rank"), name, format!("tokens_per_rank = {} > num_max_tokens_per_rank = {t}: host assert `num_tokens <= num_max_tokens_per_rank` (set it in [job.buffer]; DeepEP's default is 0)", w.tokens_per_rank));
@@ -423,6 +471,19 @@ fn check_buffer(
     if com > num_bytes && w.ops.contains(&crate::scenario::schema::OpKind::Combine) {
         d.error("v2-buffer-size", &bkey("num_bytes"), name, format!("combine lays out {com} B > the buffer's {num_bytes} B: host assert `get_combine_buffer_size(...) <= num_buffer_bytes`"));
     }
+    (t, num_bytes)
+}
+
+/// The timeouts, `deterministic` and the combine type: `(cpu, gpu)` timeouts in seconds.
+fn check_call_flags(
+    job: &Job<'_>,
+    b: &BufferSpec,
+    w: &WorkloadSpec,
+    d: &mut Diagnostics<'_>,
+) -> (u32, u32) {
+    let (prefix, name) = (job.prefix.as_str(), job.name());
+    let bkey = |k: &str| format!("{prefix}.buffer.{k}");
+    let wkey = |k: &str| format!("{prefix}.workload.{k}");
     let cpu_timeout = b.num_cpu_timeout_secs.unwrap_or(defaults::NUM_CPU_TIMEOUT_SECS);
     let gpu_timeout = b.num_gpu_timeout_secs.unwrap_or(defaults::NUM_GPU_TIMEOUT_SECS);
     for (k, v) in [("num_cpu_timeout_secs", cpu_timeout), ("num_gpu_timeout_secs", gpu_timeout)] {
@@ -441,36 +502,7 @@ fn check_buffer(
             "V2's combine takes BF16 (host assert `x.scalar_type() == torch::kBFloat16`)".into(),
         );
     }
-    if !shape_ok {
-        return None;
-    }
-    Some(ElasticSettings {
-        hybrid,
-        num_scaleout_ranks: so,
-        num_scaleup_ranks: su,
-        num_rdma_ranks: rdma_ranks,
-        num_nvlink_ranks: nvl_ranks,
-        num_sms,
-        num_sms_auto: auto,
-        channels_per_sm: per_sm,
-        num_channels: channels,
-        num_qps,
-        num_allocated_qps: allocated,
-        connection,
-        sl,
-        sl_from_env,
-        gin_disabled: user.gin_disabled,
-        use_fp8_dispatch: use_fp8,
-        deterministic: b.deterministic.unwrap_or(false),
-        allow_multiple_reduction: multiple,
-        prefer_overlap_with_compute: b
-            .prefer_overlap_with_compute
-            .unwrap_or(defaults::PREFER_OVERLAP_WITH_COMPUTE),
-        num_max_tokens_per_rank: t,
-        num_bytes,
-        num_cpu_timeout_secs: cpu_timeout,
-        num_gpu_timeout_secs: gpu_timeout,
-    })
+    (cpu_timeout, gpu_timeout)
 }
 
 /// The workload against V2's kernels: `false` when its shape is unusable.
