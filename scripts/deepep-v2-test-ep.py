@@ -1,13 +1,18 @@
-"""A stand-in for DeepEP V2's tests/elastic/test_ep.py (not shipped in the wheel), written from
-docs/design.md ("DeepEP V2") and the wheel's API (deep_ep/buffers/elastic.py, deep_ep/utils/):
-spawns --num-processes ranks, builds an ElasticBuffer, checks dispatch and combine the way
-DeepEP's tests do (rows equal their source rank, combine = x times the ranks visited), times the
-dispatch_impl / combine_impl kernels with kineto, and prints one line per rank in test_ep.py's
-shape:
+"""eptwin's equivalent of DeepEP V2's tests/elastic/test_ep.py (the wheel ships no tests),
+written from docs/design.md ("DeepEP V2") and the wheel's API (deep_ep/buffers/elastic.py,
+deep_ep/utils/): takes test_ep.py's flags (those `eptwin deepep launch` prints, and the
+others), spawns --num-processes ranks, builds an ElasticBuffer, checks dispatch and combine the
+way DeepEP's tests do (rows equal their source rank, combine = x times the ranks visited),
+times the dispatch_impl / combine_impl kernels with kineto, and prints, after a
+" > Testing with ..." line, one line per rank in test_ep.py's shape:
    * EP: {rank:3}/{n} | dispatch: {SO:.0f} GB/s (SO), {SU:.0f} GB/s (SU), {t:.3f} us, {su_bytes} bytes
    @ EP: ... | combine: ...
-SO = scale-out bytes sent (every distinct NVLink domain of a token, its own included) / t;
-SU = scale-up bytes received / t (docs/design.md, DeepEP V2 §5)."""
+SO = scale-out bytes sent / t: hybrid mode (more than one scale-out domain) counts every
+distinct scale-up domain of a token, its own included; direct mode every destination rank
+outside the sender's NVLink domain (none at one rank).
+SU = scale-up bytes received / t (docs/design.md, DeepEP V2 §5; the same counts as
+eptwin's ElasticBytes). Dispatch is FP8 unless EPTWIN_V2_DISPATCH_DTYPE=bf16 (test_ep.py has
+no flag for it)."""
 
 import argparse
 import os
@@ -30,6 +35,7 @@ def run(local_rank, num_local_ranks, args):
     from deep_ep.utils.math import per_token_cast_to_fp8, calc_diff
 
     rank, num_ranks, group = init_dist(local_rank, num_local_ranks, args.seed)
+    args.bf16 = os.environ.get('EPTWIN_V2_DISPATCH_DTYPE', 'fp8').lower() == 'bf16'
     torch.manual_seed(args.seed + rank)
     n_tok, hidden, k, experts = args.num_tokens, args.hidden, args.num_topk, args.num_experts
     if rank == 0:
@@ -38,16 +44,19 @@ def run(local_rank, num_local_ranks, args):
               f'deep_ep={deep_ep.__version__} nccl={torch.cuda.nccl.version()}', flush=True)
     buffer = deep_ep.ElasticBuffer(
         group, num_max_tokens_per_rank=n_tok, hidden=hidden, num_topk=k,
-        use_fp8_dispatch=not args.bf16, deterministic=False,
+        use_fp8_dispatch=not args.bf16,
         allow_hybrid_mode=bool(args.allow_hybrid_mode),
         allow_multiple_reduction=bool(args.allow_multiple_reduction),
         prefer_overlap_with_compute=bool(args.prefer_overlap_with_compute),
-        sl_idx=args.sl_idx, num_allocated_qps=args.num_allocated_qps,
+        deterministic=args.deterministic, sl_idx=args.sl_idx, num_allocated_qps=args.num_allocated_qps,
         num_cpu_timeout_secs=args.num_cpu_timeout_secs, num_gpu_timeout_secs=args.num_gpu_timeout_secs,
         explicitly_destroy=True)
     so, su = buffer.get_logical_domain_size()
     print(f' > rank {rank}: logical domains {so} x {su}, physical {buffer.get_physical_domain_size()}, '
           f'allocated QPs {buffer.num_allocated_qps}', flush=True)
+
+    print(f' > Testing with dispatch={"bf16" if args.bf16 else "fp8"}, num_sms={args.num_sms}, '
+          f'num_qps={args.num_qps}', flush=True)
 
     # Routing as DeepEP's tests: scores |N(0,1)| + 1, top-k over every expert.
     scores = torch.randn((n_tok, experts), dtype=torch.float32, device='cuda').abs() + 1
@@ -87,11 +96,15 @@ def run(local_rank, num_local_ranks, args):
 
     # Bytes as test_ep.py counts them.
     num_nvl = buffer.get_physical_domain_size()[1]
-    dom = (topk_idx // per_rank) // (su if so > 1 else num_nvl)
-    so_tokens = sum(int((dom == d).any(dim=1).sum()) for d in range(max(num_ranks // num_nvl, 1)))
-    if so == 1:
-        own = rank // num_nvl
-        so_tokens = int((((topk_idx // per_rank) // num_nvl) != own).sum())
+    dst, _ = (topk_idx // per_rank).sort(dim=1)
+    first = torch.ones_like(dst, dtype=torch.bool)
+    first[:, 1:] = dst[:, 1:] != dst[:, :-1]
+    # Hybrid kernels only with more than one scale-out domain (eptwin's validator, the same rule).
+    if args.allow_hybrid_mode and so > 1:
+        dom, _ = (dst // max(su, 1)).sort(dim=1)
+        so_tokens = int(dom.size(0) + (dom[:, 1:] != dom[:, :-1]).sum()) if dom.numel() else 0
+    else:
+        so_tokens = int((first & ((dst // num_nvl) != rank // num_nvl)).sum())
     su_tokens = rows.size(0)
     disp_bytes, comb_bytes = token_bytes(hidden, not args.bf16), 2 * hidden
 
@@ -129,9 +142,13 @@ def main():
     p.add_argument('--allow-hybrid-mode', type=int, default=1)
     p.add_argument('--allow-multiple-reduction', type=int, default=1)
     p.add_argument('--prefer-overlap-with-compute', type=int, default=0)
-    p.add_argument('--bf16', action='store_true', help='BF16 dispatch (default FP8)')
+    p.add_argument('--deterministic', action='store_true')
+    p.add_argument('--do-cpu-sync', action='store_true')
     p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--skip-check', action='store_true')
     p.add_argument('--skip-perf-test', action='store_true')
+    p.add_argument('--do-pressure-test', action='store_true')
+    p.add_argument('--test-first-only', action='store_true')
     args = p.parse_args()
     try:
         mp.spawn(run, args=(args.num_processes, args), nprocs=args.num_processes)
