@@ -113,9 +113,23 @@ impl Subject {
                 let mut env = process_env.clone();
                 env.extend(job.env.iter().map(|(k, v)| (k.clone(), v.value.clone())));
                 let deepep = job.deepep();
+                let api = match deepep.and_then(|d| d.elastic) {
+                    // The effective mode (hybrid needs more than one NVLink domain), and the
+                    // automatic QP count left to the node's own NIC.
+                    Some(e) => Api::V2 {
+                        allow_hybrid_mode: e.hybrid,
+                        num_allocated_qps: if e.num_allocated_qps_auto {
+                            0
+                        } else {
+                            e.num_allocated_qps
+                        },
+                        sl_idx: e.sl,
+                    },
+                    None => Api::V1,
+                };
                 JobSubject {
                     name: job.name.clone(),
-                    api: Api::V1,
+                    api,
                     mode: deepep.map(|d| d.mode),
                     num_ranks: job.num_ranks(),
                     nodes: nodes.len() as u32,
@@ -161,5 +175,29 @@ impl Subject {
 
     pub fn any_v1_nvshmem(&self) -> bool {
         self.deepep_jobs().any(|j| !j.is_v2() && j.mode.is_some_and(EpMode::uses_nvshmem))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subject(rel: &str) -> Subject {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+        let loaded = eptwin_engine::load(&path).unwrap();
+        Subject::from_plan(&eptwin_engine::Plan::build(&loaded).unwrap(), &BTreeMap::new())
+    }
+
+    #[test]
+    fn v2_jobs_map_to_v2_with_the_automatic_qps_left_to_the_node() {
+        let s = subject("scenarios/v2-ep16-normal.toml");
+        assert_eq!(
+            s.jobs[0].api,
+            Api::V2 { allow_hybrid_mode: true, num_allocated_qps: 0, sl_idx: 3 }
+        );
+        let mixed = subject("scenarios/v1-v2-shared-fabric-isolated.toml");
+        let apis: Vec<bool> = mixed.jobs.iter().map(JobSubject::is_v2).collect();
+        assert!(apis.contains(&true) && apis.contains(&false), "{apis:?}");
+        assert!(!subject("scenarios/ep16-ll.toml").any_v2());
     }
 }

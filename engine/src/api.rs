@@ -15,6 +15,12 @@ pub use crate::deepep::bytes::{
     normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
 pub use crate::deepep::config::{Config, EpMode, align_up};
+pub use crate::deepep::elastic::{
+    ElasticBytes, ElasticSettings, GinConnection, SCALEOUT_UPDATE_INTERVAL,
+    SCALEUP_UPDATE_INTERVAL, SLOTS_PER_FORWARD_CHUNK,
+    combine_token_bytes as elastic_combine_token_bytes,
+    dispatch_token_bytes as elastic_dispatch_token_bytes,
+};
 pub use crate::deepep::env::{DEFAULT_QP_DEPTH, NvshmemSettings};
 pub use crate::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, Lane, VlArbEntry, parse_vlarb};
 pub use crate::plan::{

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use crate::deepep::bytes::{LogicalBytes, logical_bytes};
+use crate::deepep::elastic::ElasticBytes;
 use crate::deepep::env::EnvVar;
 use crate::ids::{JobId, Rank, Sl, Vl};
 use crate::result::RoutingFileRecord;
@@ -91,6 +92,9 @@ pub struct DeepEpJob {
     /// The routing file a `Routing::File` job replays: where it was read and its sha256
     /// (results record both).
     pub routing_file: Option<RoutingFileRef>,
+    /// DeepEP V2 (`api = "elastic"`): `ElasticBuffer`'s resolved settings; `None` for V1.
+    /// `mode` then only says whether the job spans several NVLink domains.
+    pub elastic: Option<ElasticSettings>,
     num_ranks: u32,
     generated: OnceLock<Generated>,
 }
@@ -125,6 +129,7 @@ impl DeepEpJob {
             dispatch_config: configs.0,
             combine_config: configs.1,
             routing_file: None,
+            elastic: None,
             num_ranks,
             generated: OnceLock::new(),
         }
@@ -133,9 +138,7 @@ impl DeepEpJob {
     /// The job replaying a routing read from a file (the validator read and checked it for
     /// this job's shape): the table is held from now on instead of generated.
     pub fn with_routing_file(mut self, loaded: crate::routing_file::LoadedRouting) -> DeepEpJob {
-        let w = &self.workload;
-        let logical =
-            logical_bytes(self.mode, &loaded.table, w.hidden, w.dispatch_dtype, w.combine_dtype);
+        let logical = self.count_logical(&loaded.table);
         self.generated = OnceLock::from(Generated { routing: loaded.table, logical });
         self.routing_file = Some(RoutingFileRef { file: loaded.file, sha256: loaded.sha256 });
         self
@@ -152,11 +155,36 @@ impl DeepEpJob {
             // generating one here would replay an all-masked routing.
             debug_assert!(self.workload.routing != Routing::File, "file routing without its table");
             let routing = generate(&self.workload, self.num_ranks);
-            let w = &self.workload;
-            let logical =
-                logical_bytes(self.mode, &routing, w.hidden, w.dispatch_dtype, w.combine_dtype);
+            let logical = self.count_logical(&routing);
             Generated { routing, logical }
         })
+    }
+
+    /// The bytes the job's own test counts: V1's (`logical_bytes`), or V2's scale-out bytes
+    /// as the bottleneck column with the scale-up bytes in the "(NVL)" one.
+    fn count_logical(&self, routing: &RoutingTable) -> LogicalBytes {
+        let w = &self.workload;
+        let Some(e) = &self.elastic else {
+            return logical_bytes(self.mode, routing, w.hidden, w.dispatch_dtype, w.combine_dtype);
+        };
+        let domain = if e.hybrid { e.num_scaleup_ranks } else { e.num_nvlink_ranks };
+        let counted = ElasticBytes::count(routing, domain, e.hybrid);
+        let scale = |counts: &[u64], per: u64| counts.iter().map(|&c| c * per).collect::<Vec<_>>();
+        let dispatch_row = crate::deepep::elastic::logical_token_bytes(w.hidden, w.dispatch_dtype);
+        let combine_row = 2 * w.hidden as u64;
+        LogicalBytes {
+            label: "SO".into(),
+            dispatch_per_rank: scale(&counted.scaleout_tokens_sent, dispatch_row),
+            combine_per_rank: scale(&counted.scaleout_tokens_sent, combine_row),
+            nvl_dispatch_per_rank: scale(&counted.scaleup_tokens_recv, dispatch_row),
+            nvl_combine_per_rank: scale(&counted.scaleup_tokens_recv, combine_row),
+        }
+    }
+
+    /// The job as DeepEP V2's `ElasticBuffer` (`with` its settings).
+    pub fn with_elastic(mut self, settings: ElasticSettings) -> DeepEpJob {
+        self.elastic = Some(settings);
+        self
     }
 
     /// Routing in job-rank space: generated from the workload's seed, or the table of its
@@ -233,6 +261,24 @@ impl JobPlan {
             }
             (JobKind::Traffic(t), OpKind::Transfer) => t.bytes_per_rank as f64,
             _ => 0.0,
+        }
+    }
+
+    /// DeepEP V2's scale-out and scale-up bytes per rank (mean) for `op`; `None` for a V1 job.
+    pub fn elastic_bytes_per_rank(&self, op: OpKind) -> Option<(f64, f64)> {
+        let JobKind::DeepEp(j) = &self.kind else { return None };
+        j.elastic?;
+        let l = j.logical();
+        match op {
+            OpKind::Dispatch => Some((
+                LogicalBytes::mean(&l.dispatch_per_rank),
+                LogicalBytes::mean(&l.nvl_dispatch_per_rank),
+            )),
+            OpKind::Combine => Some((
+                LogicalBytes::mean(&l.combine_per_rank),
+                LogicalBytes::mean(&l.nvl_combine_per_rank),
+            )),
+            _ => None,
         }
     }
 

@@ -288,6 +288,10 @@ pub struct NicParams {
     pub rx_latency_ns: u64,
     /// Largest QP depth the NIC supports (NVSHMEM caps at 32768).
     pub max_qp_depth: u32,
+    /// QPs the NIC can hold (`ibv_devinfo -v` `max_qp`): DeepEP V2's QPs per GPU (allocated
+    /// QPs × connected peers) must fit (DeepEP #649). Absent: not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_qps: Option<u32>,
 }
 
 /// Fabric defaults; `[cluster.fabric]` overrides any of them.
@@ -378,6 +382,13 @@ pub struct DeepEpCosts {
     /// follow one another), ns. Absent = 0.
     #[serde(default)]
     pub ll_reduce_load_ns: u64,
+    /// DeepEP V2: a warp's TMA bulk load from HBM into shared memory, fixed part (issue to
+    /// landed), ns. Absent: the profile cannot run V2 jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic_tma_fill_ns: Option<u64>,
+    /// DeepEP V2: one SM's TMA bulk-copy throughput, shared by its warps, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic_sm_tma_gbps: Option<f64>,
 }
 
 /// Why a profile could not be resolved.
@@ -605,6 +616,8 @@ fn is_optional_profile_key(section: &str, key: &str) -> bool {
                     | "ll_combine_round_ns"
                     | "ll_reduce_load_ns"
             ))
+        || (section == "nic" && key == "max_qps")
+        || (section == "deepep" && key.starts_with("elastic_"))
 }
 
 #[cfg(test)]

@@ -194,6 +194,12 @@ pub struct Summary {
     /// Number of samples whose correctness checks failed (nccl-tests' `#wrong`).
     #[serde(default)]
     pub wrong: u32,
+    /// DeepEP V2 ops: scale-out bytes sent over RDMA ÷ mean latency and scale-up bytes received
+    /// over NVLink ÷ mean latency, as `tests/elastic/test_ep.py` prints them ("(SO)", "(SU)").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub so_bw_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub su_bw_gbps: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -204,7 +210,11 @@ pub struct ReferenceComparison {
     pub latency_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logical_bw_gbps: Option<f64>,
-    /// (this backend − reference) / reference, percent, on latency (bandwidth when no latency).
+    /// DeepEP V2's published "(SO)" bandwidth, when the reference gives it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub so_bw_gbps: Option<f64>,
+    /// (this backend − reference) / reference, percent, on latency (bandwidth when no latency;
+    /// `so_bw_gbps` when that is the only figure).
     pub error_pct: f64,
     pub within_tolerance: bool,
 }

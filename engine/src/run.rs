@@ -178,6 +178,8 @@ pub fn scenario_ref(plan: &Plan) -> ScenarioRef {
 
 pub fn job_kind_name(job: &JobPlan) -> &'static str {
     match &job.kind {
+        JobKind::DeepEp(d) if d.elastic.is_some_and(|e| e.hybrid) => "elastic-hybrid",
+        JobKind::DeepEp(d) if d.elastic.is_some() => "elastic-direct",
         JobKind::DeepEp(d) => match d.mode {
             EpMode::Intranode => "intranode",
             EpMode::Internode => "internode",
@@ -239,7 +241,10 @@ fn op_result(job: &JobPlan, op: OpKind, samples: &[&OpSample]) -> OpResult {
         phases_us: phase_sums.into_iter().map(|(k, (sum, n))| (k, sum / n as f64)).collect(),
         checks: checks.into_iter().collect(),
         wrong: samples.iter().filter(|s| !s.failures.is_empty()).count() as u32,
+        so_bw_gbps: None,
+        su_bw_gbps: None,
     };
+    let summary = with_elastic_bandwidth(job, op, summary);
     let reference = reference_comparison(job, op, &summary);
     OpResult {
         op: op.to_string(),
@@ -257,6 +262,19 @@ fn op_result(job: &JobPlan, op: OpKind, samples: &[&OpSample]) -> OpResult {
     }
 }
 
+/// A DeepEP V2 op's "(SO)" and "(SU)" bandwidths: its scale-out and scale-up bytes per rank
+/// over the mean latency (`tests/elastic/test_ep.py`).
+pub fn with_elastic_bandwidth(job: &JobPlan, op: OpKind, mut summary: Summary) -> Summary {
+    if let Some((so, su)) = job.elastic_bytes_per_rank(op)
+        && summary.latency_us.mean > 0.0
+    {
+        let per_ns = summary.latency_us.mean * 1e3;
+        summary.so_bw_gbps = Some(so / per_ns);
+        summary.su_bw_gbps = Some(su / per_ns);
+    }
+    summary
+}
+
 /// The job's published number for `op` (`[job.reference]`) and `summary`'s error against
 /// it: on latency when the reference gives one, else on bandwidth.
 pub fn reference_comparison(
@@ -266,16 +284,18 @@ pub fn reference_comparison(
 ) -> Option<ReferenceComparison> {
     let r = job.reference.as_ref()?;
     let published = r.ops.get(&op)?;
-    let error_pct = match (published.latency_us, published.logical_bw_gbps) {
-        (Some(lat), _) => (summary.latency_us.mean - lat) / lat * 100.0,
-        (None, Some(bw)) => (summary.logical_bw_gbps - bw) / bw * 100.0,
-        (None, None) => return None,
+    let error_pct = match (published.latency_us, published.logical_bw_gbps, published.so_bw_gbps) {
+        (Some(lat), ..) => (summary.latency_us.mean - lat) / lat * 100.0,
+        (None, Some(bw), _) => (summary.logical_bw_gbps - bw) / bw * 100.0,
+        (None, None, Some(bw)) => (summary.so_bw_gbps.unwrap_or(0.0) - bw) / bw * 100.0,
+        (None, None, None) => return None,
     };
     Some(ReferenceComparison {
         source: r.source.clone(),
         tolerance_pct: r.tolerance_pct,
         latency_us: published.latency_us,
         logical_bw_gbps: published.logical_bw_gbps,
+        so_bw_gbps: published.so_bw_gbps,
         error_pct,
         within_tolerance: error_pct.abs() <= r.tolerance_pct,
     })

@@ -43,6 +43,9 @@ pub struct Capabilities {
     /// Set when the backend can run nothing on this machine (no GPU, no driver): one line.
     pub unavailable: Option<String>,
     pub modes: Vec<EpMode>,
+    /// Runs DeepEP V2 (`ElasticBuffer`) jobs.
+    #[serde(default)]
+    pub elastic: bool,
     pub traffic: bool,
     /// Several jobs sharing the fabric at once (`OpSpec::Concurrent`).
     pub concurrent_jobs: bool,
@@ -68,7 +71,13 @@ impl Capabilities {
         }
         for job in &plan.jobs {
             match &job.kind {
-                JobKind::DeepEp(d) if !self.modes.contains(&d.mode) => {
+                JobKind::DeepEp(d) if d.elastic.is_some() && !self.elastic => {
+                    return Some(format!(
+                        "job {:?}: DeepEP V2 (ElasticBuffer) kernels are not supported by this backend; `eptwin deepep launch` runs them with DeepEP itself",
+                        job.name
+                    ));
+                }
+                JobKind::DeepEp(d) if d.elastic.is_none() && !self.modes.contains(&d.mode) => {
                     return Some(format!(
                         "job {:?}: {:?} kernels are not supported by this backend",
                         job.name, d.mode

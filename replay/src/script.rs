@@ -9,30 +9,36 @@ use crate::subject::Subject;
 
 /// A family of DeepEP's test scripts: one launch convention, one set of flags and printed
 /// lines. A replay picks the family ([`ScriptFamily::of`]), then the family's script for the
-/// job's mode; the family's rules (`launch::v1`) say where its scripts differ from the
-/// scenario. A second family adds a variant here, its scripts to [`Script`], and its rules and
-/// line formats beside V1's.
+/// job's mode; the family's rules (`launch::v1`, `launch::v2`) say where its scripts differ
+/// from the scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScriptFamily {
     /// DeepEP V1's `tests/test_intranode.py`, `test_internode.py` and `test_low_latency.py`:
     /// one script per mode, started once per node (`WORLD_SIZE` = nodes, `RANK` = node rank)
     /// with one process per local GPU.
     V1,
+    /// DeepEP V2's `tests/elastic/test_ep.py` (`ElasticBuffer`): one script for every mode,
+    /// started like V1's.
+    V2,
 }
 
 impl ScriptFamily {
     /// Every family, in the order a script path is looked up.
-    pub const ALL: [ScriptFamily; 1] = [ScriptFamily::V1];
+    pub const ALL: [ScriptFamily; 2] = [ScriptFamily::V1, ScriptFamily::V2];
 
-    /// The family that replays `subject` (DeepEP V1's scripts for every scenario today).
-    pub fn of(_subject: &Subject) -> ScriptFamily {
-        ScriptFamily::V1
+    /// The family that replays `subject`: V2's test for an `ElasticBuffer` job, V1's scripts
+    /// otherwise.
+    pub fn of(subject: &Subject) -> ScriptFamily {
+        let elastic =
+            subject.jobs.iter().filter_map(|j| j.deepep.as_ref()).any(|d| d.elastic.is_some());
+        if elastic { ScriptFamily::V2 } else { ScriptFamily::V1 }
     }
 
     /// The family's scripts.
     pub fn scripts(self) -> &'static [Script] {
         match self {
             ScriptFamily::V1 => &[Script::Intranode, Script::Internode, Script::LowLatency],
+            ScriptFamily::V2 => &[Script::Elastic],
         }
     }
 
@@ -44,6 +50,7 @@ impl ScriptFamily {
                 EpMode::Internode => Script::Internode,
                 EpMode::LowLatency => Script::LowLatency,
             },
+            ScriptFamily::V2 => Script::Elastic,
         }
     }
 }
@@ -54,12 +61,23 @@ pub enum Script {
     Intranode,
     Internode,
     LowLatency,
+    /// V2's `tests/elastic/test_ep.py`.
+    Elastic,
 }
 
 impl Script {
     pub fn family(self) -> ScriptFamily {
         match self {
             Script::Intranode | Script::Internode | Script::LowLatency => ScriptFamily::V1,
+            Script::Elastic => ScriptFamily::V2,
+        }
+    }
+
+    /// The script's path inside a DeepEP checkout.
+    pub fn repo_path(self) -> String {
+        match self {
+            Script::Elastic => format!("tests/elastic/{}", self.file_name()),
+            _ => format!("tests/{}", self.file_name()),
         }
     }
 
@@ -68,6 +86,7 @@ impl Script {
             Script::Intranode => "test_intranode.py",
             Script::Internode => "test_internode.py",
             Script::LowLatency => "test_low_latency.py",
+            Script::Elastic => "test_ep.py",
         }
     }
 
@@ -111,6 +130,30 @@ impl Script {
                 ("--pressure-test", false),
                 ("--shrink-test", false),
             ],
+            // tests/elastic/test_ep.py @dd758ca (docs/deepep-replay.md, "The scripts").
+            Script::Elastic => &[
+                ("--num-processes", true),
+                ("--num-tokens", true),
+                ("--hidden", true),
+                ("--num-topk", true),
+                ("--num-experts", true),
+                ("--num-sms", true),
+                ("--num-qps", true),
+                ("--num-allocated-qps", true),
+                ("--num-gpu-timeout-secs", true),
+                ("--num-cpu-timeout-secs", true),
+                ("--sl-idx", true),
+                ("--allow-hybrid-mode", true),
+                ("--allow-multiple-reduction", true),
+                ("--prefer-overlap-with-compute", true),
+                ("--deterministic", false),
+                ("--do-cpu-sync", false),
+                ("--seed", true),
+                ("--skip-check", false),
+                ("--skip-perf-test", false),
+                ("--do-pressure-test", false),
+                ("--test-first-only", false),
+            ],
         }
     }
 }
@@ -138,9 +181,97 @@ pub struct ScriptArgs {
     pub use_fabric: bool,
     pub disable_nvlink: bool,
     pub use_logfmt: bool,
+    /// test_ep.py's `ElasticBuffer` and per-call flags (`None` for V1's scripts).
+    pub elastic: Option<ElasticArgs>,
     /// Flags eptwin never emits that change what the script measures (`--pressure-test`,
-    /// `--shrink-test`, `--test-ll-compatibility`, `--pressure-test-mode N`), as written.
+    /// `--shrink-test`, `--test-ll-compatibility`, `--pressure-test-mode N`, test_ep.py's
+    /// `--do-pressure-test`, `--skip-perf-test`), as written.
     pub other: Vec<String>,
+}
+
+/// test_ep.py's flags for `ElasticBuffer(...)` and each `dispatch`/`combine` call, with the
+/// script's defaults (which differ from the constructor's: `--sl-idx 0`,
+/// `--prefer-overlap-with-compute 0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElasticArgs {
+    /// SMs per call; 0 = `get_theoretical_num_sms`.
+    pub num_sms: u32,
+    /// QPs per call; 0 = `get_theoretical_num_qps`.
+    pub num_qps: u32,
+    /// QPs the buffer allocates; 0 = the automatic 65 / 129 / 17.
+    pub num_allocated_qps: u32,
+    pub num_gpu_timeout_secs: u32,
+    pub num_cpu_timeout_secs: u32,
+    pub sl_idx: u32,
+    pub allow_hybrid_mode: bool,
+    pub allow_multiple_reduction: bool,
+    pub prefer_overlap_with_compute: bool,
+    pub deterministic: bool,
+}
+
+impl Default for ElasticArgs {
+    fn default() -> ElasticArgs {
+        ElasticArgs {
+            num_sms: 0,
+            num_qps: 0,
+            num_allocated_qps: 0,
+            num_gpu_timeout_secs: 100,
+            num_cpu_timeout_secs: 300,
+            sl_idx: 0,
+            allow_hybrid_mode: true,
+            allow_multiple_reduction: true,
+            prefer_overlap_with_compute: false,
+            deterministic: false,
+        }
+    }
+}
+
+impl ElasticArgs {
+    fn to_args(self, args: &mut Vec<String>) {
+        let bit = |b: bool| if b { "1" } else { "0" }.to_string();
+        args.extend([
+            "--num-sms".into(),
+            self.num_sms.to_string(),
+            "--num-qps".into(),
+            self.num_qps.to_string(),
+            "--num-allocated-qps".into(),
+            self.num_allocated_qps.to_string(),
+            "--num-gpu-timeout-secs".into(),
+            self.num_gpu_timeout_secs.to_string(),
+            "--num-cpu-timeout-secs".into(),
+            self.num_cpu_timeout_secs.to_string(),
+            "--sl-idx".into(),
+            self.sl_idx.to_string(),
+            "--allow-hybrid-mode".into(),
+            bit(self.allow_hybrid_mode),
+            "--allow-multiple-reduction".into(),
+            bit(self.allow_multiple_reduction),
+            "--prefer-overlap-with-compute".into(),
+            bit(self.prefer_overlap_with_compute),
+        ]);
+        if self.deterministic {
+            args.push("--deterministic".into());
+        }
+    }
+
+    /// (flag, value) pairs, for comparing a log's flags with the scenario's.
+    fn pairs(&self) -> [(&'static str, String); 10] {
+        [
+            ("--num-sms", self.num_sms.to_string()),
+            ("--num-qps", self.num_qps.to_string()),
+            ("--num-allocated-qps", self.num_allocated_qps.to_string()),
+            ("--num-gpu-timeout-secs", self.num_gpu_timeout_secs.to_string()),
+            ("--num-cpu-timeout-secs", self.num_cpu_timeout_secs.to_string()),
+            ("--sl-idx", self.sl_idx.to_string()),
+            ("--allow-hybrid-mode", u8::from(self.allow_hybrid_mode).to_string()),
+            ("--allow-multiple-reduction", u8::from(self.allow_multiple_reduction).to_string()),
+            (
+                "--prefer-overlap-with-compute",
+                u8::from(self.prefer_overlap_with_compute).to_string(),
+            ),
+            ("--deterministic", if self.deterministic { "set" } else { "absent" }.to_string()),
+        ]
+    }
 }
 
 impl ScriptArgs {
@@ -148,20 +279,21 @@ impl ScriptArgs {
     pub fn defaults(script: Script) -> ScriptArgs {
         let (num_tokens, num_experts) = match script {
             Script::LowLatency => (128, 288),
-            Script::Intranode | Script::Internode => (4096, 256),
+            Script::Intranode | Script::Internode | Script::Elastic => (4096, 256),
         };
         ScriptArgs {
             script,
             num_processes: 8,
             num_tokens,
             hidden: 7168,
-            num_topk: 8,
+            num_topk: if script == Script::Elastic { 6 } else { 8 },
             num_experts,
             num_topk_groups: None,
             allow_mnnvl: false,
             use_fabric: false,
             disable_nvlink: false,
             use_logfmt: false,
+            elastic: (script == Script::Elastic).then(ElasticArgs::default),
             other: Vec::new(),
         }
     }
@@ -194,6 +326,9 @@ impl ScriptArgs {
             if on {
                 args.push(flag.into());
             }
+        }
+        if let Some(e) = self.elastic {
+            e.to_args(&mut args);
         }
         args.extend(self.other.iter().cloned());
         args
@@ -243,6 +378,31 @@ impl ScriptArgs {
                 "--use-fabric" => out.use_fabric = true,
                 "--disable-nvlink" => out.disable_nvlink = true,
                 "--use-logfmt" => out.use_logfmt = true,
+                "--num-sms"
+                | "--num-qps"
+                | "--num-allocated-qps"
+                | "--num-gpu-timeout-secs"
+                | "--num-cpu-timeout-secs"
+                | "--sl-idx"
+                | "--allow-hybrid-mode"
+                | "--allow-multiple-reduction"
+                | "--prefer-overlap-with-compute"
+                | "--deterministic" => {
+                    let e = out.elastic.get_or_insert_with(ElasticArgs::default);
+                    let v = if takes_value { number(&value)? } else { 1 };
+                    match flag {
+                        "--num-sms" => e.num_sms = v,
+                        "--num-qps" => e.num_qps = v,
+                        "--num-allocated-qps" => e.num_allocated_qps = v,
+                        "--num-gpu-timeout-secs" => e.num_gpu_timeout_secs = v,
+                        "--num-cpu-timeout-secs" => e.num_cpu_timeout_secs = v,
+                        "--sl-idx" => e.sl_idx = v,
+                        "--allow-hybrid-mode" => e.allow_hybrid_mode = v != 0,
+                        "--allow-multiple-reduction" => e.allow_multiple_reduction = v != 0,
+                        "--prefer-overlap-with-compute" => e.prefer_overlap_with_compute = v != 0,
+                        _ => e.deterministic = true,
+                    }
+                }
                 other => {
                     out.other.push(other.to_string());
                     out.other.extend(value);
@@ -282,6 +442,11 @@ impl ScriptArgs {
         push("--use-fabric", on(self.use_fabric), on(expected.use_fabric));
         push("--disable-nvlink", on(self.disable_nvlink), on(expected.disable_nvlink));
         push("--use-logfmt", on(self.use_logfmt), on(expected.use_logfmt));
+        if let (Some(log), Some(want)) = (self.elastic, expected.elastic) {
+            for ((flag, l), (_, w)) in log.pairs().into_iter().zip(want.pairs()) {
+                push(flag, l, w);
+            }
+        }
         push("other flags", self.other.join(" "), expected.other.join(" "));
         out
     }
@@ -293,7 +458,7 @@ mod tests {
 
     #[test]
     fn args_round_trip_every_script() {
-        for script in [Script::Intranode, Script::Internode, Script::LowLatency] {
+        for script in [Script::Intranode, Script::Internode, Script::LowLatency, Script::Elastic] {
             let mut args = ScriptArgs::defaults(script);
             args.num_processes = 4;
             args.num_tokens = 77;
@@ -306,6 +471,16 @@ mod tests {
                     args.disable_nvlink = true;
                     args.use_logfmt = true;
                     args.allow_mnnvl = true;
+                }
+                Script::Elastic => {
+                    args.elastic = Some(ElasticArgs {
+                        num_sms: 12,
+                        num_qps: 9,
+                        sl_idx: 5,
+                        allow_hybrid_mode: false,
+                        deterministic: true,
+                        ..ElasticArgs::default()
+                    })
                 }
             }
             let parsed = ScriptArgs::parse(script, &args.to_args()).unwrap();
@@ -340,7 +515,7 @@ mod tests {
         #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         #[test]
         fn any_args_round_trip(
-            script in proptest::sample::select(vec![Script::Intranode, Script::Internode, Script::LowLatency]),
+            script in proptest::sample::select(vec![Script::Intranode, Script::Internode, Script::LowLatency, Script::Elastic]),
             numbers in proptest::array::uniform5(1u32..100_000),
             groups in proptest::option::of(1u32..20),
             switches in proptest::array::uniform4(proptest::bool::ANY),
@@ -357,6 +532,12 @@ mod tests {
                     (args.allow_mnnvl, args.disable_nvlink, args.use_logfmt) =
                         (switches[0], switches[2], switches[3]);
                 }
+                Script::Elastic => {
+                    let e = args.elastic.as_mut().unwrap();
+                    (e.num_sms, e.num_qps, e.sl_idx) = (numbers[0] % 133, numbers[1] % 130, groups.unwrap_or(0) % 16);
+                    (e.allow_hybrid_mode, e.allow_multiple_reduction, e.prefer_overlap_with_compute, e.deterministic) =
+                        (switches[0], switches[1], switches[2], switches[3]);
+                }
             }
             let parsed = ScriptArgs::parse(script, &args.to_args()).unwrap();
             proptest::prop_assert_eq!(&parsed, &args);
@@ -369,5 +550,32 @@ mod tests {
         assert_eq!(Script::from_path("DeepEP/tests/test_low_latency.py"), Some(Script::LowLatency));
         assert_eq!(Script::from_path("test_internode.py"), Some(Script::Internode));
         assert_eq!(Script::from_path("tests/test_other.py"), None);
+        assert_eq!(Script::from_path("DeepEP/tests/elastic/test_ep.py"), Some(Script::Elastic));
+        assert_eq!(Script::Elastic.repo_path(), "tests/elastic/test_ep.py");
+        assert_eq!(Script::LowLatency.repo_path(), "tests/test_low_latency.py");
+    }
+
+    #[test]
+    fn test_ep_defaults_and_flags() {
+        let none: [&str; 0] = [];
+        let d = ScriptArgs::parse(Script::Elastic, &none).unwrap();
+        assert_eq!((d.num_processes, d.num_tokens, d.num_topk, d.num_experts), (8, 4096, 6, 256));
+        assert_eq!(d.elastic, Some(ElasticArgs::default()));
+        let a = ScriptArgs::parse(Script::Elastic, &["--sl-idx", "3", "--allow-hybrid-mode=0"])
+            .unwrap();
+        let e = a.elastic.unwrap();
+        assert_eq!((e.sl_idx, e.allow_hybrid_mode), (3, false));
+        let diffs = a.differences(&d, 1);
+        assert_eq!(
+            diffs,
+            [
+                ("--sl-idx".to_string(), "3".to_string(), "0".to_string()),
+                ("--allow-hybrid-mode".into(), "0".into(), "1".into())
+            ]
+        );
+        let err = ScriptArgs::parse(Script::Elastic, &["--use-logfmt"]).unwrap_err();
+        assert!(err.contains("test_ep.py has no argument"), "{err}");
+        let err = ScriptArgs::parse(Script::LowLatency, &["--num-sms", "3"]).unwrap_err();
+        assert!(err.contains("test_low_latency.py has no argument"), "{err}");
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use eptwin_engine::api::{Config, EpMode};
+use eptwin_engine::api::{Config, ElasticSettings, EpMode};
 use eptwin_engine::api::{JobKind, Plan};
 use eptwin_engine::deepep::env::EnvOrigin;
 use eptwin_engine::scenario::schema::{BufferSpec, NvlinkKind, OpKind, Scenario, WorkloadSpec};
@@ -41,6 +41,8 @@ pub struct SubjectDeepEp {
     pub workload: WorkloadSpec,
     pub dispatch_config: Option<Config>,
     pub combine_config: Option<Config>,
+    /// DeepEP V2's resolved `ElasticBuffer` settings (`None` for a V1 job).
+    pub elastic: Option<ElasticSettings>,
 }
 
 impl Subject {
@@ -71,6 +73,7 @@ impl Subject {
                         workload: workload.clone(),
                         dispatch_config: d.dispatch_config,
                         combine_config: d.combine_config,
+                        elastic: d.elastic,
                     }),
                     _ => None,
                 },

@@ -8,6 +8,7 @@
 
 pub mod core;
 pub mod deepep;
+pub mod elastic;
 pub mod gpu;
 pub mod hwkernels;
 pub mod jobs;
@@ -257,7 +258,11 @@ pub fn make_program(
 /// The program for one op of a DeepEP job: DeepEP's kernels, or, where the job's ranks share
 /// one GPU, the hardware backend's one-GPU kernels (DeepEP has none).
 fn deepep_program(plan: &Plan, core: &mut Core, meta: Meta) -> Box<dyn Program> {
-    let mode = programs::deepep_job(plan, meta.job).mode;
+    let d = programs::deepep_job(plan, meta.job);
+    if d.elastic.is_some() {
+        return Box::new(elastic::ElasticProgram::new(plan, core, meta));
+    }
+    let mode = d.mode;
     if hwkernels::applies(core, &meta) {
         match mode {
             EpMode::LowLatency => {
@@ -306,6 +311,7 @@ impl Transport for Simulator {
             ]),
             unavailable: None,
             modes: vec![EpMode::Intranode, EpMode::Internode, EpMode::LowLatency],
+            elastic: true,
             traffic: true,
             concurrent_jobs: true,
             max_ranks: None,

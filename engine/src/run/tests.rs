@@ -63,6 +63,7 @@ impl Transport for Fake {
             },
             unavailable: self.unavailable.clone(),
             modes: vec![EpMode::LowLatency, EpMode::Intranode],
+            elastic: false,
             traffic: true,
             concurrent_jobs: true,
             max_ranks: None,

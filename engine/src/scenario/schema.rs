@@ -263,11 +263,33 @@ impl RankSet {
     }
 }
 
+/// Which DeepEP buffer a job constructs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BufferApi {
+    /// DeepEP V1 `Buffer` (NVSHMEM/IBGDA), `deep_ep/buffers/legacy.py` at v2.1.0.
+    #[default]
+    Legacy,
+    /// DeepEP V2 `ElasticBuffer` (NCCL GIN), `deep_ep/buffers/elastic.py`.
+    Elastic,
+}
+
+impl BufferApi {
+    pub fn is_legacy(&self) -> bool {
+        *self == BufferApi::Legacy
+    }
+}
+
 /// `[job.buffer]`: DeepEP `Buffer(...)` arguments with DeepEP's defaults, plus `num_sms`
-/// (`Buffer.set_num_sms`) and the chunk sizes of `Config`.
+/// (`Buffer.set_num_sms`) and the chunk sizes of `Config`. With `api = "elastic"` the buffer
+/// is V2's `ElasticBuffer(...)` instead: its keys are the `Option`s below (absent = DeepEP's
+/// default, `docs/scenario.md`), and a V1 key written there is an error (the validator finds
+/// written keys in the source, since V1 keys have serde defaults).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BufferSpec {
+    #[serde(default, skip_serializing_if = "BufferApi::is_legacy")]
+    pub api: BufferApi,
     #[serde(default)]
     pub num_nvl_bytes: ByteSize,
     #[serde(default)]
@@ -294,6 +316,71 @@ pub struct BufferSpec {
     pub dispatch_config: ChunkConfig,
     #[serde(default, skip_serializing_if = "ChunkConfig::is_empty")]
     pub combine_config: ChunkConfig,
+    /// V2 (`api = "elastic"`): `ElasticBuffer.__init__`'s arguments (elastic.py:228-246).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_bytes: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_max_tokens_per_rank: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_fp8_dispatch: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deterministic: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_hybrid_mode: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_multiple_reduction: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer_overlap_with_compute: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sl_idx: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_allocated_qps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_cpu_timeout_secs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_gpu_timeout_secs: Option<u32>,
+    /// V2, per `dispatch`/`combine` call: RDMA QPs (0 = `get_theoretical_num_qps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_qps: Option<u32>,
+}
+
+/// The V1-only keys of `[job.buffer]` (a V2 buffer refuses them).
+pub const LEGACY_BUFFER_KEYS: [&str; 10] = [
+    "num_nvl_bytes",
+    "num_rdma_bytes",
+    "low_latency_mode",
+    "num_qps_per_rank",
+    "allow_nvlink_for_low_latency_mode",
+    "allow_mnnvl",
+    "use_fabric",
+    "enable_shrink",
+    "dispatch_config",
+    "combine_config",
+];
+
+impl BufferSpec {
+    /// The V2-only keys this buffer sets (a V1 buffer refuses them).
+    pub fn elastic_keys_set(&self) -> Vec<&'static str> {
+        let set = [
+            ("num_bytes", self.num_bytes.is_some()),
+            ("num_max_tokens_per_rank", self.num_max_tokens_per_rank.is_some()),
+            ("use_fp8_dispatch", self.use_fp8_dispatch.is_some()),
+            ("deterministic", self.deterministic.is_some()),
+            ("allow_hybrid_mode", self.allow_hybrid_mode.is_some()),
+            ("allow_multiple_reduction", self.allow_multiple_reduction.is_some()),
+            ("prefer_overlap_with_compute", self.prefer_overlap_with_compute.is_some()),
+            ("sl_idx", self.sl_idx.is_some()),
+            ("num_allocated_qps", self.num_allocated_qps.is_some()),
+            ("num_cpu_timeout_secs", self.num_cpu_timeout_secs.is_some()),
+            ("num_gpu_timeout_secs", self.num_gpu_timeout_secs.is_some()),
+            ("num_qps", self.num_qps.is_some()),
+        ];
+        set.iter().filter(|(_, on)| *on).map(|(k, _)| *k).collect()
+    }
+
+    pub fn is_elastic(&self) -> bool {
+        self.api == BufferApi::Elastic
+    }
 }
 
 impl Default for BufferSpec {
@@ -477,6 +564,9 @@ pub struct ReferenceOp {
     pub latency_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logical_bw_gbps: Option<f64>,
+    /// DeepEP V2's scale-out bandwidth (`tests/elastic/test_ep.py`'s "(SO)" figure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub so_bw_gbps: Option<f64>,
 }
 
 mod defaults {

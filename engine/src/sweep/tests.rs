@@ -201,6 +201,7 @@ impl Transport for Panics {
                 crate::deepep::config::EpMode::Intranode,
                 crate::deepep::config::EpMode::Internode,
             ],
+            elastic: true,
             traffic: true,
             concurrent_jobs: true,
             max_ranks: None,

@@ -155,6 +155,7 @@ pub(super) fn op_result(
     op: OpKind,
     samples: Vec<SampleRecord>,
     bytes: &[f64],
+    elastic_bytes: Option<(f64, f64)>,
     checks: Vec<String>,
     wrong: u32,
 ) -> OpResult {
@@ -183,7 +184,18 @@ pub(super) fn op_result(
         phases_us: phases.into_iter().map(|(k, v)| (k, mean(&v))).collect(),
         checks,
         wrong,
+        so_bw_gbps: None,
+        su_bw_gbps: None,
     };
+    // V2: scale-out and scale-up bytes per rank over the mean time, as test_ep.py divides.
+    let mut summary = summary;
+    if let Some((so, su)) = elastic_bytes
+        && summary.latency_us.mean > 0.0
+    {
+        let per_ns = summary.latency_us.mean * 1e3;
+        summary.so_bw_gbps = Some(so / per_ns);
+        summary.su_bw_gbps = Some(su / per_ns);
+    }
     OpResult {
         op: op.to_string(),
         reference: reference_comparison(job, op, &summary),

@@ -139,6 +139,7 @@ pub(super) fn check_configuration(
             }
         }
     }
+    check_elastic_lines(launch, n, parsed, &mismatch)?;
     let best = parsed.best.iter().map(|(l, t)| (l, t));
     for (loc, t) in best.chain(parsed.tuning.iter().map(|(l, t, _)| (l, t))) {
         if t.script() != launch.script {
@@ -148,6 +149,33 @@ pub(super) fn check_configuration(
                     "a {} tuning line; the scenario replays with {}",
                     t.script(),
                     launch.script
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// test_ep.py's lines: only in a V2 replay, and of the scenario's rank count.
+fn check_elastic_lines(
+    launch: &Launch,
+    n: u32,
+    parsed: &Parsed,
+    mismatch: &dyn Fn(Loc, String) -> ReplayError,
+) -> Result<(), ReplayError> {
+    for (loc, _, line) in &parsed.elastic {
+        if launch.script != Script::Elastic {
+            return Err(mismatch(
+                *loc,
+                format!("a test_ep.py per-rank line; the scenario replays with {}", launch.script),
+            ));
+        }
+        if line.num_ranks != n || line.rank >= n {
+            return Err(mismatch(
+                *loc,
+                format!(
+                    "another configuration: rank {}/{} in the log, {n} ranks in the scenario",
+                    line.rank, line.num_ranks
                 ),
             ));
         }

@@ -7,6 +7,7 @@
 
 mod build;
 mod check;
+mod elastic;
 mod parse;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +26,7 @@ use crate::script::Script;
 use crate::subject::Subject;
 use build::{ll_samples, normal_samples, op_result, record_measurements};
 use check::check_configuration;
+use elastic::{elastic_samples, record_elastic_measurements};
 use parse::{Loc, parse_logs};
 
 /// One log as the binary read it: the name it was given (a path) and its text.
@@ -59,7 +61,7 @@ pub fn import(
     let ends: Vec<String> =
         logs.iter().map(|l| format!("{}:{}", l.name, l.text.lines().count())).collect();
     let checks: Vec<String> = match launch.script {
-        Script::LowLatency => vec![format!(
+        Script::LowLatency | Script::Elastic => vec![format!(
             "{}: the script's dispatch and combine assertions, run on every rank before timing",
             launch.script
         )],
@@ -77,9 +79,28 @@ pub fn import(
         if !seen.insert(op) {
             continue;
         }
+        let mut elastic_bytes = None;
         let (samples, bytes) = match launch.script {
             Script::LowLatency => {
                 ll_samples(&parsed, op, job.num_ranks(), deepep.workload.hook, &ends, &mut failures)
+            }
+            Script::Elastic => {
+                let e = elastic_samples(&parsed, op, job.num_ranks(), &mut advisories, &where_);
+                if !e.missing.is_empty() {
+                    failures.push(format!(
+                        "{op}: no \"{} EP:\" line from rank(s) {:?} of {} (logs end at {}: cut \
+                         short, or a node's log is missing)",
+                        if op == OpKind::Combine { '@' } else { '*' },
+                        e.missing,
+                        job.num_ranks(),
+                        ends.join(", ")
+                    ));
+                }
+                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+                if !e.samples.is_empty() {
+                    elastic_bytes = Some((mean(&e.so_bytes), mean(&e.su_bytes)));
+                }
+                (e.samples, e.so_bytes)
             }
             _ => normal_samples(
                 &parsed,
@@ -96,9 +117,10 @@ pub fn import(
                 &mut measurements,
             ),
         };
-        ops.push(op_result(job, op, samples, &bytes, checks.clone(), parsed.wrong));
+        ops.push(op_result(job, op, samples, &bytes, elastic_bytes, checks.clone(), parsed.wrong));
     }
     record_measurements(&parsed, &where_, &mut measurements);
+    record_elastic_measurements(&parsed, &where_, &mut measurements);
 
     let mut backend = BTreeMap::from([
         ("kind".to_string(), json!(BackendKind::DeepEp.as_str())),
@@ -151,3 +173,5 @@ pub fn import(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_v2;

@@ -1,10 +1,12 @@
 //! DeepEP V1's printed lines read back: the low-latency script's per-rank lines, the normal
 //! scripts' tuning and Best lines, `[testing] ... passed` checks, `[config]` and `[layout]`
-//! lines, launch markers and Python tracebacks, from every node's log (ranks interleaved in
-//! any order) into one [`Parsed`] record. docs/deepep-replay.md lists the line kinds.
+//! lines, launch markers and Python tracebacks, and V2's test_ep.py lines (`elastic`), from
+//! every node's log (ranks interleaved in any order) into one [`Parsed`] record.
+//! docs/deepep-replay.md lists the line kinds.
 
 use std::collections::BTreeMap;
 
+use eptwin_engine::api::OpKind;
 use eptwin_engine::scenario::schema::Dtype;
 use serde_json::{Value, json};
 
@@ -109,6 +111,10 @@ pub(super) enum Line {
     Passed,
     Config(Vec<(String, String)>),
     LayoutMs(f64),
+    /// test_ep.py: one rank's line of a timed case.
+    Elastic(ElasticLine),
+    /// test_ep.py: ` > Testing with ...` (a configuration starts).
+    Case(String),
     Traceback,
     Other,
 }
@@ -119,23 +125,23 @@ pub(super) struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn new(text: &'a str) -> Self {
+    pub(super) fn new(text: &'a str) -> Self {
         Cursor { rest: text }
     }
 
-    fn lit(&mut self, literal: &str) -> Option<()> {
+    pub(super) fn lit(&mut self, literal: &str) -> Option<()> {
         self.rest = self.rest.trim_start().strip_prefix(literal.trim_start())?;
         Some(())
     }
 
     /// `,` or `:` (the scripts use either between fields), then spaces.
-    fn sep(&mut self) -> Option<()> {
+    pub(super) fn sep(&mut self) -> Option<()> {
         let t = self.rest.trim_start();
         self.rest = t.strip_prefix(',').or_else(|| t.strip_prefix(':'))?;
         Some(())
     }
 
-    fn token(&mut self) -> &'a str {
+    pub(super) fn token(&mut self) -> &'a str {
         let t = self.rest.trim_start();
         let end = t
             .find(|c: char| c.is_whitespace() || c == ',' || c == ':' || c == '|' || c == ')')
@@ -144,7 +150,7 @@ impl<'a> Cursor<'a> {
         &t[..end]
     }
 
-    fn num(&mut self) -> Option<f64> {
+    pub(super) fn num(&mut self) -> Option<f64> {
         self.token().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)
     }
 
@@ -152,7 +158,7 @@ impl<'a> Cursor<'a> {
         self.token().parse().ok()
     }
 
-    fn end(&self) -> Option<()> {
+    pub(super) fn end(&self) -> Option<()> {
         self.rest.trim().is_empty().then_some(())
     }
 }
@@ -233,6 +239,14 @@ pub(super) fn parse_line(raw: &str) -> Result<Line, String> {
     if trimmed.starts_with(TRACEBACK) {
         return Ok(Line::Traceback);
     }
+    if let Some(line) = parse_elastic_line(trimmed) {
+        return line
+            .map(Line::Elastic)
+            .ok_or_else(|| "a test_ep.py per-rank line that does not read completely".into());
+    }
+    if let Some(text) = parse_case_line(trimmed) {
+        return Ok(Line::Case(text));
+    }
     Ok(Line::Other)
 }
 
@@ -301,6 +315,77 @@ pub(super) fn parse_rank_body(body: &str) -> Option<Option<RankLine>> {
         })());
     }
     None
+}
+
+/// test_ep.py (DeepEP V2): one rank's line of one timed case.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct ElasticLine {
+    /// `*`, `-`, `#`, `@` or `+`.
+    pub(super) case: char,
+    pub(super) rank: u32,
+    pub(super) num_ranks: u32,
+    /// Scale-out bytes sent and scale-up bytes received over the kernel time (GB/s).
+    pub(super) so_gbps: f64,
+    pub(super) su_gbps: f64,
+    pub(super) t_us: f64,
+    /// Scale-up bytes received.
+    pub(super) su_bytes: f64,
+}
+
+impl ElasticLine {
+    /// The plain case of `op` (`*` dispatch, `@` combine): the one the scenario's op is.
+    pub(super) fn plain(op: OpKind) -> char {
+        if op == OpKind::Combine { '@' } else { '*' }
+    }
+
+    pub(super) fn case_name(case: char) -> &'static str {
+        match case {
+            '*' => "dispatch",
+            '-' => "expanded dispatch",
+            '#' => "cached dispatch",
+            '@' => "combine",
+            _ => "reduced combine",
+        }
+    }
+}
+
+/// `None`: not a test_ep.py per-rank line; `Some(None)`: one that does not read completely.
+pub(super) fn parse_elastic_line(trimmed: &str) -> Option<Option<ElasticLine>> {
+    let mut chars = trimmed.chars();
+    let case = chars.next().filter(|c| matches!(c, '*' | '-' | '#' | '@' | '+'))?;
+    let mut c = Cursor::new(chars.as_str());
+    c.lit("EP:")?;
+    Some((|| {
+        let (rank, num_ranks) = c.token().split_once('/')?;
+        let (rank, num_ranks) = (rank.parse().ok()?, num_ranks.parse().ok()?);
+        c.lit("|")?;
+        let word = c.token();
+        if !matches!(word, "dispatch" | "combine") {
+            return None;
+        }
+        c.sep()?;
+        let so_gbps = c.num()?;
+        c.lit("GB/s (SO)")?;
+        c.sep()?;
+        let su_gbps = c.num()?;
+        c.lit("GB/s (SU)")?;
+        c.sep()?;
+        let t_us = c.num()?;
+        c.lit("us")?;
+        c.sep()?;
+        let su_bytes = c.num()?;
+        c.lit("bytes")?;
+        // The epilogue kernel's own figures (`| copy: ...` or `| reduce: ...`) follow.
+        if c.end().is_none() {
+            c.lit("|")?;
+        }
+        Some(ElasticLine { case, rank, num_ranks, so_gbps, su_gbps, t_us, su_bytes })
+    })())
+}
+
+/// The ` > Testing with ...` text, if `trimmed` is that line.
+pub(super) fn parse_case_line(trimmed: &str) -> Option<String> {
+    trimmed.strip_prefix("> Testing with").map(|rest| rest.trim().to_string())
 }
 
 pub(super) fn parse_tuning(body: &str) -> Option<Tuning> {
@@ -391,6 +476,9 @@ pub(super) struct Parsed {
     pub(super) passed: Vec<String>,
     pub(super) configs: Vec<(Loc, Vec<(String, String)>)>,
     pub(super) layout_ms: Vec<f64>,
+    /// test_ep.py's lines, each with the configuration (index into `cases`) it follows.
+    pub(super) elastic: Vec<(Loc, Option<usize>, ElasticLine)>,
+    pub(super) cases: Vec<(Loc, String)>,
     pub(super) failures: Vec<String>,
     /// Failed checks and tracebacks (the documents' `wrong`).
     pub(super) wrong: u32,
@@ -410,6 +498,7 @@ pub(super) fn parse_logs(
         let mut open_check: Option<(Loc, String)> = None;
         let mut in_traceback = false;
         let mut traceback_at = Loc { log, line: 0 };
+        let mut case: Option<usize> = None;
         for (i, raw) in text.text.lines().enumerate() {
             let loc = Loc { log, line: i + 1 };
             let parsed = match parse_line(raw) {
@@ -482,6 +571,33 @@ pub(super) fn parse_logs(
                 }
                 Line::Config(pairs) => p.configs.push((loc, pairs)),
                 Line::LayoutMs(ms) => p.layout_ms.push(ms),
+                // Every rank (or every node) may print the same configuration: one case.
+                Line::Case(text) => match p.cases.iter().position(|(_, t)| *t == text) {
+                    Some(i) => case = Some(i),
+                    None => {
+                        case = Some(p.cases.len());
+                        p.cases.push((loc, text));
+                    }
+                },
+                Line::Elastic(line) => {
+                    let again = p
+                        .elastic
+                        .iter()
+                        .find(|(_, c, l)| *c == case && l.case == line.case && l.rank == line.rank);
+                    if let Some((first, ..)) = again {
+                        return Err(ReplayError::Log {
+                            location: where_(loc),
+                            message: format!(
+                                "rank {} printed its \"{} EP:\" line a second time (first at {}): \
+                                 pass each node's log once, one run per log",
+                                line.rank,
+                                line.case,
+                                where_(*first)
+                            ),
+                        });
+                    }
+                    p.elastic.push((loc, case, line));
+                }
                 Line::Traceback => {
                     in_traceback = true;
                     traceback_at = loc;

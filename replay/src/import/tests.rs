@@ -11,18 +11,18 @@ use super::parse::{Line, RankLine, Tuning, TuningOf, parse_line};
 use super::*;
 
 /// A scenario of the repository with its plan (the import reads both).
-fn plan(rel: &str) -> (Plan, Scenario) {
+pub(super) fn plan(rel: &str) -> (Plan, Scenario) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
     let loaded = eptwin_engine::scenario::load(&path).unwrap();
     (Plan::build(&loaded).unwrap(), loaded.scenario)
 }
 
-fn fixture(name: &str) -> (String, String) {
+pub(super) fn fixture(name: &str) -> (String, String) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     (name.to_string(), std::fs::read_to_string(path).unwrap())
 }
 
-fn import_files(
+pub(super) fn import_files(
     (plan, scenario): &(Plan, Scenario),
     names: &[&str],
 ) -> Result<RunResult, ReplayError> {

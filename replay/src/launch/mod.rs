@@ -1,10 +1,11 @@
 //! From a scenario to the command lines that run DeepEP's matching test script on every node
 //! (DeepEP's rendezvous: `WORLD_SIZE` = nodes, `RANK` = node rank), or the reasons the
 //! scripts cannot replay it: the rules every family shares here (one DeepEP job, one rank per
-//! GPU, no background traffic), each family's own in its module (`v1`). docs/deepep-replay.md
-//! lists every rule.
+//! GPU, no background traffic), each family's own in its module (`v1`, `v2`).
+//! docs/deepep-replay.md lists every rule.
 
 pub mod v1;
+pub mod v2;
 
 use std::fmt::Write;
 
@@ -33,7 +34,7 @@ pub struct Launch {
     pub scenario_sha256: String,
     pub job: String,
     pub script: Script,
-    /// `<deepep_dir>/tests/<script>`.
+    /// `<deepep_dir>/<the script's path>` (`tests/<script>`, `tests/elastic/test_ep.py`).
     pub script_path: String,
     pub args: ScriptArgs,
     pub nodes: u32,
@@ -89,8 +90,11 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
             }),
             Some(d) => {
                 let script = family.script_for(d.mode);
-                match family {
-                    ScriptFamily::V1 => v1::job_notes(subject, job, d, script, &mut notes),
+                match (family, d.elastic) {
+                    (ScriptFamily::V1, _) => v1::job_notes(subject, job, d, script, &mut notes),
+                    (ScriptFamily::V2, Some(_)) => v2::job_notes(subject, job, d, &mut notes),
+                    // Only with several jobs, already refused above.
+                    (ScriptFamily::V2, None) => {}
                 }
                 replayed.get_or_insert((job, d, script));
             }
@@ -100,8 +104,9 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
     if notes.iter().any(|n| n.severity == Severity::Refused) {
         return Err(notes);
     }
-    let args = match family {
-        ScriptFamily::V1 => v1::script_args(subject, d, script),
+    let args = match (family, &d.elastic) {
+        (ScriptFamily::V2, Some(e)) => v2::script_args(subject, d, e),
+        _ => v1::script_args(subject, d, script),
     };
     let dir = deepep_dir.trim_end_matches('/');
     Ok(Launch {
@@ -109,7 +114,7 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
         scenario_sha256: subject.sha256.clone(),
         job: job.name.clone(),
         script,
-        script_path: format!("{}/tests/{}", if dir.is_empty() { "." } else { dir }, script),
+        script_path: format!("{}/{}", if dir.is_empty() { "." } else { dir }, script.repo_path()),
         args,
         nodes: subject.nodes,
         env: job.user_env.clone(),

@@ -42,7 +42,7 @@ fn in_tuning_sweep(script: Script, dispatch: bool, nvl_chunk: u32, rdma_chunk: u
                 && (8..=32).contains(&rdma_chunk)
                 && rdma_chunk.is_multiple_of(4)
         }
-        (Script::LowLatency, _) => true,
+        (Script::LowLatency | Script::Elastic, _) => true,
     }
 }
 
@@ -65,6 +65,7 @@ pub(crate) fn script_args(subject: &Subject, d: &SubjectDeepEp, script: Script) 
         use_fabric: d.buffer.use_fabric && script == Script::Intranode,
         disable_nvlink: !d.buffer.allow_nvlink_for_low_latency_mode && script == Script::LowLatency,
         use_logfmt: w.combine_dtype == Dtype::Logfmt,
+        elastic: None,
         other: Vec::new(),
     }
 }
@@ -223,7 +224,7 @@ fn workload_notes(d: &SubjectDeepEp, n: &mut JobNotes<'_>) {
     }
     let combine_ok = match script {
         Script::LowLatency => matches!(w.combine_dtype, Dtype::Bf16 | Dtype::Logfmt),
-        Script::Intranode | Script::Internode => w.combine_dtype == Dtype::Bf16,
+        Script::Intranode | Script::Internode | Script::Elastic => w.combine_dtype == Dtype::Bf16,
     };
     if !combine_ok {
         n.note(

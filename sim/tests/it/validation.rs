@@ -8,7 +8,10 @@ use crate::util::{latency_us, run};
 
 #[test]
 fn published_deepep_rows_within_tolerance() {
-    let files = tomls(&repo_root().join("scenarios/validation"));
+    let files: Vec<_> = tomls(&repo_root().join("scenarios/validation"))
+        .into_iter()
+        .filter(|f| !is_v2(f))
+        .collect();
     assert_eq!(files.len(), 7, "one scenario per published row");
     let mut lines = vec![format!(
         "{:<22} {:<9} {:>8} {:>10} {:>10} {:>8} {:>6}",
@@ -60,6 +63,42 @@ fn published_deepep_rows_within_tolerance() {
     println!("{}", lines.join("\n"));
     assert!(bad.is_empty(), "rows beyond tolerance: {bad:?}");
     assert_eq!(errors.len(), 14, "7 rows x (dispatch, combine)");
+}
+
+/// DeepEP V2's rows (`deepep-v2-*.toml`), checked on their "(SO)" bandwidth.
+fn is_v2(f: &std::path::Path) -> bool {
+    f.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("deepep-v2"))
+}
+
+/// DeepEP V2's published row (README @dd758ca: SM90 + CX7, EP 8 x 2, 12 SMs, dispatch 90 /
+/// combine 81 GB/s) against the simulator on its "(SO)" bandwidth, as test_ep.py prints it.
+#[test]
+fn published_deepep_v2_row_within_tolerance() {
+    let files: Vec<_> =
+        tomls(&repo_root().join("scenarios/validation")).into_iter().filter(|f| is_v2(f)).collect();
+    assert_eq!(files.len(), 1, "V2's README has one row");
+    let mut bad = Vec::new();
+    for f in &files {
+        let r = run(&ScenarioDraft::read(f).plan());
+        assert!(r.failures.is_empty(), "{}: {:?}", f.display(), r.failures);
+        for op in &r.jobs[0].ops {
+            let c = op.reference.as_ref().expect("a reference per op");
+            let published = c.so_bw_gbps.expect("an SO reference");
+            let simulated = op.summary.so_bw_gbps.expect("a V2 op reports so_bw_gbps");
+            println!(
+                "{:<18} {:<9} SO published {published:>6.1} simulated {simulated:>6.1} GB/s ({:+.1}%), SU {:.1} GB/s",
+                r.scenario.name,
+                op.op,
+                c.error_pct,
+                op.summary.su_bw_gbps.unwrap_or(0.0)
+            );
+            assert!((simulated - published) / published * 100.0 - c.error_pct < 1e-9);
+            if !c.within_tolerance {
+                bad.push(format!("{} {}: {:+.1}%", r.scenario.name, op.op, c.error_pct));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "V2 rows beyond tolerance: {bad:?}");
 }
 
 /// The shape must come out of the model: internode bandwidth falls from EP32 to EP64,

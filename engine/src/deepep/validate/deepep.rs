@@ -138,7 +138,7 @@ fn check_nvl_domains(job: &Job<'_>, b: &BufferSpec, mode: EpMode, d: &mut Diagno
 }
 
 /// The NVLink check of PCIe SKUs (utils.py check_nvlink_connections, eptwin's bypass).
-fn check_nvlink(job: &Job<'_>, bypass: bool, d: &mut Diagnostics<'_>) {
+pub(super) fn check_nvlink(job: &Job<'_>, bypass: bool, d: &mut Diagnostics<'_>) {
     let (prefix, name, ranks, topo, profile) =
         (job.prefix.as_str(), job.name(), job.ranks, job.topo, job.profile);
     let mut gpus: Vec<u32> = ranks.iter().map(|&r| topo.gpu_of(Rank(r)).0).collect();

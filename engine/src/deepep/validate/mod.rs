@@ -1,4 +1,4 @@
-//! Every rule DeepEP V1 (and NVSHMEM, and the fabric) enforces on a configuration, plus
+//! Every rule DeepEP V1 (and NVSHMEM, and the fabric) and V2 (`elastic`) enforce on a configuration, plus
 //! advisories that are not errors, in one pass that also settles the plan's typed values:
 //! each rule family parses what it checks once and hands the typed result on. Sources are
 //! cited per rule (docs/design.md, DeepEP §5 and friends). The validator reports everything it
@@ -12,6 +12,7 @@
 mod buffer;
 mod cluster;
 mod deepep;
+mod elastic;
 mod env;
 mod low_latency;
 mod normal;
@@ -135,6 +136,12 @@ fn resolve_job(
     d: &mut Diagnostics<'_>,
 ) -> (Option<Vl>, Option<JobPlan>) {
     let spec = job.spec;
+    if let Some(b) = spec.buffer.as_ref().filter(|b| b.is_elastic()) {
+        return elastic::resolve_job(id, job, b, qos, d);
+    }
+    if let Some(b) = &spec.buffer {
+        elastic::check_legacy_has_no_elastic_keys(job, b, d);
+    }
     let mode =
         spec.buffer.as_ref().map(|b| EpMode::new(b.low_latency_mode, job.ranks.len() as u32));
     let user = env::check_job_env(job, mode.is_some_and(EpMode::uses_nvshmem), d);
@@ -223,3 +230,5 @@ impl Plan {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_elastic;

@@ -132,7 +132,7 @@ fn check_dtypes(job: &Job<'_>, b: &BufferSpec, w: &WorkloadSpec, d: &mut Diagnos
 }
 
 /// The routing's parameters and the masked selections.
-fn check_routing(job: &Job<'_>, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
+pub(super) fn check_routing(job: &Job<'_>, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
     let (name, wkey) = (job.name(), |k: &str| wkey(job, k));
     let nodes = num_rdma_ranks(job.ranks.len() as u32);
     match w.routing {
@@ -225,7 +225,7 @@ fn check_routing(job: &Job<'_>, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
 }
 
 /// What runs: iterations, the ops and their order, hook mode.
-fn check_ops(job: &Job<'_>, b: &BufferSpec, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
+pub(super) fn check_ops(job: &Job<'_>, b: &BufferSpec, w: &WorkloadSpec, d: &mut Diagnostics<'_>) {
     let (name, wkey) = (job.name(), |k: &str| wkey(job, k));
     if w.iterations == 0 {
         d.error("iterations", &wkey("iterations"), name, "iterations must be ≥ 1".into());
