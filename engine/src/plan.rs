@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use crate::deepep::bytes::{LogicalBytes, logical_bytes};
-use crate::deepep::elastic::ElasticBytes;
+use crate::deepep::elastic::{ElasticBytes, ElasticSettings};
 use crate::deepep::env::EnvVar;
 use crate::ids::{JobId, Rank, Sl, Vl};
 use crate::result::RoutingFileRecord;

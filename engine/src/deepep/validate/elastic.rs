@@ -6,14 +6,16 @@
 use std::collections::BTreeMap;
 
 use super::{Job, deepep::check_nvlink, workload};
+use crate::deepep::buffer::BufferSettings;
 use crate::deepep::config::EpMode;
 use crate::deepep::elastic::{self as v2, ElasticSettings, GinConnection, SmModelInputs, defaults};
 use crate::deepep::env::{EnvOrigin, EnvVar, NvshmemSettings, parse_env_u64};
 use crate::diag::Diagnostics;
 use crate::fabric::{FabricQos, Lane};
 use crate::ids::{JobId, Rank, Sl, Vl};
-use crate::plan::{BufferSettings, DeepEpJob, JobKind, JobPlan, Workload};
+use crate::plan::{DeepEpJob, JobKind, JobPlan};
 use crate::scenario::schema::{BufferSpec, Dtype, FabricKind, LEGACY_BUFFER_KEYS, WorkloadSpec};
+use crate::workload::Workload;
 
 /// V2's keys in a V1 buffer: each an error naming the API it belongs to.
 pub(super) fn check_legacy_has_no_elastic_keys(
