@@ -154,11 +154,11 @@ sed -e 's/^name = "h200-ep8-ll-128"/name = "h200-ep8-ll-128-no-p2p"/' \
     -e 's/^warmup = .*/warmup = 1/' -e 's/^iterations = .*/iterations = 5/' \
     scenarios/h200-ep8-ll-128.toml >"$no_p2p"
 grep -q '^allow_nvlink_for_low_latency_mode = false' "$no_p2p" || echo "== the no-p2p scenario lacks its key"
-EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 run_step "6 eptwin run h200-ep8-ll-128-no-p2p --backend hw --wire tcp" 90 \
-    "$EPTWIN_BIN" run "$no_p2p" --backend hw --wire tcp --out "$new"
 mkdir -p "$OUT/sim"
 run_step "6 eptwin run h200-ep8-ll-128-no-p2p --backend sim" 30 \
     "$EPTWIN_BIN" run "$no_p2p" --backend sim --out "$OUT/sim"
+EPTWIN_PROBES=0 EPTWIN_NCCL_BASELINE=0 run_step "6 eptwin run h200-ep8-ll-128-no-p2p --backend hw --wire tcp" 90 \
+    "$EPTWIN_BIN" run "$no_p2p" --backend hw --wire tcp --out "$new"
 
 echo
 echo "== the documents against the committed ones and the simulator"
