@@ -97,8 +97,12 @@ pub struct InternodeProgram {
     fwd_pending: Vec<Option<(u32, u32)>>,
     fwd_armed: Vec<bool>,
     fwd_done: Vec<bool>,
-    /// RDMA ring length per (rank, channel, source node): tokens that will arrive.
+    /// Per forwarder: source nodes whose stream it has not consumed to the end.
+    fwd_left: Vec<u32>,
+    /// RDMA ring length per (rank, channel, source node): tokens that will arrive, and the
+    /// local-GPU mask of each (the forwarders pick their tokens by it, in arrival order).
     rdma_expected: Vec<u32>,
+    stream_masks: Vec<Vec<u8>>,
     /// Coordinator per (rank, channel, source node): credits returned so far.
     credit_last: Vec<u32>,
     // NVLink receivers per (rank, channel, source local index).
@@ -215,7 +219,9 @@ impl InternodeProgram {
             fwd_pending: vec![None; (n * ch * P) as usize],
             fwd_armed: vec![false; (n * ch * P) as usize * nodes_u],
             fwd_done: vec![false; (n * ch * P) as usize],
+            fwd_left: Vec::new(),
             rdma_expected: vec![0; (n * ch) as usize * nodes_u],
+            stream_masks: Vec::new(),
             credit_last: vec![0; (n * ch) as usize * nodes_u],
             nvl_expected: vec![0; (n * ch * P) as usize],
             nvl_batch: vec![0; (n * ch * P) as usize],
@@ -265,6 +271,11 @@ impl InternodeProgram {
     fn mask(&self, r: u32, t: u32, m: u32) -> u8 {
         self.masks[((r * self.tokens + t) * self.nodes + m) as usize]
     }
+    /// The node after `m` in round-robin order (`m` below the nodes).
+    #[inline]
+    fn next_node(&self, m: u32) -> u32 {
+        if m + 1 == self.nodes { 0 } else { m + 1 }
+    }
     #[inline]
     fn rank(&self, node: u32, local: u32) -> u32 {
         node * P + local
@@ -297,6 +308,9 @@ impl InternodeProgram {
             }
         }
         // Ring lengths: tokens of (m, i) channel c for node m'.
+        if self.dispatch {
+            self.stream_masks = vec![Vec::new(); (n * ch * nodes) as usize];
+        }
         for r in 0..n {
             let (m, i) = (r / P, r % P);
             for c in 0..ch {
@@ -312,6 +326,9 @@ impl InternodeProgram {
                         self.total[x] += 1;
                         let y = self.rcn(recv, c, m);
                         self.rdma_expected[y] += 1;
+                        if self.dispatch {
+                            self.stream_masks[y].push(mk);
+                        }
                         for j in 0..P {
                             if mk & (1 << j) != 0 {
                                 let z = self.rcj(self.rank(m2, j), c, i);
@@ -322,6 +339,12 @@ impl InternodeProgram {
                 }
             }
         }
+        self.fwd_left = (0..n * ch * P)
+            .map(|x| {
+                let (r2, c) = (x / (P * ch), (x / P) % ch);
+                (0..nodes).filter(|&m| self.rdma_expected[self.rcn(r2, c, m)] > 0).count() as u32
+            })
+            .collect();
         let rdma_cap = self.cfg.rdma_recv_rounded();
         let nvl_cap = self.cfg.num_max_nvl_chunked_recv_tokens;
         self.rdma = (0..n * ch * nodes).map(|_| Ring::new(core, rdma_cap)).collect();
@@ -636,11 +659,7 @@ impl InternodeProgram {
             return;
         }
         // Done when every source node's stream is consumed.
-        let finished = (0..self.nodes).all(|m| {
-            self.fwd_head[x * self.nodes as usize + m as usize]
-                == self.rdma_expected[self.rcn(r2, c, m)]
-        });
-        if finished {
+        if self.fwd_left[x] == 0 {
             self.fwd_done[x] = true;
             for m in 0..self.nodes {
                 self.forward_coordinator(core, r2, c, m);
@@ -662,8 +681,9 @@ impl InternodeProgram {
         }
         // Next source node (round robin) with unread tokens.
         let mut pick = None;
-        for k in 1..=self.nodes {
-            let m = (self.fwd_rr[x] + k) % self.nodes;
+        let mut m = self.fwd_rr[x];
+        for _ in 0..self.nodes {
+            m = self.next_node(m);
             let h = self.fwd_head[x * self.nodes as usize + m as usize] as u64;
             if core.value(self.rdma[self.rcn(r2, c, m)].tail) > h {
                 pick = Some(m);
@@ -687,12 +707,12 @@ impl InternodeProgram {
         let tail = core.value(self.rdma[y].tail) as u32;
         let mut pos = self.fwd_head[x * self.nodes as usize + m as usize];
         let mut picks = 0u32;
-        let src = self.rank(m, i);
+        let stream_masks = &self.stream_masks[y];
         while pos < tail {
-            let id = self.rdma[y].data[pos as usize];
+            let k = pos as usize;
             pos += 1;
-            let t = id & ((1 << 20) - 1);
-            if self.mask(src, t, m2) & (1 << j) != 0 {
+            if stream_masks[k] & (1 << j) != 0 {
+                let id = self.rdma[y].data[k];
                 self.nvl[ring].data.push_back(id);
                 picks += 1;
                 if picks == nvl_send {
@@ -728,6 +748,9 @@ impl InternodeProgram {
         let c = ((x % nx) / P as usize) as u32;
         if let Some((m, head)) = self.fwd_pending[x].take() {
             self.fwd_head[x * self.nodes as usize + m as usize] = head;
+            if head == self.rdma_expected[self.rcn(r2, c, m)] {
+                self.fwd_left[x] -= 1;
+            }
             self.forward_coordinator(core, r2, c, m);
         }
         self.forwarder(core, x);
@@ -843,8 +866,9 @@ impl InternodeProgram {
         let chunk = self.cfg.num_max_nvl_chunked_send_tokens.max(1);
         let mut left = false;
         let mut pick = None;
-        for k in 1..=self.nodes {
-            let m = (self.cs_rr[x] + k) % self.nodes;
+        let mut m = self.cs_rr[x];
+        for _ in 0..self.nodes {
+            m = self.next_node(m);
             let z = base + m as usize;
             if self.cs_next[z] >= self.csub_len[z] {
                 continue;
@@ -961,10 +985,10 @@ impl InternodeProgram {
             let mk = self.mask(src, t, m2);
             // Every local partial must be in: the next slot of each part (j, m).
             let mut blocked = None;
-            for j in 0..P {
-                if mk & (1 << j) == 0 {
-                    continue;
-                }
+            let mut bits = mk;
+            while bits != 0 {
+                let j = bits.trailing_zeros();
+                bits &= bits - 1;
                 let z = self.rcj(r2, c, j) * nn + m as usize;
                 let slot = self.cg_pos[z];
                 if core.value(self.nvl[z].tail) <= slot as u64 {
@@ -979,15 +1003,14 @@ impl InternodeProgram {
                 }
                 break;
             }
-            let mut parts = 0u64;
-            for j in 0..P {
-                if mk & (1 << j) == 0 {
-                    continue;
-                }
+            let mut bits = mk;
+            while bits != 0 {
+                let j = bits.trailing_zeros();
+                bits &= bits - 1;
                 let z = self.rcj(r2, c, j) * nn + m as usize;
                 self.cg_pos[z] += 1;
-                parts += 1;
             }
+            let parts = mk.count_ones() as u64;
             self.rdma[ring].data.push_back(t);
             self.rdma[ring].pushed += 1;
             bytes += parts * self.tok_bytes + self.tok_bytes;
