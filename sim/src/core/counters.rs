@@ -8,7 +8,7 @@
 //! (normal kernels' heads and tails have several).
 
 use crate::core::ProgId;
-use crate::core::slab::{NONE, Slab};
+use crate::core::slab::{NONE, Slab, resize_huge};
 
 /// [`Counters::waiters`] entry naming a list (else a single waiter's record).
 const LIST: u32 = 1 << 31;
@@ -40,9 +40,11 @@ impl Counters {
     /// Allocate `n` counters (zero); returns the first id.
     pub fn alloc(&mut self, n: usize) -> u32 {
         let first = self.values.len() as u32;
-        self.values.resize(self.values.len() + n, 0);
-        self.waiters.resize(self.values.len(), NONE);
-        self.waited.resize(self.values.len().div_ceil(64), 0);
+        let len = self.values.len() + n;
+        // Read at random (a message's arrival bumps one): backed by huge pages when large.
+        resize_huge(&mut self.values, len, 0);
+        resize_huge(&mut self.waiters, len, NONE);
+        resize_huge(&mut self.waited, len.div_ceil(64), 0);
         first
     }
 
