@@ -2,17 +2,21 @@
 
 mod compare;
 mod deepep;
+mod doctor;
 mod env;
 mod processes;
 mod report;
+mod results;
 mod run;
 mod sweep;
 mod topo;
 mod validate;
 
+use std::path::PathBuf;
+
 use anyhow::Result;
-use eptwin_engine::result::Provenance;
-use eptwin_engine::transport::Transport;
+use eptwin_engine::api::Provenance;
+use eptwin_engine::api::Transport;
 
 use crate::ExitCode;
 use crate::cli::{BackendArg, Command, WireArg};
@@ -20,8 +24,7 @@ use crate::cli::{BackendArg, Command, WireArg};
 pub fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
         Command::Run { scenarios, backend, out, json, trace, wire, spawn, ranks_per_process } => {
-            let options =
-                run::RunOptions { backend, out, json, trace, spawn, ranks_per_process, wire };
+            let options = RunOptions { backend, out, json, trace, spawn, ranks_per_process, wire };
             run::run(&scenarios, &options)
         }
         Command::Validate { scenarios } => validate::validate(&scenarios),
@@ -37,7 +40,22 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
             sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
         Command::Deepep { command } => deepep::dispatch(command),
+        Command::Doctor { scenario, json, node } => {
+            doctor::doctor(scenario.as_deref(), json, node.as_deref())
+        }
     }
+}
+
+/// `eptwin run`'s options besides the scenarios.
+pub struct RunOptions {
+    pub backend: BackendArg,
+    pub out: PathBuf,
+    pub json: bool,
+    pub trace: Option<PathBuf>,
+    pub spawn: Option<usize>,
+    pub ranks_per_process: Option<usize>,
+    /// Hardware: the wire between nodes (`--wire`, over `EPTWIN_WIRE`).
+    pub wire: Option<WireArg>,
 }
 
 /// A backend for `run`, `compare` and `sweep`; `wire` overrides `EPTWIN_WIRE`.

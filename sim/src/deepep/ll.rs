@@ -13,18 +13,17 @@
 //! flags, then reduce the top-k partials with the weights. Hook mode times the send phase and
 //! a receive-phase kernel launched after everything arrived.
 
-use eptwin_engine::plan::{
-    OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes,
-};
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
-use super::{GpuCosts, Meta, Ranks, Route, deepep_job, ll_route};
+use super::{GpuCosts, Route, ll_route};
 use crate::core::slab::NONE;
 use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use eptwin_engine::rng::mix;
+use crate::programs::{Meta, Ranks, deepep_job};
+use eptwin_engine::api::mix;
 
 /// DeepEP's doorbell batching for LL puts (`kNumRequestInBatch`).
 const DOORBELL_BATCH: u32 = 4;
@@ -52,7 +51,8 @@ struct Cell {
     signalled: bool,
 }
 
-pub struct LlProgram {
+/// DeepEP's low-latency dispatch or combine (`internode_ll.cu`) as a program.
+pub struct LowLatencyProgram {
     meta: Meta,
     me: ProgId,
     job: usize,
@@ -107,7 +107,7 @@ pub struct LlProgram {
 }
 
 /// Actor id layout.
-impl LlProgram {
+impl LowLatencyProgram {
     fn a_block(&self, r: u32, b: u32) -> u32 {
         r * self.blocks + b
     }
@@ -129,8 +129,8 @@ impl LlProgram {
     }
 }
 
-impl LlProgram {
-    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LlProgram {
+impl LowLatencyProgram {
+    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LowLatencyProgram {
         let d = deepep_job(plan, meta.job);
         let w = &d.workload;
         let n = plan.job(meta.job).num_ranks();
@@ -155,7 +155,7 @@ impl LlProgram {
         let job = meta.job.index();
         let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
-        let mut p = LlProgram {
+        let mut p = LowLatencyProgram {
             meta,
             me: 0,
             job,
@@ -684,7 +684,7 @@ impl LlProgram {
     }
 }
 
-impl Program for LlProgram {
+impl Program for LowLatencyProgram {
     fn num_ranks(&self) -> u32 {
         self.n
     }
