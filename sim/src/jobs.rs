@@ -49,7 +49,11 @@ impl JobRt {
             depth: j.nvshmem.qp_depth,
             ibgda,
             num_qps,
-            dense: if entries <= DENSE_QP_TABLE { vec![NONE; entries] } else { Vec::new() },
+            dense: if entries <= DENSE_QP_TABLE {
+                crate::core::slab::filled_huge(entries, NONE)
+            } else {
+                Vec::new()
+            },
             sparse: BTreeMap::new(),
         }
     }

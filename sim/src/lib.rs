@@ -34,6 +34,10 @@ use crate::net::Net;
 use crate::params::Params;
 use crate::programs::Meta;
 
+/// The result's measurement that counts, per `<job>.<op>`, the runs that reused the op's first
+/// run instead of simulating it again (docs/results.md).
+pub const REUSED_KEY: &str = "sim.reused_runs";
+
 /// The model's version: bump when a change alters simulated results.
 pub const MODEL_VERSION: &str = "1";
 
@@ -61,6 +65,9 @@ pub struct Simulator {
     plan: Option<std::sync::Arc<Plan>>,
     /// The first run of each (job, op) where [`Simulator::reuses_first_run`] allows it.
     cache: BTreeMap<(u32, OpKind), OpSample>,
+    /// Per `<job name>.<op>`: the runs (warmup included) that took the first run's sample
+    /// (the result's `measurements["sim.reused_runs"]`).
+    reused: BTreeMap<String, u64>,
     use_cache: bool,
     /// Per (job, op): `Program::rank_ends` of its last run; per job: the op executed last.
     /// An op launched back to back after the previous one adds the ranks' lag
@@ -95,6 +102,7 @@ impl Simulator {
             options,
             plan: None,
             cache: BTreeMap::new(),
+            reused: BTreeMap::new(),
             use_cache: true,
             rank_ends: BTreeMap::new(),
             prev_op: BTreeMap::new(),
@@ -323,6 +331,7 @@ impl Transport for Simulator {
     fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
         self.plan = Some(std::sync::Arc::new(plan.clone()));
         self.cache.clear();
+        self.reused.clear();
         self.rank_ends.clear();
         self.prev_op.clear();
         self.spare = None;
@@ -353,7 +362,12 @@ impl Transport for Simulator {
                     s.iteration = *iteration;
                     s.warmup = *warmup;
                     s.latency_ns += self.follow_lag_ns(job.0, prev, *op);
-                    return Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() });
+                    let name = format!("{}.{op}", plan.job(*job).name);
+                    *self.reused.entry(name).or_insert(0) += 1;
+                    // The whole tally each time: the run loop keeps the last one.
+                    let measurements =
+                        BTreeMap::from([(REUSED_KEY.to_string(), serde_json::json!(self.reused))]);
+                    return Ok(OpOutcome { samples: vec![s], measurements });
                 }
                 // Trace the first run of each op (later iterations reuse it).
                 let mut world = self.world(&plan, self.options.trace);

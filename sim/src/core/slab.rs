@@ -49,6 +49,25 @@ pub fn with_capacity_huge<T>(n: usize) -> Vec<T> {
     v
 }
 
+/// `n` copies of `value`, hinted for huge pages before they are written (a table read at
+/// random, such as a per-(rank, expert) array).
+pub fn filled_huge<T: Clone>(n: usize, value: T) -> Vec<T> {
+    let mut v = with_capacity_huge(n);
+    v.resize(n, value);
+    v
+}
+
+/// Grow `v` to `n` items (new ones `value`), moving it first into a buffer hinted for huge
+/// pages when it has no room (so large tables grown in a few big steps are backed by them).
+pub fn resize_huge<T: Clone>(v: &mut Vec<T>, n: usize, value: T) {
+    if n > v.capacity() {
+        let mut bigger = with_capacity_huge(n.max(2 * v.capacity()));
+        bigger.append(v);
+        *v = bigger;
+    }
+    v.resize(n, value);
+}
+
 /// Push onto a vector that may grow large, doubling its buffer explicitly so a new buffer is
 /// hinted for huge pages before it is touched.
 #[inline]

@@ -227,7 +227,7 @@ impl LowLatencyProgram {
             // Per (source rank, expert): how many of the source's tokens selected it, and which.
             let cell =
                 Cell { hash_left: 0, last_put: 0, want: 0, sent: 0, qp: NONE, signalled: false };
-            p.cells = vec![cell; (n * experts) as usize];
+            p.cells = crate::core::slab::filled_huge((n * experts) as usize, cell);
             for r in 0..n {
                 for t in 0..p.tokens {
                     for &e in p.routing.experts(r, t) {

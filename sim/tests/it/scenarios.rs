@@ -330,7 +330,15 @@ fn reusing_the_first_run_gives_every_iteration_s_numbers() {
         let mut every = Simulator::new(SimOptions::default()).without_cache();
         let all = eptwin_engine::api::run(&plan, &mut every, Provenance::default()).expect("run");
         let mut once = Simulator::new(SimOptions::default());
-        let reused = eptwin_engine::api::run(&plan, &mut once, Provenance::default()).expect("run");
+        let mut reused =
+            eptwin_engine::api::run(&plan, &mut once, Provenance::default()).expect("run");
+        // The result says which runs were reused: three of each op's four.
+        let tally = reused.measurements.remove(eptwin_sim::REUSED_KEY).expect("a tally");
+        let job = &plan.jobs[0].name;
+        let want: serde_json::Map<String, Value> =
+            plan.jobs[0].ops.iter().map(|op| (format!("{job}.{op}"), Value::from(3))).collect();
+        assert_eq!(tally, Value::Object(want), "{name}");
+        assert!(!all.measurements.contains_key(eptwin_sim::REUSED_KEY), "{name}");
         assert_eq!(all.to_json(), reused.to_json(), "{name}");
         // Four rounds of each op ran, against one.
         assert_eq!(every.events, 4 * once.events, "{name}");

@@ -42,8 +42,9 @@ impl InternodeProgram {
         let chunk = self.cfg.num_max_nvl_chunked_send_tokens.max(1);
         let mut left = false;
         let mut pick = None;
-        for k in 1..=self.nodes {
-            let m = (self.cs_rr[x] + k) % self.nodes;
+        let mut m = self.cs_rr[x];
+        for _ in 0..self.nodes {
+            m = self.next_node(m);
             let z = base + m as usize;
             if self.cs_next[z] >= self.csub_len[z] {
                 continue;
@@ -160,10 +161,10 @@ impl InternodeProgram {
             let mk = self.mask(src, t, m2);
             // Every local partial must be in: the next slot of each part (j, m).
             let mut blocked = None;
-            for j in 0..P {
-                if mk & (1 << j) == 0 {
-                    continue;
-                }
+            let mut bits = mk;
+            while bits != 0 {
+                let j = bits.trailing_zeros();
+                bits &= bits - 1;
                 let z = self.rcj(r2, c, j) * nn + m as usize;
                 let slot = self.cg_pos[z];
                 if core.value(self.nvl[z].tail) <= slot as u64 {
@@ -178,15 +179,14 @@ impl InternodeProgram {
                 }
                 break;
             }
-            let mut parts = 0u64;
-            for j in 0..P {
-                if mk & (1 << j) == 0 {
-                    continue;
-                }
+            let mut bits = mk;
+            while bits != 0 {
+                let j = bits.trailing_zeros();
+                bits &= bits - 1;
                 let z = self.rcj(r2, c, j) * nn + m as usize;
                 self.cg_pos[z] += 1;
-                parts += 1;
             }
+            let parts = mk.count_ones() as u64;
             self.rdma[ring].data.push_back(t);
             self.rdma[ring].pushed += 1;
             bytes += parts * self.tok_bytes + self.tok_bytes;

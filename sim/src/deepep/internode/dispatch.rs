@@ -167,11 +167,7 @@ impl InternodeProgram {
             return;
         }
         // Done when every source node's stream is consumed.
-        let finished = (0..self.nodes).all(|m| {
-            self.fwd_head[x * self.nodes as usize + m as usize]
-                == self.rdma_expected[self.rcn(r2, c, m)]
-        });
-        if finished {
+        if self.fwd_left[x] == 0 {
             self.fwd_done[x] = true;
             for m in 0..self.nodes {
                 self.forward_coordinator(core, r2, c, m);
@@ -193,8 +189,9 @@ impl InternodeProgram {
         }
         // Next source node (round robin) with unread tokens.
         let mut pick = None;
-        for k in 1..=self.nodes {
-            let m = (self.fwd_rr[x] + k) % self.nodes;
+        let mut m = self.fwd_rr[x];
+        for _ in 0..self.nodes {
+            m = self.next_node(m);
             let h = self.fwd_head[x * self.nodes as usize + m as usize] as u64;
             if core.value(self.rdma[self.rcn(r2, c, m)].tail) > h {
                 pick = Some(m);
@@ -218,12 +215,12 @@ impl InternodeProgram {
         let tail = core.value(self.rdma[y].tail) as u32;
         let mut pos = self.fwd_head[x * self.nodes as usize + m as usize];
         let mut picks = 0u32;
-        let src = self.rank(m, i);
+        let stream_masks = &self.stream_masks[y];
         while pos < tail {
-            let id = self.rdma[y].data[pos as usize];
+            let k = pos as usize;
             pos += 1;
-            let t = id & ((1 << 20) - 1);
-            if self.mask(src, t, m2) & (1 << j) != 0 {
+            if stream_masks[k] & (1 << j) != 0 {
+                let id = self.rdma[y].data[k];
                 self.nvl[ring].data.push_back(id);
                 picks += 1;
                 if picks == nvl_send {
@@ -259,6 +256,9 @@ impl InternodeProgram {
         let c = ((x % nx) / P as usize) as u32;
         if let Some((m, head)) = self.fwd_pending[x].take() {
             self.fwd_head[x * self.nodes as usize + m as usize] = head;
+            if head == self.rdma_expected[self.rcn(r2, c, m)] {
+                self.fwd_left[x] -= 1;
+            }
             self.forward_coordinator(core, r2, c, m);
         }
         self.forwarder(core, x);

@@ -101,8 +101,12 @@ pub struct InternodeProgram {
     fwd_pending: Vec<Option<(u32, u32)>>,
     fwd_armed: Vec<bool>,
     fwd_done: Vec<bool>,
-    /// RDMA ring length per (rank, channel, source node): tokens that will arrive.
+    /// Per forwarder: source nodes whose stream it has not consumed to the end.
+    fwd_left: Vec<u32>,
+    /// RDMA ring length per (rank, channel, source node): tokens that will arrive, and the
+    /// local-GPU mask of each (the forwarders pick their tokens by it, in arrival order).
     rdma_expected: Vec<u32>,
+    stream_masks: Vec<Vec<u8>>,
     /// Coordinator per (rank, channel, source node): credits returned so far.
     credit_last: Vec<u32>,
     // NVLink receivers per (rank, channel, source local index).
@@ -219,7 +223,9 @@ impl InternodeProgram {
             fwd_pending: vec![None; (n * ch * P) as usize],
             fwd_armed: vec![false; (n * ch * P) as usize * nodes_u],
             fwd_done: vec![false; (n * ch * P) as usize],
+            fwd_left: Vec::new(),
             rdma_expected: vec![0; (n * ch) as usize * nodes_u],
+            stream_masks: Vec::new(),
             credit_last: vec![0; (n * ch) as usize * nodes_u],
             nvl_expected: vec![0; (n * ch * P) as usize],
             nvl_batch: vec![0; (n * ch * P) as usize],
@@ -269,6 +275,11 @@ impl InternodeProgram {
     fn mask(&self, r: u32, t: u32, m: u32) -> u8 {
         self.masks[((r * self.tokens + t) * self.nodes + m) as usize]
     }
+    /// The node after `m` in round-robin order (`m` below the nodes).
+    #[inline]
+    fn next_node(&self, m: u32) -> u32 {
+        if m + 1 == self.nodes { 0 } else { m + 1 }
+    }
     #[inline]
     fn rank(&self, node: u32, local: u32) -> u32 {
         node * P + local
@@ -301,6 +312,9 @@ impl InternodeProgram {
             }
         }
         // Ring lengths: tokens of (m, i) channel c for node m'.
+        if self.dispatch {
+            self.stream_masks = vec![Vec::new(); (n * ch * nodes) as usize];
+        }
         for r in 0..n {
             let (m, i) = (r / P, r % P);
             for c in 0..ch {
@@ -316,6 +330,9 @@ impl InternodeProgram {
                         self.total[x] += 1;
                         let y = self.rcn(recv, c, m);
                         self.rdma_expected[y] += 1;
+                        if self.dispatch {
+                            self.stream_masks[y].push(mk);
+                        }
                         for j in 0..P {
                             if mk & (1 << j) != 0 {
                                 let z = self.rcj(self.rank(m2, j), c, i);
@@ -326,6 +343,12 @@ impl InternodeProgram {
                 }
             }
         }
+        self.fwd_left = (0..n * ch * P)
+            .map(|x| {
+                let (r2, c) = (x / (P * ch), (x / P) % ch);
+                (0..nodes).filter(|&m| self.rdma_expected[self.rcn(r2, c, m)] > 0).count() as u32
+            })
+            .collect();
         let rdma_cap = self.cfg.rdma_recv_rounded();
         let nvl_cap = self.cfg.num_max_nvl_chunked_recv_tokens;
         self.rdma = (0..n * ch * nodes).map(|_| ChannelRing::new(core, rdma_cap)).collect();
