@@ -136,7 +136,7 @@ fi
 if [ -n "$NCCL_ROOT" ] && [ -f "$NCCL_ROOT/lib/libnccl.so.2" ] && [ -f "$NCCL_ROOT/include/nccl.h" ]; then
   export EP_NCCL_ROOT_DIR="$NCCL_ROOT"
   # Preloaded into the Python processes only (PYRUN), not into eptwin or the shell's tools.
-  PRELOAD="$NCCL_ROOT/lib/libnccl.so.2"
+  PRELOAD="$NCCL_ROOT/lib/libnccl.so.2${EXTRA_PRELOAD:+:$EXTRA_PRELOAD}"
   log "EP_NCCL_ROOT_DIR=$EP_NCCL_ROOT_DIR LD_PRELOAD (Python only)=$PRELOAD"
 else
   log "no usable NCCL root from the wheel (lib/libnccl.so.2 and include/nccl.h)"
