@@ -27,6 +27,9 @@ pub use crate::deepep::bytes::{
 pub use crate::deepep::config::{Config, EpMode};
 pub use crate::deepep::env::NvshmemSettings;
 pub use crate::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, Lane, VlArbEntry};
+pub use crate::fault::{
+    Delay, Fault, Faults, LaunchKey, NUM_CPU_TIMEOUT_SECS, NUM_TIMEOUT_CYCLES, gpu_timeout_ns,
+};
 pub use crate::profile::{HardwareProfile, SwitchMode};
 pub use crate::routing::RoutingTable;
 pub use crate::scenario::schema::{
@@ -46,6 +49,8 @@ pub struct Plan {
     pub topology: Topology,
     pub qos: FabricQos,
     pub jobs: Vec<JobPlan>,
+    /// The faults the run injects (`[[fault]]`; empty for a healthy cluster).
+    pub faults: Faults,
     /// Advisories the validator raised (errors never reach a Plan).
     pub advisories: Vec<crate::diag::Diagnostic>,
 }
@@ -178,6 +183,9 @@ pub struct BufferSettings {
     pub allow_nvlink_for_low_latency_mode: bool,
     pub allow_mnnvl: bool,
     pub use_fabric: bool,
+    /// Shrink mode: the low-latency kernels mask a rank whose wait timed out instead of
+    /// trapping (DeepEP §3, §13).
+    pub enable_shrink: bool,
 }
 
 impl From<&BufferSpec> for BufferSettings {
@@ -190,6 +198,7 @@ impl From<&BufferSpec> for BufferSettings {
             allow_nvlink_for_low_latency_mode: b.allow_nvlink_for_low_latency_mode,
             allow_mnnvl: b.allow_mnnvl,
             use_fabric: b.use_fabric,
+            enable_shrink: b.enable_shrink,
         }
     }
 }
