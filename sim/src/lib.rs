@@ -8,6 +8,7 @@
 
 pub mod core;
 pub mod deepep;
+pub mod faults;
 pub mod gpu;
 pub mod hwkernels;
 pub mod jobs;
@@ -18,13 +19,14 @@ pub mod traffic;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::{EpMode, JobKind, OpKind, Plan};
+use eptwin_engine::ids::{GpuId, JobId};
+use eptwin_engine::plan::{EpMode, JobKind, LaunchKey, OpKind, Plan};
 use eptwin_engine::transport::{
     BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
 };
 
 use crate::core::Core;
+use crate::core::time::Rate;
 use crate::core::world::{Program, RunError, World};
 use crate::gpu::Gpus;
 use crate::jobs::JobRt;
@@ -74,6 +76,11 @@ pub struct Simulator {
     /// Events handled over all runs (benchmarks report events/s), and per kind.
     pub events: u64,
     pub events_by_kind: [u64; 8],
+    /// With faults: the run's simulated time so far (each op's machine starts its clock at 0;
+    /// a fault's time is from the run's start) and shrink mode's masks, which live in the
+    /// ranks' buffers from one op to the next.
+    clock: crate::core::time::Time,
+    masks: Vec<Vec<bool>>,
 }
 
 /// See [`Simulator::spare`].
@@ -100,6 +107,8 @@ impl Simulator {
             spare: None,
             events: 0,
             events_by_kind: [0; 8],
+            clock: 0,
+            masks: Vec::new(),
         }
     }
 
@@ -154,7 +163,21 @@ impl Simulator {
         if let Some(tr) = world.core.trace.as_mut() {
             tr.offset = self.trace_end;
         }
+        if !plan.faults.is_empty() {
+            let masks = std::mem::take(&mut self.masks);
+            world.core.faults = crate::faults::FaultRt::new(plan, self.clock, masks);
+        }
         world
+    }
+
+    /// After a run with faults: the run's clock moves on by the machine's time, and the masks
+    /// stay for the next op.
+    fn advance(&mut self, world: &mut World) {
+        if world.core.faults.faults.is_empty() {
+            return;
+        }
+        self.clock += world.core.now;
+        self.masks = std::mem::take(&mut world.core.faults.masks);
     }
 
     /// Keep the finished machine's record arrays, emptied, for the next one.
@@ -211,6 +234,15 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
         params.hbm_copy_rate,
     );
     let mut core = Core::new(params, net, gpus, trace);
+    // A degraded node's NVLink ports run at the share of their rate it keeps.
+    for (g, gpu) in core.gpus.gpus.iter_mut().enumerate() {
+        let fraction = plan.faults.nvlink_fraction(plan.topology.node_of_gpu(GpuId(g as u32)));
+        if fraction < 1.0 {
+            let rate = Rate::from_gbps(gpu.nvl_tx.rate.gbps() * fraction);
+            gpu.nvl_tx.rate = rate;
+            gpu.nvl_rx.rate = rate;
+        }
+    }
     core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
     // Every QP the jobs can create (rank pairs × QPs per pair), reserved up front.
     let qps = core.jobs.iter().map(|j| j.max_qps()).sum::<usize>().min(1 << 20);
@@ -235,6 +267,14 @@ pub fn make_program(
         JobKind::Traffic(_) => Box::new(traffic::TrafficProgram::new(plan, job, iteration, warmup)),
         JobKind::DeepEp(_) => deepep::program(plan, core, job, op, iteration, warmup),
     }
+}
+
+/// Which launch of its job an op is: rounds count from the run's start, warmup rounds first.
+fn launch_key(plan: &Plan, job: JobId, op: OpKind, iteration: u32, warmup: bool) -> LaunchKey {
+    let j = plan.job(job);
+    let round = if warmup { iteration as u64 } else { j.warmup as u64 + iteration as u64 };
+    let op_index = j.ops.iter().position(|&o| o == op).unwrap_or(0) as u32;
+    LaunchKey { job: job.0, round, op_index }
 }
 
 fn to_transport_error(e: RunError) -> TransportError {
@@ -281,6 +321,8 @@ impl Transport for Simulator {
         self.spare = None;
         self.trace = None;
         self.trace_end = 0;
+        self.clock = 0;
+        self.masks = Vec::new();
         Ok(())
     }
 
@@ -299,7 +341,10 @@ impl Transport for Simulator {
         match op {
             OpSpec::Op { job, op, iteration, warmup } => {
                 let prev = self.prev_op.insert(job.0, *op);
+                // With faults no two iterations are alike (stragglers draw per op, time moves
+                // towards a fault): every one runs.
                 if self.use_cache
+                    && plan.faults.is_empty()
                     && let Some(s) = self.cache.get(&(job.0, *op))
                 {
                     let mut s = s.clone();
@@ -310,6 +355,12 @@ impl Transport for Simulator {
                 }
                 // Trace the first run of each op (later iterations reuse it).
                 let mut world = self.world(&plan, self.options.trace);
+                world.next_launch = Some(launch_key(&plan, *job, *op, *iteration, *warmup));
+                let faults = !plan.faults.is_empty();
+                if faults && let Some(ends) = prev.and_then(|p| self.rank_ends.get(&(job.0, p))) {
+                    // The world starts stragglers after their previous op and adds the waits.
+                    world.prev_ends = ends.clone();
+                }
                 let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
                     make_program(&plan, core, j, o, it, w)
                 };
@@ -317,6 +368,7 @@ impl Transport for Simulator {
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
+                self.advance(&mut world);
                 let ends = std::mem::take(&mut world.rank_ends);
                 let measured = collect(&mut world);
                 self.recycle(&mut world);
@@ -332,7 +384,9 @@ impl Transport for Simulator {
                 })?;
                 s.iteration = *iteration;
                 s.warmup = *warmup;
-                s.latency_ns += self.follow_lag_ns(job.0, prev, *op);
+                if !faults {
+                    s.latency_ns += self.follow_lag_ns(job.0, prev, *op);
+                }
                 Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() })
             }
             OpSpec::Concurrent { streams } => {
@@ -348,6 +402,7 @@ impl Transport for Simulator {
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
+                self.advance(&mut world);
                 let samples = collect(&mut world);
                 self.recycle(&mut world);
                 Ok(OpOutcome { samples, measurements: BTreeMap::new() })

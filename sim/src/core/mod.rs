@@ -82,10 +82,23 @@ pub enum Ev {
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
     pub values: Vec<u64>,
-    /// Per counter: (program, actor, threshold), woken when the value reaches the threshold.
-    waiters: Vec<Vec<(ProgId, u32, u64)>>,
+    /// Per counter: (program, actor, threshold, since), woken when the value reaches the
+    /// threshold; `since` is when the wait began (a DeepEP timeout counts from there).
+    waiters: Vec<Vec<(ProgId, u32, u64, Time)>>,
     /// Bit per counter: its waiter list is non-empty.
     waited: Vec<u64>,
+}
+
+/// A wait still registered: `actor` of `prog` waits since `since` for `counter` (now at
+/// `value`) to reach `threshold`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stuck {
+    pub prog: ProgId,
+    pub actor: u32,
+    pub counter: u32,
+    pub value: u64,
+    pub threshold: u64,
+    pub since: Time,
 }
 
 /// Per-op (program) byte accounting.
@@ -121,6 +134,8 @@ pub struct Core {
     pub jobs: Vec<crate::jobs::JobRt>,
     /// Lanes found starved by the arbitration monitor (fail every op of the run).
     pub starvations: Vec<String>,
+    /// The run's faults on this machine (none on a healthy cluster).
+    pub faults: crate::faults::FaultRt,
 }
 
 const MAX_VIOLATIONS: usize = 64;
@@ -175,6 +190,7 @@ impl Core {
             trace: trace.then(Trace::default),
             jobs: Vec::new(),
             starvations: Vec::new(),
+            faults: crate::faults::FaultRt::default(),
         }
     }
 
@@ -267,7 +283,7 @@ impl Core {
             let list = &mut ctrs.waiters[c as usize];
             let mut i = 0;
             while i < list.len() {
-                let (p, a, th) = list[i];
+                let (p, a, th, _) = list[i];
                 if v >= th {
                     list.swap_remove(i);
                     self.pending_wakes.push((p, a));
@@ -288,7 +304,7 @@ impl Core {
         if ctrs.values[c as usize] >= threshold {
             return true;
         }
-        ctrs.waiters[c as usize].push((prog, actor, threshold));
+        ctrs.waiters[c as usize].push((prog, actor, threshold, self.now));
         ctrs.waited[c as usize / 64] |= 1 << (c % 64);
         false
     }
@@ -365,13 +381,14 @@ impl Core {
         self.events_by_kind[kind] += 1;
     }
 
-    /// Waiters still registered (for the deadlock report).
-    pub fn stuck_waiters(&self) -> Vec<(ProgId, u32, u32, u64, u64)> {
+    /// Waiters still registered (for the deadlock report and DeepEP's timeouts).
+    pub fn stuck_waiters(&self) -> Vec<Stuck> {
         let mut out = Vec::new();
         let ctrs = &self.counters;
         for (i, list) in ctrs.waiters.iter().enumerate() {
-            for &(p, a, th) in list {
-                out.push((p, a, i as u32, ctrs.values[i], th));
+            for &(prog, actor, threshold, since) in list {
+                let (counter, value) = (i as u32, ctrs.values[i]);
+                out.push(Stuck { prog, actor, counter, value, threshold, since });
             }
         }
         out
