@@ -29,6 +29,7 @@ pub mod testing;
 pub mod topology;
 pub mod transport;
 pub mod units;
+pub mod workload;
 
 pub use error::EngineError;
 pub use plan::{JobKind, JobPlan, Plan};

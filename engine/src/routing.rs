@@ -5,9 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{Routing, Workload};
 use crate::rng::Rng;
 use crate::topology::NUM_MAX_NVL_PEERS;
+use crate::workload::{Routing, Workload};
 
 /// `topk_idx` and `topk_weights` for every rank, `[rank][token][slot]` flattened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,4 +1,5 @@
-//! Words for results: which backend, which hardware. Legends and tables name both.
+//! Words for results: which backend, which hardware (legends and tables name both), and the
+//! order names are listed in.
 
 use eptwin_engine::result::RunResult;
 use serde_json::Value;
@@ -122,6 +123,25 @@ pub fn backend_detail(result: &RunResult) -> String {
     parts.join(", ")
 }
 
+/// Sort key that orders `ep8` before `ep16` (digit runs compare as numbers).
+pub fn natural_key(text: &str) -> Vec<(u64, String)> {
+    let mut key = Vec::new();
+    let mut chars = text.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        let digit = c.is_ascii_digit();
+        let mut run = String::new();
+        while let Some(&c) = chars.peek() {
+            if c.is_ascii_digit() != digit {
+                break;
+            }
+            run.push(c);
+            chars.next();
+        }
+        key.push(if digit { (run.parse().unwrap_or(u64::MAX), String::new()) } else { (0, run) });
+    }
+    key
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +187,15 @@ mod tests {
         assert_eq!(hardware(&hw), "1× NVIDIA H200");
         let deepep = result("deepep", serde_json::json!({"script": "test_low_latency.py"}));
         assert_eq!(source_label(&deepep), "measured (DeepEP test_low_latency.py)");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
+        /// Digit runs compare as numbers: `eN` sorts by N whatever the widths.
+        #[test]
+        fn natural_key_orders_numbers(a in 0u32..100_000, b in 0u32..100_000) {
+            let (ka, kb) = (natural_key(&format!("ep{a}-ll")), natural_key(&format!("ep{b}-ll")));
+            proptest::prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+        }
     }
 }

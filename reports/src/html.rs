@@ -3,12 +3,30 @@
 //! timestamp, so the same inputs give the same page.
 
 use std::fmt::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::compare::Comparison;
 use crate::describe;
 use crate::inputs::Inputs;
-use crate::report::{Skipped, Written};
+
+/// A chart the report did not draw, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    pub chart: String,
+    pub reason: String,
+}
+
+/// A drawn chart.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Written {
+    pub id: String,
+    pub title: String,
+    pub caption: String,
+    pub png: PathBuf,
+    pub svg: PathBuf,
+    pub width: u32,
+    pub height: u32,
+}
 
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -127,7 +145,7 @@ fn summary_table(h: &mut String, comparisons: &[Comparison]) {
         }
     };
     let mut ordered: Vec<&Comparison> = comparisons.iter().collect();
-    ordered.sort_by_key(|c| (group(c), crate::report::natural_key(&c.scenario)));
+    ordered.sort_by_key(|c| (group(c), describe::natural_key(&c.scenario)));
     let mut current = None;
     for c in ordered {
         if current != Some(group(c)) {

@@ -14,6 +14,7 @@ pub mod hwkernels;
 pub mod jobs;
 pub mod net;
 pub mod params;
+pub mod programs;
 pub mod trace;
 pub mod traffic;
 
@@ -32,6 +33,7 @@ use crate::gpu::Gpus;
 use crate::jobs::JobRt;
 use crate::net::Net;
 use crate::params::Params;
+use crate::programs::Meta;
 
 /// The model's version: bump when a change alters simulated results.
 pub const MODEL_VERSION: &str = "1";
@@ -265,7 +267,31 @@ pub fn make_program(
 ) -> Box<dyn Program> {
     match &plan.job(job).kind {
         JobKind::Traffic(_) => Box::new(traffic::TrafficProgram::new(plan, job, iteration, warmup)),
-        JobKind::DeepEp(_) => deepep::program(plan, core, job, op, iteration, warmup),
+        JobKind::DeepEp(_) => deepep_program(plan, core, Meta { job, op, iteration, warmup }),
+    }
+}
+
+/// The program for one op of a DeepEP job: DeepEP's kernels, or, where the job's ranks share
+/// one GPU, the hardware backend's one-GPU kernels (DeepEP has none).
+fn deepep_program(plan: &Plan, core: &mut Core, meta: Meta) -> Box<dyn Program> {
+    let mode = programs::deepep_job(plan, meta.job).mode;
+    if hwkernels::applies(core, &meta) {
+        match mode {
+            EpMode::LowLatency => {
+                return Box::new(hwkernels::OneGpuLlProgram::new(plan, core, meta));
+            }
+            // At most 8 ranks on a GPU with thread-block clusters: the rings in shared memory.
+            EpMode::Intranode if hwkernels::cluster::applies(plan, core, &meta) => {
+                return Box::new(hwkernels::cluster::ClusterProgram::new(plan, core, meta));
+            }
+            EpMode::Intranode => return Box::new(hwkernels::NormalProgram::new(plan, core, meta)),
+            EpMode::Internode => {}
+        }
+    }
+    match mode {
+        EpMode::LowLatency => Box::new(deepep::ll::LowLatencyProgram::new(plan, core, meta)),
+        EpMode::Intranode => Box::new(deepep::intranode::IntranodeProgram::new(plan, core, meta)),
+        EpMode::Internode => Box::new(deepep::internode::InternodeProgram::new(plan, core, meta)),
     }
 }
 

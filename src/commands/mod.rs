@@ -5,10 +5,13 @@ mod deepep;
 mod env;
 mod processes;
 mod report;
+mod results;
 mod run;
 mod sweep;
 mod topo;
 mod validate;
+
+use std::path::PathBuf;
 
 use anyhow::Result;
 use eptwin_engine::result::Provenance;
@@ -20,8 +23,7 @@ use crate::cli::{BackendArg, Command, WireArg};
 pub fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
         Command::Run { scenarios, backend, out, json, trace, wire, spawn, ranks_per_process } => {
-            let options =
-                run::RunOptions { backend, out, json, trace, spawn, ranks_per_process, wire };
+            let options = RunOptions { backend, out, json, trace, spawn, ranks_per_process, wire };
             run::run(&scenarios, &options)
         }
         Command::Validate { scenarios } => validate::validate(&scenarios),
@@ -38,6 +40,18 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
         }
         Command::Deepep { command } => deepep::dispatch(command),
     }
+}
+
+/// `eptwin run`'s options besides the scenarios.
+pub struct RunOptions {
+    pub backend: BackendArg,
+    pub out: PathBuf,
+    pub json: bool,
+    pub trace: Option<PathBuf>,
+    pub spawn: Option<usize>,
+    pub ranks_per_process: Option<usize>,
+    /// Hardware: the wire between nodes (`--wire`, over `EPTWIN_WIRE`).
+    pub wire: Option<WireArg>,
 }
 
 /// A backend for `run`, `compare` and `sweep`; `wire` overrides `EPTWIN_WIRE`.

@@ -17,8 +17,8 @@ use eptwin_hw::group::{
 };
 use eptwin_hw::processes::Processes;
 
-use super::run::{RunOptions, write_result};
-use super::{load_plan, provenance};
+use super::results::write_result;
+use super::{RunOptions, load_plan, provenance};
 use crate::ExitCode;
 use crate::cli::BackendArg;
 

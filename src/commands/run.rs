@@ -11,25 +11,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use eptwin_engine::LoadedScenario;
-use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
+use eptwin_engine::result::{RunResult, write_atomic};
 use eptwin_engine::run::Progress;
 use eptwin_hw::group::{LaunchInfo, Launcher, rank_blocks};
 
-use super::{plan_loaded, processes, provenance};
+use super::results::write_result;
+use super::{RunOptions, plan_loaded, processes, provenance};
+use crate::ExitCode;
 use crate::cli::{BackendArg, WireArg};
-use crate::{ExitCode, out, outln};
-
-/// `eptwin run`'s options besides the scenarios.
-pub struct RunOptions {
-    pub backend: BackendArg,
-    pub out: PathBuf,
-    pub json: bool,
-    pub trace: Option<PathBuf>,
-    pub spawn: Option<usize>,
-    pub ranks_per_process: Option<usize>,
-    /// Hardware: the wire between nodes (`--wire`, over `EPTWIN_WIRE`).
-    pub wire: Option<WireArg>,
-}
 
 pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
     let (backend, trace) = (o.backend, o.trace.as_deref());
@@ -174,72 +163,6 @@ fn probe_write(dir: &Path) -> std::io::Result<()> {
     let probe = dir.join(format!(".eptwin-write-test.{}", std::process::id()));
     std::fs::File::create(&probe)?;
     std::fs::remove_file(&probe)
-}
-
-/// Writes the result (see [`place_result`]) and prints the table, or the document with
-/// `--json`; a closed stdout stops the printing, not the writing.
-pub fn write_result(result: &RunResult, out: &Path, json: bool) -> Result<Option<PathBuf>> {
-    let file = place_result(out, &result.scenario.name, result)?;
-    if json {
-        outln!("{}", serde_json::to_string(result)?);
-    } else {
-        out!("{}", eptwin_reports::table::render(result));
-        match &file {
-            Some(file) => outln!("# result: {}", file.display()),
-            None => outln!("# result: not written (see above)"),
-        }
-    }
-    Ok(file)
-}
-
-/// Where a result goes: `<name>.json`, unless that holds a result this one must not replace
-/// (another backend's; a measured one when this is waived), then `<name>.<backend>.json`
-/// under the same rule; `None` (nothing written) when neither may be replaced.
-pub fn place_result(dir: &Path, name: &str, result: &RunResult) -> Result<Option<PathBuf>> {
-    let kind = result.backend_kind().to_string();
-    let candidates = [result_path(dir, name, None), result_path(dir, name, Some(&kind))];
-    let mut kept = Vec::new();
-    for path in &candidates {
-        match existing(path) {
-            Some((other, verdict))
-                if other != kind
-                    || (result.verdict == Verdict::Waived && verdict != Verdict::Waived) =>
-            {
-                kept.push(format!(
-                    "{} holds a {other} result (verdict {})",
-                    path.display(),
-                    verdict.as_str()
-                ));
-            }
-            _ => {
-                if !kept.is_empty() {
-                    eprintln!(
-                        "eptwin: {}; this {kind} result goes to {}",
-                        kept.join("; "),
-                        path.display()
-                    );
-                }
-                write_atomic(path, &result.to_json())?;
-                tracing::info!("wrote {}", path.display());
-                return Ok(Some(path.clone()));
-            }
-        }
-    }
-    eprintln!(
-        "eptwin: the {} {kind} result was not written: {}",
-        result.verdict.as_str(),
-        kept.join("; ")
-    );
-    Ok(None)
-}
-
-/// The backend kind and verdict of the result file at `path`, if it is one.
-fn existing(path: &Path) -> Option<(String, Verdict)> {
-    let file = std::fs::File::open(path).ok()?;
-    let doc: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
-    let kind = doc.get("backend")?.get("kind")?.as_str()?.to_string();
-    let verdict = serde_json::from_value(doc.get("verdict")?.clone()).ok()?;
-    Some((kind, verdict))
 }
 
 /// Run one plan on one backend; the simulator also hands back its trace when asked.

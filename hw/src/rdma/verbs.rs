@@ -340,12 +340,6 @@ impl Nic {
             ));
         }
         let port = &self.inner.port;
-        if port.link_layer.is_roce() && settings.sl > 7 {
-            return Err(invalid(
-                "service level",
-                format!("NVSHMEM_IB_SL {} on RoCE is an Ethernet priority: 0..=7", settings.sl),
-            ));
-        }
         if settings.path_mtu_bytes > port.active_mtu_bytes {
             return Err(invalid(
                 "path MTU",

@@ -19,7 +19,9 @@ use crate::charts::figure::Figure;
 use crate::charts::gantt::Gantt;
 use crate::charts::{self};
 use crate::compare::pair_all;
+pub use crate::describe::natural_key;
 use crate::error::ReportError;
+pub use crate::html::{Skipped, Written};
 use crate::inputs::Inputs;
 use crate::sweep::SweepIndex;
 
@@ -58,25 +60,6 @@ pub struct Planned {
     /// What the chart shows, for index.html.
     pub caption: String,
     pub spec: ChartSpec,
-}
-
-/// A chart the report did not draw, and why.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Skipped {
-    pub chart: String,
-    pub reason: String,
-}
-
-/// A drawn chart.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Written {
-    pub id: String,
-    pub title: String,
-    pub caption: String,
-    pub png: PathBuf,
-    pub svg: PathBuf,
-    pub width: u32,
-    pub height: u32,
 }
 
 /// What `build` produced.
@@ -208,25 +191,6 @@ fn op_rank(op: &str) -> (usize, String) {
     (known.iter().position(|k| *k == op).unwrap_or(known.len()), op.to_string())
 }
 
-/// Sort key that orders `ep8` before `ep16` (digit runs compare as numbers).
-pub fn natural_key(text: &str) -> Vec<(u64, String)> {
-    let mut key = Vec::new();
-    let mut chars = text.chars().peekable();
-    while let Some(&c) = chars.peek() {
-        let digit = c.is_ascii_digit();
-        let mut run = String::new();
-        while let Some(&c) = chars.peek() {
-            if c.is_ascii_digit() != digit {
-                break;
-            }
-            run.push(c);
-            chars.next();
-        }
-        key.push(if digit { (run.parse().unwrap_or(u64::MAX), String::new()) } else { (0, run) });
-    }
-    key
-}
-
 fn unique(items: impl IntoIterator<Item = String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for i in items {
@@ -246,15 +210,5 @@ mod tests {
         let mut names = vec!["ep64-ll", "ep8-ll", "ep16-ll", "ep16-ll-pure-rdma"];
         names.sort_by_key(|n| natural_key(n));
         assert_eq!(names, ["ep8-ll", "ep16-ll", "ep16-ll-pure-rdma", "ep64-ll"]);
-    }
-
-    proptest::proptest! {
-        #![proptest_config(eptwin_engine::testing::proptest_config(256))]
-        /// Digit runs compare as numbers: `eN` sorts by N whatever the widths.
-        #[test]
-        fn natural_key_orders_numbers(a in 0u32..100_000, b in 0u32..100_000) {
-            let (ka, kb) = (natural_key(&format!("ep{a}-ll")), natural_key(&format!("ep{b}-ll")));
-            proptest::prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
-        }
     }
 }

@@ -18,11 +18,12 @@ use eptwin_engine::plan::{
 };
 use eptwin_engine::transport::OpSample;
 
-use super::{GpuCosts, Meta, Ranks, Route, deepep_job, ll_route};
+use super::{GpuCosts, Route, ll_route};
 use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
+use crate::programs::{Meta, Ranks, deepep_job};
 use eptwin_engine::rng::mix;
 
 mod faults;
@@ -32,7 +33,8 @@ const DOORBELL_BATCH: u32 = 4;
 /// Bytes of a count/flag release store over NVLink.
 const FLAG_BYTES: u64 = 4;
 
-pub struct LlProgram {
+/// DeepEP's low-latency dispatch or combine (`internode_ll.cu`) as a program.
+pub struct LowLatencyProgram {
     meta: Meta,
     me: ProgId,
     job: usize,
@@ -111,7 +113,7 @@ pub struct LlProgram {
 }
 
 /// Actor id layout.
-impl LlProgram {
+impl LowLatencyProgram {
     fn a_block(&self, r: u32, b: u32) -> u32 {
         r * self.blocks + b
     }
@@ -133,8 +135,8 @@ impl LlProgram {
     }
 }
 
-impl LlProgram {
-    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LlProgram {
+impl LowLatencyProgram {
+    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LowLatencyProgram {
         let d = deepep_job(plan, meta.job);
         let w = &d.workload;
         let n = plan.job(meta.job).num_ranks();
@@ -160,7 +162,7 @@ impl LlProgram {
         let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
         let ne = (n * experts) as usize;
-        let mut p = LlProgram {
+        let mut p = LowLatencyProgram {
             meta,
             me: 0,
             job,
@@ -737,7 +739,7 @@ impl LlProgram {
     }
 }
 
-impl Program for LlProgram {
+impl Program for LowLatencyProgram {
     fn num_ranks(&self) -> u32 {
         self.n
     }

@@ -41,15 +41,15 @@ mod ll;
 mod normal;
 mod sharing;
 
-pub use ll::LlProgram;
+pub use ll::OneGpuLlProgram;
 pub use normal::NormalProgram;
 
 use eptwin_engine::plan::{Config, DeepEpJob, OpKind, Plan};
 
 use crate::core::Core;
 use crate::core::time::Time;
-use crate::deepep::{Meta, deepep_job};
 use crate::params::OneGpu;
+use crate::programs::{Meta, deepep_job};
 
 /// int4 (16 B) per lane per round of `UNROLLED_WARP_COPY(7, …)`: 7 loads of 16 B in flight per
 /// lane, 32 lanes.

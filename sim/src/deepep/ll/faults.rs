@@ -4,11 +4,11 @@
 //! in its mask buffer, skips it from then on (no sends to it, no waits for it, its experts'
 //! outputs left out of the combine) and goes on.
 
-use super::LlProgram;
+use super::LowLatencyProgram;
 use crate::core::world::{Program, Trap};
 use crate::core::{Core, ProgId, Stuck};
 
-impl LlProgram {
+impl LowLatencyProgram {
     /// Whether rank `r` skips rank `s` (shrink mode's mask; never without one).
     #[inline]
     pub(super) fn is_masked(&self, r: u32, s: u32) -> bool {

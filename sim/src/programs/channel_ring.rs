@@ -1,4 +1,5 @@
-//! A DeepEP ring buffer between one producer and one consumer (per channel and peer): slots
+//! A channel's ring buffer between one producer and one consumer (per channel and peer), as
+//! DeepEP's kernels and the hardware backend's run it: slots
 //! on the receiving side, a tail the producer publishes after the data (release store) and a
 //! head the consumer publishes back. The token ids travel with it so the receiving side can
 //! check exactly what it got.
@@ -8,7 +9,7 @@ use std::collections::VecDeque;
 use crate::core::Core;
 
 #[derive(Debug, Clone)]
-pub struct Ring {
+pub struct ChannelRing {
     /// Tail as the consumer sees it (bumped when the data is visible).
     pub tail: u32,
     /// Head as the producer sees it (bumped when the consumer's store is visible).
@@ -21,10 +22,10 @@ pub struct Ring {
     pub data: VecDeque<u32>,
 }
 
-impl Ring {
-    pub fn new(core: &mut Core, cap: u32) -> Ring {
+impl ChannelRing {
+    pub fn new(core: &mut Core, cap: u32) -> ChannelRing {
         let c = core.counters(2);
-        Ring { tail: c, head: c + 1, cap, pushed: 0, popped: 0, data: VecDeque::new() }
+        ChannelRing { tail: c, head: c + 1, cap, pushed: 0, popped: 0, data: VecDeque::new() }
     }
 
     /// Head value the producer must see before `more` more slots are free.
