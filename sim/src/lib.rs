@@ -8,7 +8,6 @@
 
 pub mod core;
 pub mod deepep;
-pub mod faults;
 pub mod gpu;
 pub mod hwkernels;
 pub mod jobs;
@@ -167,7 +166,12 @@ impl Simulator {
         }
         if !plan.faults.is_empty() {
             let masks = std::mem::take(&mut self.masks);
-            world.core.faults = crate::faults::FaultRt::new(plan, self.clock, masks);
+            let faults = crate::core::faults::FaultRt::new(plan, self.clock, masks);
+            if faults.loss_threshold != 0 || !faults.nics_down.is_empty() {
+                let loss = crate::net::nic::Loss::new(plan.faults.seed, self.clock);
+                world.core.net.loss = Some(Box::new(loss));
+            }
+            world.core.faults = faults;
         }
         world
     }

@@ -134,6 +134,9 @@ const DEEP_PREFETCH: usize = 3;
 
 /// Limits that turn a runaway simulation into an error instead of a hang.
 pub const MAX_SIM_TIME: Time = 120 * 1_000_000_000_000; // 120 s simulated
+/// The limit with faults, which wait out DeepEP's ≈ 100 s timeouts and seconds-long ACK
+/// timeouts: below 2^48 ps (281 s), where packed times end (`MsgSend`, `CreditReturn`).
+pub const MAX_FAULT_SIM_TIME: Time = 250 * 1_000_000_000_000;
 
 pub struct World {
     pub core: Core,
@@ -312,6 +315,14 @@ impl World {
         loop {
             self.drain_all(factory);
             self.run_events(factory)?;
+            // Nothing else to do but a QP's ACK timer (packets lost): the clock jumps to it.
+            // Also after the ops ended: what they sent still gets through (or its QP fails).
+            if let Some(due) = self.core.rc_timer_due() {
+                self.check_time(due)?;
+                self.core.now = self.core.now.max(due);
+                self.core.fire_rc_timers();
+                continue;
+            }
             if self.finished.iter().all(|f| *f) {
                 break;
             }
@@ -339,13 +350,7 @@ impl World {
                 ));
             }
             self.core.now = t;
-            if t > MAX_SIM_TIME {
-                return Err(RunError::Timeout(format!(
-                    "simulated time passed {} with work outstanding; {}",
-                    fmt_us(MAX_SIM_TIME),
-                    self.stuck_report()
-                )));
-            }
+            self.check_time(t)?;
             // No effect on any result: the next events' cold records are fetched now, in two
             // steps (a port's queue head two events ahead, what it names one event ahead).
             if let Some(&next) = self.core.queue.peek_current() {
@@ -365,6 +370,21 @@ impl World {
         Ok(())
     }
 
+    /// A runaway simulation is an error, not a hang: the clock may not pass the limit.
+    fn check_time(&self, t: Time) -> Result<(), RunError> {
+        let limit =
+            if self.core.faults.faults.is_empty() { MAX_SIM_TIME } else { MAX_FAULT_SIM_TIME };
+        if t <= limit {
+            return Ok(());
+        }
+        Err(RunError::Timeout(format!(
+            "simulated time passed {} with work outstanding at {}: {}",
+            fmt_us(limit),
+            fmt_us(self.core.now),
+            self.waiting()
+        )))
+    }
+
     /// The machine is quiet with ops unfinished because of a fault: every stuck wait times out
     /// (the clock jumps there: nothing is simulated in between). Each op traps with DeepEP's
     /// message, or masks the silent ranks (shrink mode) and goes on.
@@ -373,7 +393,10 @@ impl World {
         let stuck = self.core.stuck_waiters();
         let timeout = self.core.faults.gpu_timeout;
         let latest = stuck.iter().map(|w| w.since).max().unwrap_or(self.core.now);
-        self.core.now = self.core.now.max(latest + timeout);
+        let fire = self.core.now.max(latest + timeout);
+        // Shrink mode would go on waiting past the model's clock: stop with what waits.
+        self.check_time(fire)?;
+        self.core.now = fire;
         let mut traps = Vec::new();
         for p in 0..self.progs.len() {
             if self.finished[p] {
@@ -397,7 +420,8 @@ impl World {
             return Ok(());
         };
         let faults = &self.core.faults;
-        let causes = faults.causes(&down);
+        let mut causes = faults.causes(&down);
+        causes.extend(self.core.failed_qps());
         Err(RunError::Timeout(format!(
             "{}; it gives up at {} (simulated; no time was simulated while it waited); cause: {}",
             trap.message,
@@ -502,6 +526,11 @@ impl World {
 
     /// What waits for what, when the run cannot finish.
     pub fn stuck_report(&self) -> String {
+        format!("deadlock at {}: {}", fmt_us(self.core.now), self.waiting())
+    }
+
+    /// What waits for what, and the ports with traffic they cannot send.
+    fn waiting(&self) -> String {
         let mut lines = Vec::new();
         for w in self.core.stuck_waiters().into_iter().take(12) {
             let (p, a) = (w.prog, w.actor);
@@ -543,17 +572,19 @@ impl World {
         if lines.is_empty() {
             lines.push("no waiter registered (a program never finished)".into());
         }
-        format!("deadlock at {}: {}", fmt_us(self.core.now), lines.join("; "))
+        lines.join("; ")
     }
 
     fn end_checks(&mut self) -> Result<(), RunError> {
         // Byte conservation: every RDMA payload byte sent was delivered, every copy completed,
         // every message completed, no packet left anywhere.
         for (p, ob) in self.core.op_bytes.iter().enumerate() {
-            if ob.rdma_payload != ob.rdma_delivered {
+            // Under loss a byte may be sent several times and dropped on the way (counted apart).
+            if ob.rdma_payload + ob.rdma_resent != ob.rdma_delivered + ob.rdma_discarded {
                 self.core.violations.push(format!(
-                    "byte conservation: op {p} sent {} RDMA payload bytes, {} delivered",
-                    ob.rdma_payload, ob.rdma_delivered
+                    "byte conservation: op {p} sent {} RDMA payload bytes (+{} again), {} \
+                     delivered (+{} dropped)",
+                    ob.rdma_payload, ob.rdma_resent, ob.rdma_delivered, ob.rdma_discarded
                 ));
             }
             if ob.copies_issued != ob.copies_done {
@@ -563,7 +594,9 @@ impl World {
                 ));
             }
         }
-        if self.core.net.pkts.live() != 0 || self.core.net.msgs.live() != 0 {
+        // A failed QP's messages never complete (hardware flushes them with an error).
+        let flushed = self.core.messages_on_failed_qps();
+        if self.core.net.pkts.live() != 0 || self.core.net.msgs.live() != flushed {
             self.core.violations.push(format!(
                 "conservation: {} packets and {} messages still in the fabric at the end",
                 self.core.net.pkts.live(),

@@ -81,6 +81,7 @@ impl Net {
             nic_route: Vec::new(),
             route_tab: Vec::new(),
             starved: Vec::new(),
+            loss: None,
         };
         let credits = params.credits_per_lane;
         let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {

@@ -4,7 +4,11 @@
 
 use eptwin_engine::result::{RunResult, Verdict};
 use eptwin_engine::testing::ScenarioDraft;
+use proptest::prelude::*;
 
+use crate::properties::{
+    fabric, fabric_toml, ll, ll_toml, normal, normal_toml, traffic_job, traffic_toml,
+};
 use crate::util::{latency_us, run};
 
 /// `ep16-ll` (16 ranks, 2 nodes) with a short run and `faults` appended.
@@ -111,4 +115,213 @@ fn degraded_nvlink_slows_intranode_traffic() {
     let (h, s) =
         (latency_us(&healthy, "train", "dispatch"), latency_us(&slow, "train", "dispatch"));
     assert!(s > 1.3 * h, "half the NVLink bandwidth: {s} us vs {h} us");
+}
+
+/// `scenario` with `iterations` timed rounds and `faults` appended.
+fn with_faults(scenario: &str, iterations: u32, faults: &str) -> ScenarioDraft {
+    let base = ScenarioDraft::bundled(scenario)
+        .set("job[0].workload.warmup", 1)
+        .set("job[0].workload.iterations", iterations);
+    ScenarioDraft::from_text(
+        &format!("scenarios/{scenario}.toml"),
+        &format!("{}\n{faults}", base.text()),
+    )
+}
+
+/// RC recovers every lost packet (go-back-N, ACK timeouts): the run is correct, with a
+/// latency tail, and repeatable.
+#[test]
+fn packet_loss_on_roce_is_a_latency_tail_not_lost_tokens() {
+    let plan =
+        with_faults("roce-ep16-ll", 20, "[[fault]]\nkind = \"packet_loss\"\nrate = 1e-4\n").plan();
+    let r = run(&plan);
+    assert_eq!(r.verdict, Verdict::Ok, "{}", failures(&r));
+    for op in &r.jobs[0].ops {
+        let s = &op.summary;
+        assert_eq!(s.wrong, 0);
+        assert!(!s.checks.is_empty());
+        assert!(s.latency_us.p99 > s.latency_us.p50, "{}: {:?}", op.op, s.latency_us);
+    }
+    assert_eq!(r.to_json(), run(&plan).to_json(), "same seed, same result");
+}
+
+#[test]
+fn a_nic_down_for_good_fails_its_qps_then_deepep_times_out() {
+    let faults = "[[fault]]\nkind = \"nic_down\"\nnode = 1\nnic = 0\nat_us = 0\n";
+    let r = run(&with_faults("ep16-ll", 1, faults).plan());
+    assert_eq!(r.verdict, Verdict::Failed);
+    let f = failures(&r);
+    assert!(f.contains("Warning: DeepEP timeout for dispatch receive"), "{f}");
+    assert!(
+        f.contains("NIC 0 of node 1 down from t = 0.000000 s for good (fault[0] nic_down)"),
+        "{f}"
+    );
+    // Eight transmissions (the first and 7 retries), 4.29 s apart, then the QPs fail.
+    assert!(f.contains("QP(s) failed with IBV_WC_RETRY_EXC_ERR (transport retry counter exceeded: retry_cnt 7 retries of the 4.29 s local ACK timeout), the first at t = 34.3"), "{f}");
+}
+
+#[test]
+fn a_nic_back_up_before_the_retries_run_out_costs_seconds_not_the_run() {
+    let faults =
+        "[[fault]]\nkind = \"nic_down\"\nnode = 1\nnic = 0\nat_us = 0\nduration_us = 5000000\n";
+    let r = run(&with_faults("ep16-ll", 1, faults).plan());
+    assert_eq!(r.verdict, Verdict::Ok, "{}", failures(&r));
+    // The first op waits out ACK timeouts of 4.29 s until the port is back.
+    assert!(r.jobs[0].ops.iter().all(|o| o.summary.wrong == 0));
+}
+
+/// One `[[fault]]` drawn as numbers, made concrete for a cluster of `nodes` × `gpus`.
+#[derive(Debug, Clone)]
+struct RawFault {
+    kind: u8,
+    a: u32,
+    b: u32,
+    c: u32,
+}
+
+fn raw_fault() -> impl Strategy<Value = RawFault> {
+    (0u8..5, any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(kind, a, b, c)| RawFault {
+        kind,
+        a,
+        b,
+        c,
+    })
+}
+
+fn fault_toml(f: &RawFault, nodes: u32, gpus: u32) -> String {
+    let ranks = nodes * gpus;
+    let pick = |x: u32, xs: &[&str]| xs[x as usize % xs.len()].to_string();
+    let body = match f.kind {
+        0 => {
+            let delay = if f.b.is_multiple_of(2) {
+                format!("delay_us = {}", f.c % 200)
+            } else {
+                format!(
+                    "delay = {{ dist = \"normal\", mean_us = {}, sd_us = {} }}",
+                    f.c % 50,
+                    f.b % 20
+                )
+            };
+            format!("kind = \"straggler\"\nranks = \"{}\"\n{delay}", f.a % ranks)
+        }
+        1 => format!(
+            "kind = \"rank_down\"\nranks = \"{}\"\nat_us = {}",
+            f.a % ranks,
+            pick(f.b, &["0", "50", "1000"])
+        ),
+        2 => format!(
+            "kind = \"nic_down\"\nnode = {}\nnic = {}\nat_us = {}\n{}",
+            f.a % nodes,
+            f.b % gpus,
+            pick(f.c, &["0", "20", "100"]),
+            pick(f.c / 3, &["", "duration_us = 10", "duration_us = 5000000"])
+        ),
+        3 => format!("kind = \"packet_loss\"\nrate = {}", pick(f.a, &["0.001", "0.05", "0.5"])),
+        _ => format!(
+            "kind = \"nvlink_degraded\"\nnode = {}\nfraction = {}",
+            f.a % nodes,
+            pick(f.b, &["0.1", "0.5", "1.0"])
+        ),
+    };
+    format!("\n[[fault]]\n{body}\n")
+}
+
+/// The entries of `faults`, leaving out what the scenario format refuses twice (a second
+/// packet loss, a node's NVLink degraded twice).
+fn faults_toml(faults: &[RawFault], nodes: u32, gpus: u32) -> String {
+    let mut seen = Vec::new();
+    let mut text = String::new();
+    for f in faults {
+        let once = match f.kind {
+            3 => Some(u32::MAX),
+            4 => Some(f.a % nodes),
+            _ => None,
+        };
+        if let Some(key) = once {
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+        }
+        text.push_str(&fault_toml(f, nodes, gpus));
+    }
+    text
+}
+
+/// What any run with faults must show: it ends (the test returning is the bound), `ok` only
+/// when every check passed (no token lost silently: a masked rank only in shrink mode), or
+/// `failed` with a timeout that names DeepEP's (or a traffic job's) error — never a broken
+/// model invariant or a deadlock; and the same result twice.
+fn assert_faulty_run_is_sound(text: &str, shrink: bool) -> Result<(), TestCaseError> {
+    let plan = ScenarioDraft::from_text("prop", text).plan();
+    let r = run(&plan);
+    match r.verdict {
+        Verdict::Ok => {
+            for job in &r.jobs {
+                prop_assert!(shrink || job.masked_ranks.is_empty(), "{}", text);
+                for op in &job.ops {
+                    prop_assert!(!op.summary.checks.is_empty(), "{} ran no checks", op.op);
+                    prop_assert_eq!(op.summary.wrong, 0, "{}", text);
+                }
+            }
+        }
+        Verdict::Failed => {
+            let f = failures(&r);
+            // DeepEP's trap, or (shrink mode waiting on) past the model's clock limit.
+            let bounded = f.contains("gives up at t = ") || f.contains("simulated time passed");
+            prop_assert!(f.starts_with("timeout: ") && bounded, "{f}\n{text}");
+            prop_assert!(!f.contains("invariant") && !f.contains("deadlock"), "{f}\n{text}");
+        }
+        Verdict::Waived => prop_assert!(false, "waived: {:?}", r.waived_reason),
+    }
+    prop_assert_eq!(r.to_json(), run(&plan).to_json());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(eptwin_engine::testing::proptest_config(300))]
+
+    /// Random fault sets on random low-latency jobs (with and without shrink mode).
+    #[test]
+    fn low_latency_survives_any_fault(
+        c in ll(), faults in prop::collection::vec(raw_fault(), 1..=3), shrink in any::<bool>(),
+    ) {
+        let (nodes, gpus) = if c.ranks <= 8 { (1, c.ranks) } else { (c.ranks / 8, 8) };
+        let mut text = ll_toml(&c)
+            .replace("iterations = 1", "iterations = 2")
+            .replace("\nlow_latency_mode = true", &format!("\nlow_latency_mode = true\nenable_shrink = {shrink}"));
+        text.push_str(&faults_toml(&faults, nodes, gpus));
+        assert_faulty_run_is_sound(&text, shrink)?;
+    }
+
+    /// Random fault sets on random normal-mode jobs (intranode and internode).
+    #[test]
+    fn normal_kernels_survive_any_fault(
+        c in normal(), faults in prop::collection::vec(raw_fault(), 1..=3),
+    ) {
+        let gpus = c.ranks / c.nodes;
+        let mut text = normal_toml(&c);
+        text.push_str(&faults_toml(&faults, c.nodes, gpus));
+        assert_faulty_run_is_sound(&text, false)?;
+    }
+
+    /// Random fault sets (no dead rank: background jobs are not DeepEP's) on random fabrics
+    /// with 1–3 traffic jobs. Lost packets are modelled under static routing only.
+    #[test]
+    fn traffic_survives_any_fault(
+        f in fabric(),
+        jobs in prop::collection::vec(traffic_job(), 1..=3),
+        faults in prop::collection::vec(raw_fault(), 1..=3),
+    ) {
+        let mut text = format!("schema = 1\nname = \"prop\"\n{}", fabric_toml(&f));
+        for (i, j) in jobs.iter().enumerate() {
+            text.push_str(&traffic_toml(i, j));
+        }
+        let keep: Vec<RawFault> = faults
+            .into_iter()
+            .filter(|x| x.kind != 1 && !(f.adaptive && (x.kind == 2 || x.kind == 3)))
+            .collect();
+        text.push_str(&faults_toml(&keep, f.nodes, f.gpus));
+        assert_faulty_run_is_sound(&text, false)?;
+    }
 }

@@ -101,7 +101,10 @@ pub(super) fn check(
         let fault = match f.kind {
             FaultKind::Straggler => straggler(&mut c, f, topo, jobs),
             FaultKind::RankDown => rank_down(&mut c, f, topo, jobs),
-            FaultKind::NicDown => nic_down(&mut c, f, profile, topo),
+            FaultKind::NicDown => {
+                refuse_adaptive(&mut c, f.kind, profile);
+                nic_down(&mut c, f, profile, topo)
+            }
             FaultKind::PacketLoss => {
                 if let Some(first) = loss_at.replace(i) {
                     c.error(
@@ -299,19 +302,29 @@ fn packet_loss(c: &mut Ctx<'_, '_>, f: &FaultSpec, profile: &HardwareProfile) ->
         c.error("fault-range", "rate", format!("{rate}: a drop probability in [0, 1)"));
         return None;
     }
-    if profile.fabric.routing == FabricRouting::Adaptive {
-        // The model's go-back-N receiver takes a QP's packets in order; adaptive routing
-        // reorders them (docs/design.md, "Faults").
-        c.error(
-            "fault-loss-adaptive",
-            "kind",
-            "packet_loss with routing = \"adaptive\" is not modelled: the go-back-N receiver \
-             needs a QP's packets in order, and adaptive routing reorders them"
-                .into(),
-        );
+    if refuse_adaptive(c, f.kind, profile) {
         return None;
     }
     Some(Fault::PacketLoss { rate })
+}
+
+/// Lost packets under adaptive routing are not modelled: the model's go-back-N receiver takes
+/// a QP's packets in order, and adaptive routing reorders them (docs/design.md, faults §3).
+/// `true` when refused (reported).
+fn refuse_adaptive(c: &mut Ctx<'_, '_>, kind: FaultKind, profile: &HardwareProfile) -> bool {
+    if profile.fabric.routing != FabricRouting::Adaptive {
+        return false;
+    }
+    c.error(
+        "fault-loss-adaptive",
+        "kind",
+        format!(
+            "{} with routing = \"adaptive\" is not modelled: the go-back-N receiver needs a \
+             QP's packets in order, and adaptive routing reorders them",
+            kind.as_str()
+        ),
+    );
+    true
 }
 
 fn nvlink_degraded(

@@ -48,6 +48,9 @@ impl LowLatencyProgram {
     /// Combine with per-source flags: rank `r` waits for each unmasked source's flags in turn
     /// (one per local expert of the source), then reduces.
     pub(super) fn wait_flags_per_source(&mut self, core: &mut Core, r: u32) {
+        if self.flag_next[r as usize] == u32::MAX {
+            return; // reduced already: a masked source's flags came after all
+        }
         while self.flag_next[r as usize] < self.n {
             let h = self.flag_next[r as usize];
             let counter = self.flag_ctr + r * self.n + h;
@@ -123,7 +126,8 @@ impl LowLatencyProgram {
         let op = if self.dispatch { "dispatch" } else { "combine" };
         let waits: Vec<(Stuck, (u32, u32, u32))> =
             stuck.iter().filter_map(|w| Some((*w, self.stuck_source(w)?))).collect();
-        if !self.shrink || waits.len() != stuck.len() || !self.faulty {
+        // Shrink mode goes on only past waits it can mask (none: every rank is down).
+        if !self.shrink || waits.len() != stuck.len() || !self.faulty || waits.is_empty() {
             let Some(&(w, (r, s, le))) = waits.iter().min_by_key(|(w, _)| (w.since, w.actor))
             else {
                 let describe = |a| self.describe(a);

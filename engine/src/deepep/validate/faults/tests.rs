@@ -1,3 +1,5 @@
+//! Tests of the `[[fault]]` rules: every kind resolves, every error names its key and position.
+
 use crate::deepep::validate::validate;
 use crate::diag::{Diagnostic, Severity};
 use crate::fault::{Delay, Fault};
