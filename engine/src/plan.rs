@@ -7,7 +7,7 @@
 //! structs; the enums and engine types a backend needs besides are re-exported here, so `sim`
 //! and `hw` name `eptwin_engine::plan` (and `transport`, `ids`) and never `scenario::schema`.
 //! The DeepEP rules both backends need are here once too: `channel_range`,
-//! `Plan::low_latency_path`, `JobPlan::qps_per_peer` (`deepep::rules`).
+//! `Plan::low_latency_path`, `JobPlan::qps_per_peer` (`plan/rules.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -19,6 +19,10 @@ use crate::result::RoutingFileRecord;
 use crate::routing::generate;
 use crate::scenario::schema::{ReferenceSpec, TrafficSpec};
 
+mod rules;
+
+pub use rules::channel_range;
+
 pub use crate::cluster_ring::{CLUSTER_INDEX_BYTES, ClusterSlot, cluster_ring_slots};
 pub use crate::deepep::buffer::BufferSettings;
 pub use crate::deepep::bytes::{
@@ -27,7 +31,6 @@ pub use crate::deepep::bytes::{
 };
 pub use crate::deepep::config::{Config, EpMode};
 pub use crate::deepep::env::NvshmemSettings;
-pub use crate::deepep::rules::channel_range;
 pub use crate::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, Lane, VlArbEntry};
 pub use crate::fault::{
     Delay, Fault, Faults, LaunchKey, NUM_CPU_TIMEOUT_SECS, NUM_TIMEOUT_CYCLES, gpu_timeout_ns,

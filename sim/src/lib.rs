@@ -56,9 +56,10 @@ pub enum QueueChoice {
 /// The simulator as a [`Transport`].
 pub struct Simulator {
     options: SimOptions,
-    plan: Option<Plan>,
-    /// A single op on an idle machine is a pure function of (plan, job, op): iterations are
-    /// identical, so the first run of each is reused (SimOptions::no_cache turns this off).
+    /// Shared with each op's run: an op reads the plan without copying it (its routing
+    /// tables are tens of MB at EP2048).
+    plan: Option<std::sync::Arc<Plan>>,
+    /// The first run of each (job, op) where [`Simulator::reuses_first_run`] allows it.
     cache: BTreeMap<(u32, OpKind), OpSample>,
     use_cache: bool,
     /// Per (job, op): `Program::rank_ends` of its last run; per job: the op executed last.
@@ -125,6 +126,20 @@ impl Simulator {
     pub fn with_queue(mut self, queue: QueueChoice) -> Self {
         self.queue = queue;
         self
+    }
+
+    /// Whether the iterations of `op` of `job` may take its first run's sample instead of
+    /// running again: the one place that decides it. A single op runs on a fresh, idle machine
+    /// ([`Simulator::world`]), so its run is a pure function of the plan, the job and the op
+    /// as long as nothing in the plan differs between iterations: the routing is the job's
+    /// own for every iteration, and background traffic only runs in a concurrent session
+    /// (never cached). What differs per iteration — injected faults, per-launch stragglers —
+    /// must make this false, so that every iteration runs. The back-to-back lag of a
+    /// low-latency op (`follow_lag_ns`) is added per iteration from the previous op's rank
+    /// ends, which are the same in every iteration, so reusing the first run gives the same
+    /// per-iteration numbers as running each (`tests/it/scenarios.rs` checks it).
+    fn reuses_first_run(&self, plan: &Plan, _job: JobId, _op: OpKind) -> bool {
+        self.use_cache && plan.faults.is_empty()
     }
 
     /// Simulate every iteration instead of reusing the (identical) first run of an op.
@@ -221,7 +236,7 @@ impl Simulator {
         }
     }
 
-    fn plan(&self) -> Result<&Plan, TransportError> {
+    fn plan(&self) -> Result<&std::sync::Arc<Plan>, TransportError> {
         self.plan.as_ref().ok_or_else(|| TransportError::Backend {
             context: "simulator".into(),
             message: "execute before prepare".into(),
@@ -344,7 +359,7 @@ impl Transport for Simulator {
     }
 
     fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
-        self.plan = Some(plan.clone());
+        self.plan = Some(std::sync::Arc::new(plan.clone()));
         self.cache.clear();
         self.rank_ends.clear();
         self.prev_op.clear();
@@ -371,10 +386,7 @@ impl Transport for Simulator {
         match op {
             OpSpec::Op { job, op, iteration, warmup } => {
                 let prev = self.prev_op.insert(job.0, *op);
-                // With faults no two iterations are alike (stragglers draw per op, time moves
-                // towards a fault): every one runs.
-                if self.use_cache
-                    && plan.faults.is_empty()
+                if self.reuses_first_run(&plan, *job, *op)
                     && let Some(s) = self.cache.get(&(job.0, *op))
                 {
                     let mut s = s.clone();
@@ -388,7 +400,7 @@ impl Transport for Simulator {
                 world.next_launch = Some(launch_key(&plan, *job, *op, *iteration, *warmup));
                 let faults = !plan.faults.is_empty();
                 if faults && let Some(ends) = prev.and_then(|p| self.rank_ends.get(&(job.0, p))) {
-                    // The world starts stragglers after their previous op and adds the waits.
+                    // The world charges the back-to-back lag to the ranks that launch on time.
                     world.prev_ends = ends.clone();
                 }
                 let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {

@@ -330,7 +330,7 @@ impl Program for TrafficProgram {
         &mut self,
         core: &mut Core,
         _me: ProgId,
-        stuck: &[crate::core::Stuck],
+        stuck: &[crate::core::world::Stuck],
         _down: &[u32],
     ) -> Result<(), crate::core::world::Trap> {
         let who = stuck.first().map_or_else(|| "a flow".to_string(), |w| self.describe(w.actor));

@@ -2,6 +2,7 @@
 
 mod compare;
 mod deepep;
+mod doctor;
 mod env;
 mod processes;
 mod report;
@@ -39,6 +40,9 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
             sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
         Command::Deepep { command } => deepep::dispatch(command),
+        Command::Doctor { scenario, json, node } => {
+            doctor::doctor(scenario.as_deref(), json, node.as_deref())
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use eptwin_engine::transport::OpSample;
 
 use crate::core::queue::EventQueue;
 use crate::core::time::{Time, fmt_us};
-use crate::core::{Core, ProgId, Stuck};
+use crate::core::{Core, ProgId};
 
 /// An op instance running on the simulated machine: a DeepEP kernel (with its notify phase) or
 /// a round of background traffic.
@@ -56,6 +56,19 @@ pub trait Program {
     ) -> Result<(), Trap> {
         Err(device_trap(core, stuck, down, &|a| self.describe(a)))
     }
+}
+
+/// A wait still registered: `actor` of `prog` waits for `counter` (now at `value`) to reach
+/// `threshold`, since about `since` (its op's start: a kernel's waits begin within
+/// microseconds of it, against timeouts of seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stuck {
+    pub prog: ProgId,
+    pub actor: u32,
+    pub counter: u32,
+    pub value: u64,
+    pub threshold: u64,
+    pub since: Time,
 }
 
 /// A DeepEP timeout that ends the run: its message and when the kernel (or host) gives up.
@@ -151,6 +164,8 @@ pub struct World {
     launch: Vec<Option<(JobId, LaunchKey)>>,
     /// Per program: its ranks that were down at its launch and never started it.
     down: Vec<Vec<u32>>,
+    /// Per program: when its ranks were started.
+    started_at: Vec<Time>,
     /// The launch `run_one` starts (set by the caller; none: no straggler delays).
     pub next_launch: Option<LaunchKey>,
     /// With faults: the `Program::rank_ends` of the op before the one `run_one` starts.
@@ -181,6 +196,7 @@ impl World {
             finished: Vec::new(),
             launch: Vec::new(),
             down: Vec::new(),
+            started_at: Vec::new(),
             next_launch: None,
             prev_ends: Vec::new(),
             waited_ns: Vec::new(),
@@ -203,6 +219,7 @@ impl World {
         self.finished.push(false);
         self.launch.push(launch);
         self.down.push(Vec::new());
+        self.started_at.push(self.core.now);
         self.waited_ns.push(None);
         id
     }
@@ -213,6 +230,7 @@ impl World {
     /// op early launched early and waits in the kernel) applies to the ranks that launch on
     /// time: a straggler is not in the kernel before `t`.
     fn start_all(&mut self, p: ProgId, t: Time) {
+        self.started_at[p as usize] = t;
         let prog = self.progs[p as usize].as_mut().expect("live program");
         let launch = self.launch[p as usize].filter(|_| !self.core.faults.faults.is_empty());
         let Some((job, key)) = launch else {
@@ -390,7 +408,7 @@ impl World {
     /// message, or masks the silent ranks (shrink mode) and goes on.
     #[cold]
     fn time_out(&mut self) -> Result<(), RunError> {
-        let stuck = self.core.stuck_waiters();
+        let stuck = self.stuck();
         let timeout = self.core.faults.gpu_timeout;
         let latest = stuck.iter().map(|w| w.since).max().unwrap_or(self.core.now);
         let fire = self.core.now.max(latest + timeout);
@@ -529,10 +547,21 @@ impl World {
         format!("deadlock at {}: {}", fmt_us(self.core.now), self.waiting())
     }
 
+    /// The waits still registered.
+    fn stuck(&self) -> Vec<Stuck> {
+        let waits = self.core.stuck_waiters().into_iter();
+        waits
+            .map(|(prog, actor, counter, value, threshold)| {
+                let since = self.started_at.get(prog as usize).copied().unwrap_or(0);
+                Stuck { prog, actor, counter, value, threshold, since }
+            })
+            .collect()
+    }
+
     /// What waits for what, and the ports with traffic they cannot send.
     fn waiting(&self) -> String {
         let mut lines = Vec::new();
-        for w in self.core.stuck_waiters().into_iter().take(12) {
+        for w in self.stuck().into_iter().take(12) {
             let (p, a) = (w.prog, w.actor);
             let who = self.progs[p as usize]
                 .as_ref()

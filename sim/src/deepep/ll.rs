@@ -19,6 +19,7 @@ use eptwin_engine::plan::{
 use eptwin_engine::transport::OpSample;
 
 use super::{GpuCosts, Route, ll_route};
+use crate::core::slab::NONE;
 use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
@@ -32,6 +33,27 @@ mod faults;
 const DOORBELL_BATCH: u32 = 4;
 /// Bytes of a count/flag release store over NVLink.
 const FLAG_BYTES: u64 = 4;
+/// What a count adds to its (receiver, source, local expert) counter, on top of the data
+/// messages' one each: the receiving group waits for the counter to reach it, and the data
+/// that arrived before the count is the rest (far below it: at most tokens × top-k).
+const COUNT_ARRIVED: u32 = 1 << 31;
+
+/// A dispatch's (source rank, expert) pair, in one record so that a put touches one cache
+/// line: what routing says the source sends the expert, what it sent so far, and its QP.
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    /// Identity hash of the tokens routing selects, less those sent (0 once they match).
+    hash_left: u64,
+    /// When the last put ended.
+    last_put: Time,
+    /// Tokens routing selects (the puts to issue), and issued so far (the next one's slot);
+    /// the count the source sends is `sent`.
+    want: u32,
+    sent: u32,
+    /// The QP from the source to the expert's rank for the expert (NONE: not looked up yet).
+    qp: u32,
+    signalled: bool,
+}
 
 /// DeepEP's low-latency dispatch or combine (`internode_ll.cu`) as a program.
 pub struct LowLatencyProgram {
@@ -62,22 +84,14 @@ pub struct LowLatencyProgram {
     next_token: Vec<u32>,
     block_done: Vec<Option<Time>>,
     blocks_left: Vec<u32>,
-    /// Per (rank, expert): puts still to issue, issued so far (the slot), last issue time,
-    /// signal sent, identity hash of what was sent.
-    puts_left: Vec<u32>,
-    sent: Vec<u32>,
-    last_put: Vec<Time>,
-    signalled: Vec<bool>,
+    /// Per (rank, expert), dispatch only: see [`Cell`]. What routing says each pair must
+    /// carry is computed independently of the senders.
+    cells: Vec<Cell>,
     signals_left: Vec<u32>,
     send_done: Vec<Time>,
-    sent_hash: Vec<u64>,
-    /// What routing says each (source rank, expert) must carry, computed independently of the
-    /// senders: token count and identity hash.
-    want_count: Vec<u32>,
-    want_hash: Vec<u64>,
-    /// Counters: data messages delivered and count signal per (receiver, source, local expert).
-    data_ctr: u32,
-    cnt_ctr: u32,
+    /// Counters per (receiver, source, local expert): data messages delivered, plus
+    /// [`COUNT_ARRIVED`] once the count is in.
+    recv_ctr: u32,
     groups_left: Vec<u32>,
     /// Hook mode: the longest unpack of a rank's groups (they run in the receive kernel).
     hook_recv: Vec<Time>,
@@ -161,7 +175,6 @@ impl LowLatencyProgram {
         let job = meta.job.index();
         let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
-        let ne = (n * experts) as usize;
         let mut p = LowLatencyProgram {
             meta,
             me: 0,
@@ -185,17 +198,10 @@ impl LowLatencyProgram {
             next_token: Vec::new(),
             block_done: Vec::new(),
             blocks_left: Vec::new(),
-            puts_left: vec![0; ne],
-            sent: vec![0; ne],
-            last_put: vec![0; ne],
-            signalled: vec![false; ne],
+            cells: Vec::new(),
             signals_left: vec![experts; n as usize],
             send_done: vec![0; n as usize],
-            sent_hash: vec![0; ne],
-            want_count: vec![0; ne],
-            want_hash: vec![0; ne],
-            data_ctr: 0,
-            cnt_ctr: 0,
+            recv_ctr: 0,
             groups_left: vec![experts; n as usize],
             hook_recv: vec![0; n as usize],
             group_off: Vec::new(),
@@ -215,15 +221,20 @@ impl LowLatencyProgram {
             flag_next: Vec::new(),
             sent_to: Vec::new(),
         };
-        // Per (source rank, expert): how many of the source's tokens selected it, and which.
-        for r in 0..n {
-            for t in 0..p.tokens {
-                for &e in p.routing.experts(r, t) {
-                    if e >= 0 && !p.is_masked(r, e as u32 / local) {
-                        let i = (r * experts + e as u32) as usize;
-                        p.puts_left[i] += 1;
-                        p.want_count[i] += 1;
-                        p.want_hash[i] = p.want_hash[i].wrapping_add(mix(r, t, e as u32));
+        if dispatch {
+            // Per (source rank, expert): how many of the source's tokens selected it, and which.
+            let cell =
+                Cell { hash_left: 0, last_put: 0, want: 0, sent: 0, qp: NONE, signalled: false };
+            p.cells = vec![cell; (n * experts) as usize];
+            for r in 0..n {
+                for t in 0..p.tokens {
+                    for &e in p.routing.experts(r, t) {
+                        // Shrink mode: nothing is sent to a rank the source masked.
+                        if e >= 0 && !p.is_masked(r, e as u32 / local) {
+                            let c = &mut p.cells[(r * experts + e as u32) as usize];
+                            c.want += 1;
+                            c.hash_left = c.hash_left.wrapping_add(mix(r, t, e as u32));
+                        }
                     }
                 }
             }
@@ -247,6 +258,18 @@ impl LowLatencyProgram {
         (r * self.experts + e) as usize
     }
 
+    /// The QP of dispatch cell `i` (source `r`, expert `le` of rank `d`), created on first use.
+    #[inline]
+    fn cell_qp(&mut self, core: &mut Core, i: usize, r: u32, d: u32, le: u32) -> u32 {
+        let qp = self.cells[i].qp;
+        if qp != NONE {
+            return qp;
+        }
+        let qp = core.job_qp(self.job, r, d, le, self.me);
+        self.cells[i].qp = qp;
+        qp
+    }
+
     /// Counter of (receiver, source, local expert).
     #[inline]
     fn rsl(&self, recv: u32, src: u32, le: u32) -> u32 {
@@ -260,9 +283,7 @@ impl LowLatencyProgram {
         self.next_token = (0..n * self.blocks).map(|i| i % self.blocks).collect();
         self.block_done = vec![None; (n * self.blocks) as usize];
         self.blocks_left = vec![self.blocks; n as usize];
-        let cells = (n * n * self.local) as usize;
-        self.data_ctr = core.counters(cells);
-        self.cnt_ctr = core.counters(cells);
+        self.recv_ctr = core.counters((n * n * self.local) as usize);
     }
 
     /// Block `b` of rank `r` processes its next token (cast, then one put per top-k slot in
@@ -294,13 +315,14 @@ impl LowLatencyProgram {
                 continue; // shrink mode: nothing is sent to a masked rank
             }
             let i = self.idx(r, e);
-            let slot = self.sent[i];
-            self.sent[i] += 1;
-            self.sent_hash[i] = self.sent_hash[i].wrapping_add(mix(r, t, e));
-            let remote = Action::Add { counter: self.data_ctr + self.rsl(d, r, le), delta: 1 };
+            let cell = &mut self.cells[i];
+            let slot = cell.sent;
+            cell.sent += 1;
+            cell.hash_left = cell.hash_left.wrapping_sub(mix(r, t, e));
+            let remote = Action::Add { counter: self.recv_ctr + self.rsl(d, r, le), delta: 1 };
             let put_end = match self.route(r, d) {
                 Route::Rdma => {
-                    let qp = core.job_qp(self.job, r, d, le, self.me);
+                    let qp = self.cell_qp(core, i, r, d, le);
                     core.post(qp, self.msg_bytes as u32, false, remote, Action::None, self.me);
                     let end = t1 + self.costs.wqe_post;
                     if (slot + 1).is_multiple_of(DOORBELL_BATCH) {
@@ -321,9 +343,9 @@ impl LowLatencyProgram {
                 ),
             };
             end = end.max(put_end);
-            self.last_put[i] = self.last_put[i].max(put_end);
-            self.puts_left[i] -= 1;
-            if self.puts_left[i] == 0 {
+            let cell = &mut self.cells[i];
+            cell.last_put = cell.last_put.max(put_end);
+            if cell.sent == cell.want {
                 self.maybe_signal(core, r, e);
             }
         }
@@ -348,24 +370,26 @@ impl LowLatencyProgram {
     /// to `e` was issued.
     fn maybe_signal(&mut self, core: &mut Core, r: u32, e: u32) {
         let i = self.idx(r, e);
-        if self.signalled[i] || self.puts_left[i] != 0 {
+        let cell = self.cells[i];
+        if cell.signalled || cell.sent != cell.want {
             return;
         }
         let owner = (r * self.blocks + e / self.groups) as usize;
         let Some(block_t) = self.block_done[owner] else { return };
-        self.signalled[i] = true;
-        let ts = block_t.max(self.last_put[i]).max(core.now) + self.costs.ll_signal;
+        self.cells[i].signalled = true;
+        let ts = block_t.max(cell.last_put).max(core.now) + self.costs.ll_signal;
         let (d, le) = (e / self.local, e % self.local);
         if self.is_masked(r, d) {
             self.signals_left[r as usize] -= 1;
             self.maybe_send_done(core, r);
             return;
         }
-        let count = self.sent[i];
-        let remote = Action::Add { counter: self.cnt_ctr + self.rsl(d, r, le), delta: count + 1 };
+        // The count (`cell.sent`, read by the receiver from the record) rides on the counter.
+        let remote =
+            Action::Add { counter: self.recv_ctr + self.rsl(d, r, le), delta: COUNT_ARRIVED };
         let end = match self.route(r, d) {
             Route::Rdma => {
-                let qp = core.job_qp(self.job, r, d, le, self.me);
+                let qp = self.cell_qp(core, i, r, d, le);
                 core.post(qp, 0, true, remote, Action::None, self.me);
                 // Atomics always ring, flushing puts still below the batch boundary.
                 core.ring(qp, ts + self.costs.wqe_post);
@@ -404,7 +428,7 @@ impl LowLatencyProgram {
     }
 
     fn recv_start(&mut self, core: &mut Core, r: u32) {
-        if self.faulty {
+        if self.faulty && self.group_done.is_empty() {
             self.group_done = vec![false; (self.n * self.experts) as usize];
         }
         for g in 0..self.experts {
@@ -413,8 +437,8 @@ impl LowLatencyProgram {
                 self.skip_group(core, r, g);
                 continue;
             }
-            let c = self.cnt_ctr + self.rsl(r, s, le);
-            if core.wait(c, 1, self.me, self.a_group(r, g)) {
+            let c = self.recv_ctr + self.rsl(r, s, le);
+            if core.wait(c, COUNT_ARRIVED as u64, self.me, self.a_group(r, g)) {
                 self.recv_group(core, r, g);
             }
         }
@@ -429,18 +453,17 @@ impl LowLatencyProgram {
             }
         }
         let (s, le) = (g / self.local, g % self.local);
-        let cell = self.rsl(r, s, le);
-        let count = core.value(self.cnt_ctr + cell).saturating_sub(1);
-        let delivered = core.value(self.data_ctr + cell);
         let e = r * self.local + le;
-        let i = self.idx(s, e);
-        let expected = self.want_count[i];
+        let cell = self.cells[self.idx(s, e)];
+        let count = cell.sent as u64;
+        let delivered = core.value(self.recv_ctr + self.rsl(r, s, le)) - COUNT_ARRIVED as u64;
+        let expected = cell.want;
         if delivered != count {
             self.ranks.fail(format!(
                 "rank {r} local expert {le}: count from rank {s} says {count} tokens but {delivered} arrived before it (per-QP order broken)"
             ));
         }
-        if count != expected as u64 || self.sent_hash[i] != self.want_hash[i] {
+        if count != expected as u64 || cell.hash_left != 0 {
             self.ranks.fail(format!(
                 "rank {r} local expert {le}: received {count} tokens from rank {s}, routing selects {expected} (or a different set)"
             ));
@@ -841,7 +864,7 @@ impl Program for LowLatencyProgram {
         &mut self,
         core: &mut Core,
         me: ProgId,
-        stuck: &[crate::core::Stuck],
+        stuck: &[crate::core::world::Stuck],
         down: &[u32],
     ) -> Result<(), crate::core::world::Trap> {
         self.time_out(core, me, stuck, down)

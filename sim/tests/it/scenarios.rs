@@ -316,6 +316,26 @@ fn same_scenario_gives_byte_identical_results() {
     }
 }
 
+/// Reusing an op's first run for its later iterations gives the per-iteration numbers that
+/// running every iteration gives, the low-latency back-to-back lag included (its first
+/// dispatch follows nothing, every later op follows the previous one).
+#[test]
+fn reusing_the_first_run_gives_every_iteration_s_numbers() {
+    for name in ["ep16-ll", "ep16-normal-internode", "h200-ep8-ll-128"] {
+        let plan = ScenarioDraft::bundled(name)
+            .set("job[0].workload.warmup", 1)
+            .set("job[0].workload.iterations", 3)
+            .plan();
+        let mut every = Simulator::new(SimOptions::default()).without_cache();
+        let all = eptwin_engine::run::run(&plan, &mut every, Provenance::default()).expect("run");
+        let mut once = Simulator::new(SimOptions::default());
+        let reused = eptwin_engine::run::run(&plan, &mut once, Provenance::default()).expect("run");
+        assert_eq!(all.to_json(), reused.to_json(), "{name}");
+        // Four rounds of each op ran, against one.
+        assert_eq!(every.events, 4 * once.events, "{name}");
+    }
+}
+
 #[test]
 fn the_seed_changes_the_workload() {
     let a = run(&ScenarioDraft::bundled("ep16-ll").plan());

@@ -5,8 +5,8 @@
 //! outputs left out of the combine) and goes on.
 
 use super::LowLatencyProgram;
-use crate::core::world::{Program, Trap};
-use crate::core::{Core, ProgId, Stuck};
+use crate::core::world::{Program, Stuck, Trap};
+use crate::core::{Core, ProgId};
 
 impl LowLatencyProgram {
     /// Whether rank `r` skips rank `s` (shrink mode's mask; never without one).

@@ -2,7 +2,7 @@
 //! between two ranks (NVSHMEM's P2P reachability under `NVSHMEM_DISABLE_P2P` and
 //! `NVSHMEM_DISABLE_MNNVL`), how the normal kernels split a rank's tokens into channels, and
 //! how many QPs join two ranks. The simulator models these and the hardware backend runs them;
-//! both read them here, through `crate::plan`.
+//! both read them here, through `crate::plan`, whose child this module is.
 
 use crate::ids::JobId;
 use crate::plan::{JobKind, JobPlan, Plan};
