@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use eptwin_engine::Plan;
+use eptwin_engine::api::{EpMode, FabricKind, NvlinkKind, NvshmemSettings};
 use eptwin_engine::diag::Diagnostic;
-use eptwin_engine::plan::{EpMode, FabricKind, NvlinkKind, NvshmemSettings};
 
 /// Which DeepEP a job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,12 +2,10 @@
 //! and per job the DeepEP mode, Configs, environment, typed NVSHMEM settings, lane, routing
 //! and logical byte counts. Both backends execute the same Plan.
 //!
-//! API Boundary: this module is what a backend sees of a scenario. Its types hold typed,
-//! resolved values (sizes in bytes, `Dtype`, `Routing`, `Lane`), never the scenario file's
-//! structs; the enums and engine types a backend needs besides are re-exported here, so `sim`
-//! and `hw` name `eptwin_engine::plan` (and `transport`, `ids`) and never `scenario::schema`.
-//! The DeepEP rules both backends need are here once too: `channel_range`,
-//! `Plan::low_latency_path`, `JobPlan::qps_per_peer` (`plan/rules.rs`).
+//! Its types hold typed, resolved values (sizes in bytes, `Dtype`, `Routing`, `Lane`), never
+//! the scenario file's structs. Backends name them through `eptwin_engine::api`. The DeepEP
+//! rules both backends need are here once: `channel_range`, `Plan::low_latency_path`,
+//! `JobPlan::qps_per_peer` (`plan/rules.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -23,24 +21,38 @@ mod rules;
 
 pub use rules::channel_range;
 
+// The hardware backend's paths to the types `crate::api` names: kept, hidden, until it names
+// `api` (ARCHITECTURE.md, "API Boundary"); nothing else uses them.
+#[doc(hidden)]
 pub use crate::cluster_ring::{CLUSTER_INDEX_BYTES, ClusterSlot, cluster_ring_slots};
+#[doc(hidden)]
 pub use crate::deepep::buffer::BufferSettings;
+#[doc(hidden)]
 pub use crate::deepep::bytes::{
     fp8_scale_bytes, ll_combine_msg_bytes, ll_dispatch_msg_bytes, logical_row_bytes,
     normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
+#[doc(hidden)]
 pub use crate::deepep::config::{Config, EpMode};
+#[doc(hidden)]
 pub use crate::deepep::env::NvshmemSettings;
+#[doc(hidden)]
 pub use crate::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, Lane, VlArbEntry};
+#[doc(hidden)]
 pub use crate::fault::{
     Delay, Fault, Faults, LaunchKey, NUM_CPU_TIMEOUT_SECS, NUM_TIMEOUT_CYCLES, gpu_timeout_ns,
 };
+#[doc(hidden)]
 pub use crate::profile::{HardwareProfile, SwitchMode};
+#[doc(hidden)]
 pub use crate::routing::RoutingTable;
+#[doc(hidden)]
 pub use crate::scenario::schema::{
     Dtype, FabricKind, FabricRouting, FabricTopology, NvlinkKind, OpKind, TrafficPattern,
 };
+#[doc(hidden)]
 pub use crate::topology::{NUM_MAX_NVL_PEERS, PeerPath, Topology};
+#[doc(hidden)]
 pub use crate::workload::{Routing, Workload};
 
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use eptwin_engine::result::{RESULT_SCHEMA, RunResult};
+use eptwin_engine::api::{RESULT_SCHEMA, RunResult};
 
 use crate::error::ReportError;
 use crate::sweep::{SWEEP_INDEX_KIND, SweepIndex};

@@ -14,12 +14,12 @@ use std::path::Path;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use eptwin_engine::Plan;
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::OpKind;
-use eptwin_engine::result::Provenance;
-use eptwin_engine::rng::Rng;
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::OpKind;
+use eptwin_engine::api::Provenance;
+use eptwin_engine::api::Rng;
+use eptwin_engine::api::{OpSpec, Transport};
 use eptwin_engine::testing::ScenarioDraft;
-use eptwin_engine::transport::{OpSpec, Transport};
 use eptwin_sim::core::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::core::{Action, Ev};
 use eptwin_sim::{QueueChoice, SimOptions, Simulator};
@@ -143,7 +143,7 @@ const SCALE: [&str; 7] = [
 /// handled.
 fn run_scenario(plan: &Plan) -> u64 {
     let mut sim = Simulator::new(SimOptions::default());
-    let result = eptwin_engine::run::run(plan, &mut sim, Provenance::default()).expect("run");
+    let result = eptwin_engine::api::run(plan, &mut sim, Provenance::default()).expect("run");
     assert!(result.failures.is_empty(), "{}: {:?}", result.scenario.name, result.failures);
     black_box(result);
     sim.events

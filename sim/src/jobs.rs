@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::ids::Rank;
-use eptwin_engine::plan::{JobKind, PeerPath, Plan};
+use eptwin_engine::api::Rank;
+use eptwin_engine::api::{JobKind, PeerPath, Plan};
 
 use crate::core::slab::NONE;
 use crate::core::{Core, ProgId};

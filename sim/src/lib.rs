@@ -19,11 +19,11 @@ pub mod traffic;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::ids::{GpuId, JobId};
-use eptwin_engine::plan::{EpMode, JobKind, LaunchKey, OpKind, Plan};
-use eptwin_engine::transport::{
+use eptwin_engine::api::{
     BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
 };
+use eptwin_engine::api::{EpMode, JobKind, LaunchKey, OpKind, Plan};
+use eptwin_engine::api::{GpuId, JobId};
 
 use crate::core::Core;
 use crate::core::time::Rate;

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
+use eptwin_engine::api::{RunResult, Verdict, result_path, write_atomic};
 use eptwin_reports::{Comparison, Inputs};
 
 use super::plan_loaded;

@@ -15,8 +15,8 @@ mod validate;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use eptwin_engine::result::Provenance;
-use eptwin_engine::transport::Transport;
+use eptwin_engine::api::Provenance;
+use eptwin_engine::api::Transport;
 
 use crate::ExitCode;
 use crate::cli::{BackendArg, Command, WireArg};

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
+use eptwin_engine::api::{RunResult, Verdict, result_path, write_atomic};
 
 use crate::{out, outln};
 

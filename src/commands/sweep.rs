@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use eptwin_engine::result::write_atomic;
+use eptwin_engine::api::write_atomic;
 use eptwin_engine::sweep::{Shard, SweepKey, SweepPlan, run_grid, run_point};
 use eptwin_reports::{SweepIndex, SweepPoint};
 

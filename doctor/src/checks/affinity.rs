@@ -1,7 +1,7 @@
 //! Which NIC each rank would use under the scenario's environment, how far it is from the
 //! rank's GPU, and whether the PCIe links run at their full width and speed.
 
-use eptwin_engine::plan::EpMode;
+use eptwin_engine::api::EpMode;
 
 use super::{Ctx, skip};
 use crate::facts::{Affinity, Nic};

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::{EpMode, NvlinkKind};
+use eptwin_engine::api::{EpMode, NvlinkKind};
 use eptwin_engine::topology::{NvlinkCheckMode, TopologyProbe, check_nvlink_connections};
 
 use super::{Ctx, skip};

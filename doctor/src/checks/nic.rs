@@ -1,7 +1,7 @@
 //! RDMA devices and ports: what is there, port state and MTU, the RoCE GID table and index,
 //! SL/traffic class against the link layer, and whether RoCE rails reach each other.
 
-use eptwin_engine::plan::{EpMode, FabricKind};
+use eptwin_engine::api::{EpMode, FabricKind};
 
 use super::affinity::used_nics;
 use super::{Ctx, skip};

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::plan::EpMode;
+use eptwin_engine::api::EpMode;
 
 use super::affinity::assignments;
 use super::{Ctx, skip};

@@ -147,7 +147,7 @@ pub fn build(inputs: &Inputs, out: &Path) -> Result<ReportOutput, ReportError> {
     let comparisons = pair_all(&inputs.results);
     let html = crate::html::index(inputs, &comparisons, &charts, &skipped, out);
     let index_html = out.join("index.html");
-    eptwin_engine::result::write_atomic(&index_html, &html).map_err(|e| ReportError::Io {
+    eptwin_engine::api::write_atomic(&index_html, &html).map_err(|e| ReportError::Io {
         path: index_html.clone(),
         source: std::io::Error::other(e.to_string()),
     })?;

@@ -5,8 +5,8 @@
 //! The simulator runs each op on a fresh machine whose clock starts at 0; a fault's time is
 //! from the run's start, so the machine knows where its 0 lies in the run (`origin`).
 
-use eptwin_engine::ids::Rank;
-use eptwin_engine::plan::{Fault, Faults, LaunchKey, NUM_TIMEOUT_CYCLES, Plan, gpu_timeout_ns};
+use eptwin_engine::api::Rank;
+use eptwin_engine::api::{Fault, Faults, LaunchKey, NUM_TIMEOUT_CYCLES, Plan, gpu_timeout_ns};
 
 use crate::core::time::{PS_PER_NS, Time};
 

@@ -10,11 +10,11 @@
 //! Timing follows `test_intranode.py` (`bench`, CUDA events with a cached layout): launch +
 //! the cached-notify barrier + the kernel, per rank, averaged.
 
-use eptwin_engine::plan::{
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{
     Config, OpKind, Plan, RoutingTable, channel_range, normal_combine_token_bytes,
     normal_dispatch_token_bytes,
 };
-use eptwin_engine::transport::OpSample;
 
 use super::{GpuCosts, ipc_path};
 use crate::core::time::{Rate, Time};
@@ -23,7 +23,7 @@ use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
 use crate::programs::channel_ring::ChannelRing;
 use crate::programs::{Ledger, Meta, Ranks, deepep_job};
-use eptwin_engine::rng::mix;
+use eptwin_engine::api::mix;
 
 /// Threads per block of the intranode kernels (768 = 24 warps).
 const WARPS_PER_BLOCK: u32 = 24;

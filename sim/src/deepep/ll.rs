@@ -13,10 +13,8 @@
 //! flags, then reduce the top-k partials with the weights. Hook mode times the send phase and
 //! a receive-phase kernel launched after everything arrived.
 
-use eptwin_engine::plan::{
-    OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes,
-};
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
 use super::{GpuCosts, Route, ll_route};
 use crate::core::slab::NONE;
@@ -25,7 +23,7 @@ use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
 use crate::programs::{Meta, Ranks, deepep_job};
-use eptwin_engine::rng::mix;
+use eptwin_engine::api::mix;
 
 mod faults;
 

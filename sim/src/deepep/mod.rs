@@ -6,8 +6,8 @@ pub mod internode;
 pub mod intranode;
 pub mod ll;
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::{PeerPath, Plan};
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::{PeerPath, Plan};
 
 use crate::core::Core;
 use crate::core::time::{Rate, Time};

@@ -44,11 +44,11 @@
 
 use std::collections::VecDeque;
 
-use eptwin_engine::plan::{
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{
     CLUSTER_INDEX_BYTES, ClusterSlot, OpKind, Plan, RoutingTable, Workload, channel_range,
     cluster_ring_slots, normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
-use eptwin_engine::transport::OpSample;
 
 use super::{FlushedL2, MemSnap, NormalSetup, normal_setup};
 use crate::core::time::Time;
@@ -58,7 +58,7 @@ use crate::gpu::Server;
 use crate::params::{ClusterRings, OneGpu};
 use crate::programs::channel_ring::ChannelRing;
 use crate::programs::{Ledger, Meta, Ranks, deepep_job};
-use eptwin_engine::rng::mix;
+use eptwin_engine::api::mix;
 
 /// Ranks of a portable cluster: one block per rank per channel.
 const MAX_CLUSTER_RANKS: u32 = 8;
@@ -758,7 +758,7 @@ impl Program for ClusterProgram {
 #[cfg(test)]
 mod tests {
     use eptwin_engine::Plan;
-    use eptwin_engine::result::{RunResult, Verdict};
+    use eptwin_engine::api::{RunResult, Verdict};
 
     use super::*;
     use crate::core::time::{PS_PER_US, Rate, ns};
@@ -858,7 +858,7 @@ iterations = 1
         let loaded = eptwin_engine::parse("one-gpu-cluster.toml", &text).expect("scenario parses");
         let plan = Plan::build(&loaded).expect("plan");
         let mut sim = crate::Simulator::new(crate::SimOptions::default());
-        eptwin_engine::run::run(&plan, &mut sim, eptwin_engine::result::Provenance::default())
+        eptwin_engine::api::run(&plan, &mut sim, eptwin_engine::api::Provenance::default())
             .expect("run")
     }
 

@@ -5,11 +5,9 @@
 //! (`hw/src/low_latency/launch.rs`): the receive kernel starts, with its own launch, once every
 //! block of the send kernel is through.
 
-use eptwin_engine::plan::{
-    OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes,
-};
-use eptwin_engine::rng::mix;
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::mix;
+use eptwin_engine::api::{OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
 use super::{FlushedL2, MemSnap, memory_servers, sharing, warp_copy};
 use crate::core::time::Time;

@@ -4,12 +4,12 @@
 
 use std::collections::VecDeque;
 
-use eptwin_engine::plan::{
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::mix;
+use eptwin_engine::api::{
     Dtype, Plan, RoutingTable, channel_range, normal_combine_token_bytes,
     normal_dispatch_token_bytes,
 };
-use eptwin_engine::rng::mix;
-use eptwin_engine::transport::OpSample;
 
 use super::{FlushedL2, MemSnap, NormalSetup, PROBE_ROW_ROUNDS, normal_setup, warp_copy};
 use crate::core::time::Time;

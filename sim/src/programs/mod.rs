@@ -3,13 +3,13 @@
 //! per-rank bookkeeping that becomes its sample ([`Ranks`]), the check that every (token, rank)
 //! arrives exactly once ([`Ledger`]) and the channel ring both kinds of kernels flow-control
 //! ([`channel_ring::ChannelRing`]); DeepEP's split of tokens into channels is the engine's
-//! (`eptwin_engine::plan::channel_range`).
+//! (`eptwin_engine::api::channel_range`).
 
 pub mod channel_ring;
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::{DeepEpJob, OpKind, Plan};
-use eptwin_engine::transport::{OpSample, PhaseTime};
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::{DeepEpJob, OpKind, Plan};
+use eptwin_engine::api::{OpSample, PhaseTime};
 
 use crate::core::time::Time;
 
@@ -127,7 +127,7 @@ pub fn deepep_job(plan: &Plan, job: JobId) -> &DeepEpJob {
 }
 
 /// What every rank must end up holding against what it did: per rank a count and a wrapping
-/// sum of `eptwin_engine::rng::mix` keys, so "each (token, rank) pair arrives exactly once" is checked without
+/// sum of `eptwin_engine::api::mix` keys, so "each (token, rank) pair arrives exactly once" is checked without
 /// storing the pairs, whatever the arrival order.
 #[derive(Clone, Debug)]
 pub struct Ledger {
@@ -180,7 +180,7 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use eptwin_engine::rng::mix;
+    use eptwin_engine::api::mix;
 
     use super::*;
 

@@ -29,11 +29,11 @@
 mod combine;
 mod dispatch;
 
-use eptwin_engine::plan::{
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{
     Config, NUM_MAX_NVL_PEERS, OpKind, Plan, RoutingTable, channel_range,
     normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
-use eptwin_engine::transport::OpSample;
 
 use super::{GpuCosts, ipc_path};
 use crate::core::time::{Rate, Time, ns};
@@ -42,7 +42,7 @@ use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
 use crate::programs::channel_ring::ChannelRing;
 use crate::programs::{Ledger, Meta, Ranks, deepep_job};
-use eptwin_engine::rng::mix;
+use eptwin_engine::api::mix;
 
 const P: u32 = NUM_MAX_NVL_PEERS;
 /// Channel meta message: (NUM_MAX_NVL_PEERS · 2 + 2) ints.

@@ -15,7 +15,7 @@
 //! due one then, and the clock jumps there): NVSHMEM's timeout is seconds, far longer than an
 //! op is busy, so no timer is due while events remain.
 
-use eptwin_engine::rng::splitmix64;
+use eptwin_engine::api::splitmix64;
 
 use crate::core::slab::NONE;
 use crate::core::time::Time;
