@@ -76,6 +76,9 @@ pub struct Devices {
     pub watch: Option<GroupWatch>,
     /// `EPTWIN_L2_CLEAN=1`: every flush is followed by a read of the flush buffer.
     pub l2_clean: bool,
+    /// A straggler's late start before the next timed launch, per device (ns; empty: none);
+    /// set by `faults::OpFaults::before_op`, consumed by [`Devices::barrier_before_launch`].
+    pub launch_delay_ns: Vec<u64>,
 }
 
 impl Devices {
@@ -90,19 +93,21 @@ impl Devices {
             barrier: None,
             watch: None,
             l2_clean: false,
+            launch_delay_ns: Vec::new(),
         }
     }
 
     /// Right before a timed launch: in a multi-process run, every stream waits on the GPU for
     /// every other process's streams (untimed), so launch skew between processes is not
     /// measured and what each process queued before (counter resets, poisoning) is done before
-    /// any peer writes. Nothing in a single-process run.
+    /// any peer writes. Nothing in a single-process run. Then a straggler's stream waits out
+    /// its delay (`fault_delay`), so its CUDA-event start comes after it.
     pub fn barrier_before_launch(&mut self) -> Result<(), HwError> {
         let timeout_ns = self.timeout_ns();
-        match self.barrier.as_mut() {
-            Some(b) => b.launch(&self.list, timeout_ns),
-            None => Ok(()),
+        if let Some(b) = self.barrier.as_mut() {
+            b.launch(&self.list, timeout_ns)?;
         }
+        crate::faults::delay_launches(&self.list, std::mem::take(&mut self.launch_delay_ns))
     }
 
     pub fn timeout_ns(&self) -> u64 {

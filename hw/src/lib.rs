@@ -20,6 +20,7 @@ pub mod cuda;
 pub mod data;
 pub mod error;
 pub mod exec;
+pub mod faults;
 pub mod group;
 pub mod internode;
 pub mod intranode;
@@ -91,6 +92,8 @@ struct State {
     row_shape: (u32, Dtype),
     /// This process's first job rank (named in the process barrier's timeout record).
     first_rank: u32,
+    /// The job's `[[fault]]`s on this process's ranks (`None` on a healthy cluster).
+    faults: Option<faults::OpFaults>,
 }
 
 pub struct HwTransport {
@@ -196,6 +199,9 @@ impl HwTransport {
     ) -> Result<ProcessOp, HwError> {
         let gpu_of_rank = state.placement.gpu_of_rank.clone();
         let devs = &mut state.devs;
+        if let Some(f) = &state.faults {
+            f.before_op(devs, op, iteration, warmup);
+        }
         let sample = match (&mut state.runtime, op) {
             (Runtime::Normal(j), OpKind::Dispatch) => {
                 j.dispatch(devs, &gpu_of_rank, iteration, warmup, job)
@@ -528,6 +534,7 @@ fn prepare_local(
                 timeout,
             );
             c.rdma_device = options.rdma_device.clone();
+            c.faults = faults::wire::WireFaults::new(plan, &c.qp_settings);
             Some(c)
         }
         None => None,
@@ -626,7 +633,10 @@ fn prepare_local(
     ] {
         load(&compiler, &mut devs, id, name, &[])?;
     }
-    if view.is_some() {
+    let devices: Vec<Vec<u32>> = devs.list.iter().map(|d| d.ranks.clone()).collect();
+    let processes = view.map_or(1, |v| v.processes);
+    let op_faults = faults::OpFaults::check(plan, job, &mine, &devices, processes)?;
+    if view.is_some() || faults::OpFaults::needs_delay_kernel(plan) {
         load(&compiler, &mut devs, ModuleId::Sync, "sync", &[])?;
     }
     let mut normal_shape = None;
@@ -971,6 +981,7 @@ fn prepare_local(
         memcpy_gbps: None,
         row_shape: (w.hidden, w.dispatch_dtype),
         first_rank: mine[0],
+        faults: op_faults,
     })
 }
 

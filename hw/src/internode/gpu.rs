@@ -26,6 +26,7 @@ use eptwin_engine::plan::{DeepEpJob, Dtype, EpMode, JobPlan, PeerPath, Plan};
 use super::geometry::{Geometry, QpTable, TokenDtype, Traffic};
 use crate::cuda::{Gpu, PinnedHost};
 use crate::error::HwError;
+use crate::faults::wire::{FaultyWire, WireFaults};
 use crate::rdma::{QpSettings, RdmaError};
 use crate::wire::doorbell::{SLOT_BYTES, external_doorbell_queue};
 use crate::wire::region::Keeper;
@@ -198,6 +199,9 @@ pub struct WireConfig {
     pub qp_settings: QpSettings,
     /// `EPTWIN_RDMA_DEVICE`.
     pub rdma_device: Option<String>,
+    /// The plan's `packet_loss` / `nic_down` (every proxy's wire goes through
+    /// `faults::wire::FaultyWire`, a pass-through without them).
+    pub faults: Option<WireFaults>,
 }
 
 impl WireConfig {
@@ -210,6 +214,7 @@ impl WireConfig {
             ring_slots: 4096,
             qp_settings,
             rdma_device: None,
+            faults: None,
         }
     }
 }
@@ -279,12 +284,12 @@ struct NodeMemory {
 
 enum NodeWire {
     Tcp {
-        proxy: Option<Proxy<TcpWire>>,
+        proxy: Option<Proxy<FaultyWire<TcpWire>>>,
         receivers: Option<TcpReceivers>,
     },
     #[cfg(feature = "rdma")]
     Verbs {
-        proxy: Option<Proxy<crate::rdma::VerbsWire>>,
+        proxy: Option<Proxy<FaultyWire<crate::rdma::VerbsWire>>>,
     },
 }
 
@@ -487,6 +492,7 @@ impl WireLinks {
         for (m, c) in memory.iter().zip(connected) {
             let (wire, receivers) = c.map_err(wire_error)?;
             report.get_or_insert_with(|| wire.report(&choice.reason, geometry.qps_per_peer));
+            let wire = FaultyWire::new(wire, config.faults.clone(), m.node);
             let proxy = Proxy::spawn(
                 m.node as usize,
                 ProxySpec { wire, queues: consumers(m)?, stall_timeout: config.stall_timeout },
@@ -546,6 +552,7 @@ impl WireLinks {
         gather(exchange, &[])?;
         let mut out = Vec::with_capacity(wires.len());
         for (m, wire) in memory.iter().zip(wires) {
+            let wire = FaultyWire::new(wire, config.faults.clone(), m.node);
             let proxy = Proxy::spawn(
                 m.node as usize,
                 ProxySpec { wire, queues: consumers(m)?, stall_timeout: config.stall_timeout },
@@ -655,7 +662,7 @@ impl WireLinks {
                     if let Some(p) = proxy.take() {
                         match p.finish() {
                             Ok((_, wire)) => {
-                                if let Err(e) = wire.close() {
+                                if let Err(e) = wire.into_inner().close() {
                                     note(wire_error(e));
                                 }
                             }
