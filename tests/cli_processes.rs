@@ -268,8 +268,8 @@ fn doctor_under_a_launcher_gathers_one_report_per_node_at_process_zero() {
         assert!(!n["report"]["findings"].as_array().unwrap().is_empty());
     }
     // The worst node decides process 0's exit.
-    let any_failed = nodes.iter().any(|n| {
-        n["report"]["findings"].as_array().unwrap().iter().any(|f| f["status"] == "fail")
-    });
+    let any_failed = nodes
+        .iter()
+        .any(|n| n["report"]["findings"].as_array().unwrap().iter().any(|f| f["status"] == "fail"));
     assert_eq!(outputs[0].status.code(), Some(i32::from(any_failed)));
 }

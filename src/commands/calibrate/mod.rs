@@ -352,7 +352,7 @@ fn probe_here(keep: &Path) -> Result<Result<(Probes, Machine), String>> {
     let mut options = eptwin_hw::HwOptions::from_env();
     options.probes = true;
     options.cluster_probe = true;
-    let mut hw = eptwin_hw::HwTransport::single(options, eptwin_hw::group::Launcher::Single);
+    let mut hw = eptwin_hw::HwTransport::single(options, eptwin_group::Launcher::Single);
     let provenance = super::provenance(crate::cli::BackendArg::Hw);
     let result = eptwin_engine::run::run_observed(&plan, &mut hw, provenance, &mut |_| {})?;
     if result.verdict == eptwin_engine::result::Verdict::Waived {
