@@ -104,6 +104,29 @@ fn hardware_backend_waives_without_a_gpu() {
     assert!(result.contains("\"verdict\": \"waived\""));
 }
 
+/// A dead rank without shrink mode fails the run as DeepEP does (exit 1, DeepEP's timeout and
+/// the rank in the failure); with shrink mode the run is ok and the masked rank is recorded.
+#[test]
+fn a_dead_rank_exits_1_with_deepeps_timeout_or_is_masked_in_shrink_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap();
+    let out = eptwin(&["run", "scenarios/faults/ep16-ll-rank-down.toml", "--out", out_dir]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let result = std::fs::read_to_string(dir.path().join("ep16-ll-rank-down.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(doc["verdict"], "failed");
+    let failure = doc["failures"][0].as_str().unwrap();
+    for says in ["DeepEP timeout", "NUM_TIMEOUT_CYCLES", "rank 5 down", "t = 101.0"] {
+        assert!(failure.contains(says), "{says:?} not in {failure}");
+    }
+    let out = eptwin(&["run", "scenarios/faults/ep16-ll-rank-down-shrink.toml", "--out", out_dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let result = std::fs::read_to_string(dir.path().join("ep16-ll-rank-down-shrink.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(doc["verdict"], "ok");
+    assert_eq!(doc["jobs"][0]["masked_ranks"], serde_json::json!([5]));
+}
+
 #[test]
 fn usage_errors_exit_2() {
     assert_eq!(eptwin(&["run"]).status.code(), Some(2));

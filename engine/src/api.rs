@@ -36,6 +36,11 @@ pub use crate::topology::{
 };
 pub use crate::workload::{Routing, Workload};
 
+// The faults a scenario injects (`[[fault]]`), and DeepEP's timeouts they run into.
+pub use crate::fault::{
+    Delay, Fault, Faults, LaunchKey, NUM_CPU_TIMEOUT_SECS, NUM_TIMEOUT_CYCLES, gpu_timeout_ns,
+};
+
 // The backend boundary and the run loop that drives it.
 pub use crate::run::{Progress, run, run_observed};
 pub use crate::transport::{

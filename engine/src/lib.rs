@@ -14,6 +14,7 @@ pub mod deepep;
 pub mod diag;
 pub mod error;
 pub(crate) mod fabric;
+pub(crate) mod fault;
 pub(crate) mod ids;
 pub mod layout;
 pub(crate) mod plan;

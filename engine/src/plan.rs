@@ -26,6 +26,7 @@ use crate::deepep::buffer::BufferSettings;
 use crate::deepep::config::{Config, EpMode};
 use crate::deepep::env::NvshmemSettings;
 use crate::fabric::{FabricQos, Lane};
+use crate::fault::Faults;
 use crate::profile::HardwareProfile;
 use crate::routing::RoutingTable;
 use crate::scenario::schema::{OpKind, TrafficPattern};
@@ -46,6 +47,8 @@ pub struct Plan {
     pub topology: Topology,
     pub qos: FabricQos,
     pub jobs: Vec<JobPlan>,
+    /// The faults the run injects (`[[fault]]`; empty for a healthy cluster).
+    pub faults: Faults,
     /// Advisories the validator raised (errors never reach a Plan).
     pub advisories: Vec<crate::diag::Diagnostic>,
 }

@@ -128,6 +128,10 @@ pub struct JobResult {
     #[serde(default)]
     pub facts: BTreeMap<String, serde_json::Value>,
     pub ops: Vec<OpResult>,
+    /// Global ranks that DeepEP's shrink mode (`enable_shrink`) masked during the run: some
+    /// rank's wait for them timed out and it skipped them from then on. Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked_ranks: Vec<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

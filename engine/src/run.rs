@@ -200,6 +200,11 @@ fn job_result(job: &JobPlan, samples: &[OpSample]) -> JobResult {
             samples.iter().filter(|s| s.job == job.id && s.op == op && !s.warmup).collect();
         ops.push(op_result(job, op, &mine));
     }
+    let masked_ranks: BTreeSet<u32> = samples
+        .iter()
+        .filter(|s| s.job == job.id)
+        .flat_map(|s| s.masked_ranks.iter().copied())
+        .collect();
     JobResult {
         name: job.name.clone(),
         kind: job_kind_name(job).to_string(),
@@ -208,6 +213,7 @@ fn job_result(job: &JobPlan, samples: &[OpSample]) -> JobResult {
         vl: job.vl().map(|v| v.0),
         facts: job_facts(job),
         ops,
+        masked_ranks: masked_ranks.into_iter().collect(),
     }
 }
 

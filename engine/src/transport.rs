@@ -165,6 +165,10 @@ pub struct OpSample {
     pub failures: Vec<String>,
     /// Checks that ran (names), so a result shows what was verified.
     pub checks: Vec<String>,
+    /// Global ranks some rank of the job had masked by the op's end (DeepEP's shrink mode,
+    /// `enable_shrink`: a rank whose messages timed out is skipped from then on).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked_ranks: Vec<u32>,
 }
 
 impl OpSample {
@@ -181,6 +185,7 @@ impl OpSample {
             phases: Vec::new(),
             failures: Vec::new(),
             checks: Vec::new(),
+            masked_ranks: Vec::new(),
         }
     }
 }

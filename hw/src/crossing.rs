@@ -12,6 +12,7 @@ use std::time::Duration;
 use eptwin_engine::api::{DeepEpJob, EpMode, JobPlan, PeerPath, Plan};
 
 use eptwin_wire::WireError;
+use eptwin_wire::faults::WireFaults;
 use eptwin_wire::links::{EndpointExchange, MappedMemory};
 
 use crate::cuda::{Gpu, PinnedHost};
@@ -54,6 +55,7 @@ impl Crossing {
         let timeout = Duration::from_millis(options.kernel_timeout_ms * 4 + 30_000);
         let mut config = WireConfig::new(request, QpSettings::for_job(plan, job), timeout);
         config.rdma_device = options.rdma_device.clone();
+        config.faults = WireFaults::new(plan, &config.qp_settings);
         Ok(Crossing { geometry, traffic, config })
     }
 }

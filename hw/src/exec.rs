@@ -107,6 +107,9 @@ pub struct Devices {
     pub watch: Option<GroupWatch>,
     /// `EPTWIN_L2_CLEAN=1`: every flush is followed by a read of the flush buffer.
     pub l2_clean: bool,
+    /// A straggler's late start before the next timed launch, per device (ns; empty: none);
+    /// set by `faults::OpFaults::before_op`, consumed by [`Devices::barrier_before_launch`].
+    pub launch_delay_ns: Vec<u64>,
 }
 
 impl Devices {
@@ -121,19 +124,21 @@ impl Devices {
             barrier: None,
             watch: None,
             l2_clean: false,
+            launch_delay_ns: Vec::new(),
         }
     }
 
     /// Right before a timed launch: in a multi-process run, every stream waits on the GPU for
     /// every other process's streams (untimed), so launch skew between processes is not
     /// measured and what each process queued before (counter resets, poisoning) is done before
-    /// any peer writes. Nothing in a single-process run.
+    /// any peer writes. Nothing in a single-process run. Then a straggler's stream waits out
+    /// its delay (`fault_delay`), so its CUDA-event start comes after it.
     pub fn barrier_before_launch(&mut self) -> Result<(), HwError> {
         let timeout_ns = self.timeout_ns();
-        match self.barrier.as_mut() {
-            Some(b) => b.launch(&self.list, timeout_ns),
-            None => Ok(()),
+        if let Some(b) = self.barrier.as_mut() {
+            b.launch(&self.list, timeout_ns)?;
         }
+        delay_launches(&self.list, std::mem::take(&mut self.launch_delay_ns))
     }
 
     pub fn timeout_ns(&self) -> u64 {
@@ -363,6 +368,21 @@ pub fn bf16_close(got: f32, want: f32, scale: f32) -> bool {
         return false;
     }
     (got - want).abs() <= want.abs() * (1.0 / 128.0) + scale * 1e-6
+}
+
+/// Queue `fault_delay` on the stream of each device whose launch is late (`delays_ns` per
+/// device, as `faults::OpFaults::delays_ns` gives; empty or 0: not late).
+fn delay_launches(list: &[Device], delays_ns: Vec<u64>) -> Result<(), HwError> {
+    for (dev, delay_ns) in list.iter().zip(delays_ns) {
+        if delay_ns == 0 {
+            continue;
+        }
+        let f = dev.module("sync")?.function("fault_delay");
+        let mut a = kernel_args![delay_ns];
+        // SAFETY: args match fault_delay(u64); it touches no memory.
+        unsafe { dev.gpu.launch(f, 1, 32, &mut a)? };
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub mod environment;
 pub mod error;
 pub mod exec;
 pub mod family;
+pub mod faults;
 pub mod kernel_defines;
 pub mod low_latency;
 pub mod measurements;
@@ -148,6 +149,9 @@ impl HwTransport {
     /// The job's one op on this process's ranks, and on the host-checked iteration their
     /// output digests.
     fn run_op(state: &mut Prepared, op: &OpRun<'_>) -> Result<ProcessOp, HwError> {
+        if let Some(f) = &state.faults {
+            f.before_op(&mut state.devs, op.op, op.iteration, op.warmup);
+        }
         let sample = state.family.run_op(&mut state.devs, op)?;
         let rank_digests = state.family.take_rank_digests().unwrap_or_default();
         Ok(ProcessOp { sample, rank_digests })

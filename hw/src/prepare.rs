@@ -19,6 +19,7 @@ use crate::environment::{Environment, Inventory};
 use crate::error::HwError;
 use crate::exec::{Device, Devices};
 use crate::family::{FamilyContext, KernelFamily};
+use crate::faults::OpFaults;
 use crate::kernel_defines::FlagScope;
 use crate::low_latency::LowLatency;
 use crate::measurements::{L2Discard, Measurements, NcclFigures, ProcessesReport};
@@ -56,6 +57,8 @@ pub struct Prepared {
     pub memcpy_gbps: Option<f64>,
     /// This process's first job rank (named in the process barrier's timeout record).
     pub first_rank: u32,
+    /// The job's `[[fault]]`s on this process's ranks (`None` on a healthy cluster).
+    pub faults: Option<OpFaults>,
 }
 
 impl Prepared {
@@ -221,7 +224,10 @@ pub fn prepare_local(
     ] {
         compiler.load(&mut devs, id, name, &[])?;
     }
-    if view.is_some() {
+    let launches: Vec<Vec<u32>> = devs.list.iter().map(|d| d.ranks.clone()).collect();
+    let processes = view.map_or(1, |v| v.processes);
+    let faults = OpFaults::check(plan, job, &mine, &launches, processes)?;
+    if view.is_some() || OpFaults::needs_delay_kernel(plan) {
         compiler.load(&mut devs, ModuleId::Sync, "sync", &[])?;
     }
     let mut ctx = FamilyContext {
@@ -269,6 +275,7 @@ pub fn prepare_local(
         nccl_us: BTreeMap::new(),
         memcpy_gbps: None,
         first_rank: mine[0],
+        faults,
     })
 }
 

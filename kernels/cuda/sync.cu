@@ -21,3 +21,13 @@ extern "C" __global__ void process_barrier(int* counter, int target, u64 timeout
         }
     }
 }
+
+// A straggler's late start (hw/src/faults/): queued on the rank's stream after the barrier
+// above and before its timed launch, one thread waits `delay_ns` of %globaltimer, so the
+// rank's kernel starts that much after its peers' and its own CUDA-event time leaves it out.
+extern "C" __global__ void fault_delay(u64 delay_ns) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const u64 t0 = globaltimer_ns();
+    while (globaltimer_ns() - t0 < delay_ns) {
+    }
+}

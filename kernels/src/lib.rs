@@ -141,7 +141,7 @@ pub static MODULES: &[KernelModule] = &[
         id: ModuleId::Sync,
         file: "sync.cu",
         source: include_str!("../cuda/sync.cu"),
-        entry_points: &["process_barrier"],
+        entry_points: &["process_barrier", "fault_delay"],
         required_defines: &[],
     },
 ];

@@ -19,6 +19,8 @@ pub struct Subject {
     pub ranks_per_gpu: u32,
     pub nvlink: NvlinkKind,
     pub jobs: Vec<SubjectJob>,
+    /// The kinds of the scenario's `[[fault]]` entries, in order.
+    pub faults: Vec<&'static str>,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +90,7 @@ impl Subject {
             ranks_per_gpu: t.ranks_per_gpu,
             nvlink: t.nvlink,
             jobs,
+            faults: plan.faults.items.iter().map(|f| f.kind()).collect(),
         }
     }
 }

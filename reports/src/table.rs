@@ -69,7 +69,8 @@ pub fn render(result: &RunResult) -> String {
     let _ = writeln!(
         out,
         "#  bw: DeepEP's logical bytes per rank / mean time, col: the link those bytes crossed; \
-         nvlink(MB), rdma(MB): bytes of one op summed over all ranks"
+         nvlink(MB), rdma(MB): bytes of one op summed over all ranks; masked: ranks DeepEP's \
+         shrink mode masked (enable_shrink)"
     );
     // min = max: every sample took the same time (the mean may differ in its last bit).
     let all_equal = result
@@ -86,7 +87,7 @@ pub fn render(result: &RunResult) -> String {
     }
     let _ = writeln!(
         out,
-        "# {:<12} {:<9} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>5} {:>11} {:>11} {:>7}",
+        "# {:<12} {:<9} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>5} {:>11} {:>11} {:>7} masked",
         "job",
         "op",
         "ranks",
@@ -102,11 +103,12 @@ pub fn render(result: &RunResult) -> String {
         "#wrong"
     );
     for job in &result.jobs {
+        let masked = rank_ranges(&job.masked_ranks);
         for op in &job.ops {
             let s = &op.summary;
             let _ = writeln!(
                 out,
-                "  {:<12} {:<9} {:>5} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>9.2} {:>5} {:>11.2} {:>11.2} {:>7}",
+                "  {:<12} {:<9} {:>5} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>9.2} {:>5} {:>11.2} {:>11.2} {:>7} {masked}",
                 truncate(&job.name, 12),
                 op.op,
                 job.ranks,
@@ -151,6 +153,28 @@ pub fn render(result: &RunResult) -> String {
     }
     let _ = writeln!(out, "# verdict: {}", result.verdict.as_str());
     out
+}
+
+/// Ranks as ranges (`0-7,9`), `-` for none.
+fn rank_ranges(ranks: &[u32]) -> String {
+    if ranks.is_empty() {
+        return "-".into();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
 }
 
 /// DeepEP's bandwidth column, unless no byte took that link: low-latency results count
@@ -215,6 +239,19 @@ mod tests {
         assert!(render(&result).contains("# wire: verbs (data path staged)"));
         result.backend.insert("wire".into(), serde_json::json!("none"));
         assert!(!render(&result).contains("# wire:"));
+    }
+
+    #[test]
+    fn masked_ranks_show_as_ranges() {
+        let mut result = fixture();
+        assert!(render(&result).lines().any(|l| l.starts_with("  decode") && l.ends_with(" -")));
+        result.jobs[0].masked_ranks = vec![0, 1, 2, 5, 7, 8];
+        let table = render(&result);
+        assert!(
+            table.lines().any(|l| l.starts_with("  decode") && l.ends_with(" 0-2,5,7-8")),
+            "{table}"
+        );
+        assert!(table.contains("masked: ranks DeepEP's shrink mode masked"), "{table}");
     }
 
     #[test]

@@ -20,13 +20,14 @@ pub mod traffic;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::api::JobId;
 use eptwin_engine::api::{
     BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
 };
-use eptwin_engine::api::{EpMode, JobKind, OpKind, Plan};
+use eptwin_engine::api::{EpMode, JobKind, LaunchKey, OpKind, Plan};
+use eptwin_engine::api::{GpuId, JobId};
 
 use crate::core::Core;
+use crate::core::time::Rate;
 use crate::core::world::{Program, RunError, World};
 use crate::gpu::Gpus;
 use crate::jobs::JobRt;
@@ -85,6 +86,11 @@ pub struct Simulator {
     /// Events handled over all runs (benchmarks report events/s), and per kind.
     pub events: u64,
     pub events_by_kind: [u64; 8],
+    /// With faults: the run's simulated time so far (each op's machine starts its clock at 0;
+    /// a fault's time is from the run's start) and shrink mode's masks, which live in the
+    /// ranks' buffers from one op to the next.
+    clock: crate::core::time::Time,
+    masks: Vec<Vec<bool>>,
 }
 
 /// See [`Simulator::spare`].
@@ -112,6 +118,8 @@ impl Simulator {
             spare: None,
             events: 0,
             events_by_kind: [0; 8],
+            clock: 0,
+            masks: Vec::new(),
         }
     }
 
@@ -139,8 +147,8 @@ impl Simulator {
     /// low-latency op (`follow_lag_ns`) is added per iteration from the previous op's rank
     /// ends, which are the same in every iteration, so reusing the first run gives the same
     /// per-iteration numbers as running each (`tests/it/scenarios.rs` checks it).
-    fn reuses_first_run(&self, _plan: &Plan, _job: JobId, _op: OpKind) -> bool {
-        self.use_cache
+    fn reuses_first_run(&self, plan: &Plan, _job: JobId, _op: OpKind) -> bool {
+        self.use_cache && plan.faults.is_empty()
     }
 
     /// Simulate every iteration instead of reusing the (identical) first run of an op.
@@ -180,7 +188,26 @@ impl Simulator {
         if let Some(tr) = world.core.trace.as_mut() {
             tr.offset = self.trace_end;
         }
+        if !plan.faults.is_empty() {
+            let masks = std::mem::take(&mut self.masks);
+            let faults = crate::core::faults::FaultRt::new(plan, self.clock, masks);
+            if faults.loss_threshold != 0 || !faults.nics_down.is_empty() {
+                let loss = crate::net::nic::Loss::new(plan.faults.seed, self.clock);
+                world.core.net.loss = Some(Box::new(loss));
+            }
+            world.core.faults = faults;
+        }
         world
+    }
+
+    /// After a run with faults: the run's clock moves on by the machine's time, and the masks
+    /// stay for the next op.
+    fn advance(&mut self, world: &mut World) {
+        if world.core.faults.faults.is_empty() {
+            return;
+        }
+        self.clock += world.core.now;
+        self.masks = std::mem::take(&mut world.core.faults.masks);
     }
 
     /// Keep the finished machine's record arrays, emptied, for the next one.
@@ -237,6 +264,15 @@ pub fn build_world(plan: &Plan, trace: bool) -> World {
         params.hbm_copy_rate,
     );
     let mut core = Core::new(params, net, gpus, trace);
+    // A degraded node's NVLink ports run at the share of their rate it keeps.
+    for (g, gpu) in core.gpus.gpus.iter_mut().enumerate() {
+        let fraction = plan.faults.nvlink_fraction(plan.topology.node_of_gpu(GpuId(g as u32)));
+        if fraction < 1.0 {
+            let rate = Rate::from_gbps(gpu.nvl_tx.rate.gbps() * fraction);
+            gpu.nvl_tx.rate = rate;
+            gpu.nvl_rx.rate = rate;
+        }
+    }
     core.jobs = (0..plan.jobs.len()).map(|j| JobRt::new(plan, j)).collect();
     // Every QP the jobs can create (rank pairs × QPs per pair), reserved up front.
     let qps = core.jobs.iter().map(|j| j.max_qps()).sum::<usize>().min(1 << 20);
@@ -291,6 +327,14 @@ fn deepep_program(plan: &Plan, core: &mut Core, meta: Meta) -> Box<dyn Program> 
     }
 }
 
+/// Which launch of its job an op is: rounds count from the run's start, warmup rounds first.
+fn launch_key(plan: &Plan, job: JobId, op: OpKind, iteration: u32, warmup: bool) -> LaunchKey {
+    let j = plan.job(job);
+    let round = if warmup { iteration as u64 } else { j.warmup as u64 + iteration as u64 };
+    let op_index = j.ops.iter().position(|&o| o == op).unwrap_or(0) as u32;
+    LaunchKey { job: job.0, round, op_index }
+}
+
 fn to_transport_error(e: RunError) -> TransportError {
     match e {
         RunError::Deadlock(s) | RunError::Timeout(s) => TransportError::Timeout(s),
@@ -337,6 +381,8 @@ impl Transport for Simulator {
         self.spare = None;
         self.trace = None;
         self.trace_end = 0;
+        self.clock = 0;
+        self.masks = Vec::new();
         Ok(())
     }
 
@@ -371,6 +417,12 @@ impl Transport for Simulator {
                 }
                 // Trace the first run of each op (later iterations reuse it).
                 let mut world = self.world(&plan, self.options.trace);
+                world.next_launch = Some(launch_key(&plan, *job, *op, *iteration, *warmup));
+                let faults = !plan.faults.is_empty();
+                if faults && let Some(ends) = prev.and_then(|p| self.rank_ends.get(&(job.0, p))) {
+                    // The world charges the back-to-back lag to the ranks that launch on time.
+                    world.prev_ends = ends.clone();
+                }
                 let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
                     make_program(&plan, core, j, o, it, w)
                 };
@@ -378,6 +430,7 @@ impl Transport for Simulator {
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
+                self.advance(&mut world);
                 let ends = std::mem::take(&mut world.rank_ends);
                 let measured = collect(&mut world);
                 self.recycle(&mut world);
@@ -393,7 +446,9 @@ impl Transport for Simulator {
                 })?;
                 s.iteration = *iteration;
                 s.warmup = *warmup;
-                s.latency_ns += self.follow_lag_ns(job.0, prev, *op);
+                if !faults {
+                    s.latency_ns += self.follow_lag_ns(job.0, prev, *op);
+                }
                 Ok(OpOutcome { samples: vec![s], measurements: BTreeMap::new() })
             }
             OpSpec::Concurrent { streams } => {
@@ -409,6 +464,7 @@ impl Transport for Simulator {
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;
+                self.advance(&mut world);
                 let samples = collect(&mut world);
                 self.recycle(&mut world);
                 Ok(OpOutcome { samples, measurements: BTreeMap::new() })

@@ -324,6 +324,22 @@ impl Program for TrafficProgram {
         s
     }
 
+    /// A background job is a verbs application: a failed QP's error completion ends it at
+    /// once (no DeepEP timeout applies).
+    fn stalled(
+        &mut self,
+        core: &mut Core,
+        _me: ProgId,
+        stuck: &[crate::core::world::Stuck],
+        _down: &[u32],
+    ) -> Result<(), crate::core::world::Trap> {
+        let who = stuck.first().map_or_else(|| "a flow".to_string(), |w| self.describe(w.actor));
+        Err(crate::core::world::Trap {
+            at: stuck.iter().map(|w| w.since).max().unwrap_or(core.now),
+            message: format!("background traffic cannot complete: {who} never gets its data"),
+        })
+    }
+
     fn describe(&self, actor: u32) -> String {
         let nflows = self.flows.len() as u32;
         if actor >= nflows {

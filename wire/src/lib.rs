@@ -18,6 +18,9 @@
 //!   frames, a receiver thread per connection.
 //! * [`rdma`] — ibverbs (feature `rdma`): discovery, registration, RC QPs created with a job's
 //!   NVSHMEM settings, and the verbs [`Wire`]; without the feature, discovery says why not.
+//! * [`faults`] — a scenario's `packet_loss` and `nic_down` as RC transport meets them:
+//!   [`faults::FaultyWire`] wraps any [`Wire`] (go-back-N, local ACK timeouts, retries
+//!   exhausted).
 //! * [`choice`] — which wire runs here (`--wire auto|verbs|tcp`).
 //! * [`protocol`] — the internode protocol: geometry and QP table, the `#[repr(C)]` layouts
 //!   the kernels take, and its host reference, every token checked.
@@ -38,6 +41,7 @@
 pub mod choice;
 pub mod doorbell;
 pub mod error;
+pub mod faults;
 pub mod link;
 pub mod links;
 pub mod protocol;

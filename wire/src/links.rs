@@ -25,6 +25,7 @@ use std::time::Duration;
 use crate::choice::{WireChoice, WireRequest};
 use crate::doorbell::{DoorbellConsumer, SLOT_BYTES, external_doorbell_queue};
 use crate::error::WireError;
+use crate::faults::{FaultyWire, WireFaults};
 use crate::link::{Wire, WireKind, WireReport};
 use crate::protocol::{Geometry, QpTable, Traffic};
 use crate::proxy::{Proxy, ProxySpec};
@@ -85,6 +86,9 @@ pub struct WireConfig {
     pub qp_settings: QpSettings,
     /// `EPTWIN_RDMA_DEVICE`.
     pub rdma_device: Option<String>,
+    /// The plan's `packet_loss` / `nic_down` (every proxy's wire goes through
+    /// [`FaultyWire`], a pass-through without them).
+    pub faults: Option<WireFaults>,
 }
 
 impl WireConfig {
@@ -97,6 +101,7 @@ impl WireConfig {
             ring_slots: 4096,
             qp_settings,
             rdma_device: None,
+            faults: None,
         }
     }
 }
@@ -152,12 +157,12 @@ struct NodeMemory {
 
 enum NodeWire {
     Tcp {
-        proxy: Option<Proxy<TcpWire>>,
+        proxy: Option<Proxy<FaultyWire<TcpWire>>>,
         receivers: Option<TcpReceivers>,
     },
     #[cfg(feature = "rdma")]
     Verbs {
-        proxy: Option<Proxy<crate::rdma::VerbsWire>>,
+        proxy: Option<Proxy<FaultyWire<crate::rdma::VerbsWire>>>,
     },
 }
 
@@ -355,6 +360,7 @@ impl WireLinks {
         for (m, c) in memory.iter().zip(connected) {
             let (wire, receivers) = c?;
             report.get_or_insert_with(|| wire.report(&choice.reason, geometry.qps_per_peer));
+            let wire = FaultyWire::new(wire, config.faults.clone(), m.node);
             let proxy = Proxy::spawn(
                 m.node as usize,
                 ProxySpec { wire, queues: consumers(m)?, stall_timeout: config.stall_timeout },
@@ -409,6 +415,7 @@ impl WireLinks {
         gather(exchange, &[])?;
         let mut out = Vec::with_capacity(wires.len());
         for (m, wire) in memory.iter().zip(wires) {
+            let wire = FaultyWire::new(wire, config.faults.clone(), m.node);
             let proxy = Proxy::spawn(
                 m.node as usize,
                 ProxySpec { wire, queues: consumers(m)?, stall_timeout: config.stall_timeout },
@@ -517,7 +524,7 @@ impl WireLinks {
                     if let Some(p) = proxy.take() {
                         match p.finish() {
                             Ok((_, wire)) => {
-                                if let Err(e) = wire.close() {
+                                if let Err(e) = wire.into_inner().close() {
                                     note(e);
                                 }
                             }

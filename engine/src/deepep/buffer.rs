@@ -14,6 +14,9 @@ pub struct BufferSettings {
     pub allow_nvlink_for_low_latency_mode: bool,
     pub allow_mnnvl: bool,
     pub use_fabric: bool,
+    /// Shrink mode: the low-latency kernels mask a rank whose wait timed out instead of
+    /// trapping (DeepEP §3, §13).
+    pub enable_shrink: bool,
 }
 
 impl From<&BufferSpec> for BufferSettings {
@@ -26,6 +29,7 @@ impl From<&BufferSpec> for BufferSettings {
             allow_nvlink_for_low_latency_mode: b.allow_nvlink_for_low_latency_mode,
             allow_mnnvl: b.allow_mnnvl,
             use_fabric: b.use_fabric,
+            enable_shrink: b.enable_shrink,
         }
     }
 }

@@ -70,6 +70,9 @@ pub const MAX_MESSAGE_BYTES: u64 = 1 << 31;
 pub const MAX_TRAFFIC_MESSAGES: u64 = 1 << 22;
 /// QPs per peer of a traffic job.
 pub const MAX_QPS_PER_PEER: u32 = 1024;
+/// `[[fault]]` entries: the simulator asks every straggler fault for every rank's start of
+/// every op, so a run's cost grows with their number.
+pub const MAX_FAULTS: usize = 256;
 
 /// Check every limit; `false` when any is exceeded (each is reported). The other rules then
 /// are not evaluated: they compute with these values.
@@ -93,6 +96,15 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
             &format!("job[{MAX_JOBS}]"),
             None,
             format!("{} jobs: a scenario has at most {MAX_JOBS}", scn.jobs.len()),
+        );
+        return false;
+    }
+    if scn.faults.len() > MAX_FAULTS {
+        d.error(
+            "limit-faults",
+            &format!("fault[{MAX_FAULTS}]"),
+            None,
+            format!("{} faults: a scenario has at most {MAX_FAULTS}", scn.faults.len()),
         );
         return false;
     }

@@ -21,6 +21,9 @@ pub struct Scenario {
     pub cluster: ClusterSpec,
     #[serde(rename = "job")]
     pub jobs: Vec<JobSpec>,
+    /// `[[fault]]`: what goes wrong during the run (docs/scenario.md, "Faults").
+    #[serde(default, rename = "fault", skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultSpec>,
 }
 
 /// `[cluster]`: a bundled hardware profile plus overrides.
@@ -567,6 +570,78 @@ pub struct ReferenceOp {
     /// DeepEP V2's scale-out bandwidth (`tests/elastic/test_ep.py`'s "(SO)" figure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub so_bw_gbps: Option<f64>,
+}
+
+/// `[[fault]]`: one fault. Which keys apply depends on `kind`; the validator says which key
+/// a kind lacks or does not take (docs/scenario.md, "Faults").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub kind: FaultKind,
+    /// `straggler`, `rank_down`: global ranks, as jobs name them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<RankSet>,
+    /// `straggler`: every op starts this late on the ranks (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_us: Option<f64>,
+    /// `straggler`: a delay drawn per rank and op from the seed instead of `delay_us`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<DelaySpec>,
+    /// `rank_down`, `nic_down`: simulated time from the run's start (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_us: Option<f64>,
+    /// `nic_down`, `nvlink_degraded`: the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<u32>,
+    /// `nic_down`: the NIC's index in its node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic: Option<u32>,
+    /// `nic_down`: back up after this long (µs); absent: down for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_us: Option<f64>,
+    /// `packet_loss`: per-packet drop probability on the RDMA fabric, in [0, 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// `nvlink_degraded`: the share of the node's NVLink bandwidth left, in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    Straggler,
+    RankDown,
+    NicDown,
+    PacketLoss,
+    NvlinkDegraded,
+}
+
+impl FaultKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Straggler => "straggler",
+            FaultKind::RankDown => "rank_down",
+            FaultKind::NicDown => "nic_down",
+            FaultKind::PacketLoss => "packet_loss",
+            FaultKind::NvlinkDegraded => "nvlink_degraded",
+        }
+    }
+}
+
+/// `delay = { dist = "normal", mean_us = 5, sd_us = 3 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelaySpec {
+    pub dist: DelayDist,
+    pub mean_us: f64,
+    pub sd_us: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DelayDist {
+    Normal,
 }
 
 mod defaults {

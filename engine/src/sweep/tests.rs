@@ -288,3 +288,21 @@ fn swept_routing_files_resolve_against_the_base_scenario() {
         assert_eq!((&records[0].sha256, records[0].job.as_str()), (sha, "ep"));
     }
 }
+
+/// A fault's value sweeps like any key (`--set fault[0].delay_us=0,10,20,50`): each point's
+/// scenario carries the value and plans with it.
+#[test]
+fn a_fault_value_sweeps() {
+    let text = format!("{BASE}\n[[fault]]\nkind = \"straggler\"\nranks = \"3\"\ndelay_us = 50\n");
+    let loaded = crate::parse("t.toml", &text).unwrap();
+    let sets = keys(&["fault[0].delay_us=0,10,20"]);
+    let p = SweepPlan::new("t.toml", &text, &loaded, &sets, Shard::ALL).unwrap();
+    assert_eq!(p.labels, ["delay_us"]);
+    assert_eq!(p.values[0][1], toml::Value::Integer(10));
+    let point = crate::parse("p.toml", &p.points[2].text).unwrap();
+    assert_eq!(point.scenario.faults[0].delay_us, Some(20.0));
+    assert_eq!(p.points[2].name, "t.delay_us-20");
+    // Without a [[fault]] entry there is nothing to sweep.
+    let err = plan(&["fault[0].delay_us=1"], Shard::ALL).unwrap_err().to_string();
+    assert!(err.contains("fault"), "{err}");
+}

@@ -166,6 +166,7 @@ pub fn import(
             vl: job.vl().map(|v| v.0),
             facts: job_facts(job),
             ops,
+            masked_ranks: Vec::new(),
         }],
         measurements,
     })

@@ -67,6 +67,15 @@ pub fn launch(subject: &Subject, deepep_dir: &str) -> Result<Launch, Vec<Note>> 
             "the jobs share the fabric in the scenario; one script alone measures no contention",
         );
     }
+    if !subject.faults.is_empty() {
+        refuse(
+            &mut notes,
+            "[[fault]]",
+            format!("{} fault(s) ({})", subject.faults.len(), subject.faults.join(", ")),
+            "the scripts run a healthy cluster",
+            "the faults are what the scenario measures",
+        );
+    }
     if subject.ranks_per_gpu > 1 {
         refuse(
             &mut notes,
@@ -474,6 +483,20 @@ topk_groups = 2
         assert!(notes.iter().any(|n| n.key == "job.buffer.num_sms"
             && n.severity == Severity::Refused
             && n.to_string().contains("the scenario has 20, test_internode.py uses 24")));
+    }
+
+    #[test]
+    fn faults_are_refused() {
+        let text = format!("{LL16}\n[[fault]]\nkind = \"packet_loss\"\nrate = 0.001\n");
+        let notes = launch(&subject(&text), "DeepEP").unwrap_err();
+        let line = notes.iter().map(|n| n.to_string()).find(|l| l.contains("[[fault]]"));
+        assert_eq!(
+            line.as_deref(),
+            Some(
+                "refused: [[fault]]: the scenario has 1 fault(s) (packet_loss), the scripts run \
+                 a healthy cluster: the faults are what the scenario measures"
+            )
+        );
     }
 
     #[test]

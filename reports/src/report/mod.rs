@@ -2,9 +2,11 @@
 //! A chart whose inputs are absent is *skipped* with the reason, never drawn empty.
 //!
 //! One module per chart family: `sim_vs_measured`, `published` (latency and bandwidth against
-//! published numbers), `ep_scaling`, `isolation` (VL isolation CDFs), `sweep`, `timeline`.
+//! published numbers), `ep_scaling`, `isolation` (VL isolation CDFs), `sweep`, `faults`
+//! (latency percentiles against a swept fault value), `timeline`.
 
 mod ep_scaling;
+mod faults;
 mod isolation;
 mod published;
 mod sim_vs_measured;
@@ -103,6 +105,9 @@ pub fn plan(inputs: &Inputs) -> (Vec<Planned>, Vec<Skipped>) {
     for s in &sweeps {
         let id = format!("sweep-{}", slug(&s.scenario.name));
         take(&id, sweep_chart(s));
+        if faults::is_fault_sweep(s) {
+            take(&format!("fault-sweep-{}", slug(&s.scenario.name)), faults::fault_sweep_chart(s));
+        }
     }
     if inputs.traces.is_empty() {
         take(

@@ -10,7 +10,7 @@ use crate::charts::{self, LegendEntry, Mark, Shape};
 use crate::sweep::SweepIndex;
 
 /// How the swept values sit on the x axis.
-fn sweep_axis(values: &[serde_json::Value]) -> (Vec<f64>, Ticks, bool) {
+pub(super) fn sweep_axis(values: &[serde_json::Value]) -> (Vec<f64>, Ticks, bool) {
     let text = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),

@@ -6,6 +6,7 @@
 //! docs/design.md, fabric §10 measured as fast); all state lives in `Vec`s indexed by `u32` ids.
 
 pub mod counters;
+pub mod faults;
 pub mod queue;
 pub mod ring;
 pub mod slab;
@@ -87,6 +88,10 @@ pub struct OpBytes {
     pub rdma_delivered: u64,
     pub copies_issued: u64,
     pub copies_done: u64,
+    /// Under packet loss: payload sent again (go-back-N, timeouts), and payload the responder
+    /// dropped (lost, out of sequence, duplicate); `rdma_payload` counts each byte once.
+    pub rdma_resent: u64,
+    pub rdma_discarded: u64,
 }
 
 pub struct Core {
@@ -111,6 +116,8 @@ pub struct Core {
     pub jobs: Vec<crate::jobs::JobRt>,
     /// Lanes found starved by the arbitration monitor (fail every op of the run).
     pub starvations: Vec<String>,
+    /// The run's faults on this machine (none on a healthy cluster).
+    pub faults: crate::core::faults::FaultRt,
 }
 
 const MAX_VIOLATIONS: usize = 64;
@@ -165,6 +172,7 @@ impl Core {
             trace: trace.then(Trace::default),
             jobs: Vec::new(),
             starvations: Vec::new(),
+            faults: crate::core::faults::FaultRt::default(),
         }
     }
 

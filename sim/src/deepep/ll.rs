@@ -25,6 +25,8 @@ use crate::gpu::PathKind;
 use crate::programs::{Meta, Ranks, deepep_job};
 use eptwin_engine::api::mix;
 
+mod faults;
+
 /// DeepEP's doorbell batching for LL puts (`kNumRequestInBatch`).
 const DOORBELL_BATCH: u32 = 4;
 /// Bytes of a count/flag release store over NVLink.
@@ -131,6 +133,22 @@ pub struct LowLatencyProgram {
     acc: Vec<f64>,
     acc_n: Vec<u32>,
     expected_msgs: Vec<u64>,
+    // --- faults (docs/design.md, "Faults") ---------------------------------------------------
+    /// The run has faults that can stall it: combine flags are counted per (receiver, source)
+    /// so a timeout knows whose flags are missing (one counter per receiver otherwise).
+    faulty: bool,
+    /// Shrink mode (`enable_shrink`): a timed-out wait masks its source instead of trapping.
+    shrink: bool,
+    /// `masked[r × n + s]`: rank `r` skips rank `s` (its own mask buffer); empty when none.
+    masked: Vec<bool>,
+    /// Ranks that did not launch this op (down).
+    absent: Vec<bool>,
+    /// Dispatch: receive groups finished (a masked group's late count is ignored).
+    group_done: Vec<bool>,
+    /// Combine, `faulty`: the next source whose flags rank `r` waits for.
+    flag_next: Vec<u32>,
+    /// Combine: `sent_to[h × n + d]`, holder `h` sent its outputs to `d` this op.
+    sent_to: Vec<bool>,
 }
 
 /// Actor id layout.
@@ -222,6 +240,13 @@ impl LowLatencyProgram {
             acc_n: Vec::new(),
             expected_msgs: vec![0; n as usize],
             routing,
+            faulty: core.faults.can_stall(),
+            shrink: d.buffer.enable_shrink,
+            masked: core.faults.masks.get(job).cloned().unwrap_or_default(),
+            absent: vec![false; n as usize],
+            group_done: Vec::new(),
+            flag_next: Vec::new(),
+            sent_to: Vec::new(),
         };
         if dispatch {
             // Per (source rank, expert): how many of the source's tokens selected it, and which.
@@ -231,7 +256,8 @@ impl LowLatencyProgram {
             for r in 0..n {
                 for t in 0..p.tokens {
                     for &e in p.routing.experts(r, t) {
-                        if e >= 0 {
+                        // Shrink mode: nothing is sent to a rank the source masked.
+                        if e >= 0 && !p.is_masked(r, e as u32 / local) {
                             let c = &mut p.cells[(r * experts + e as u32) as usize];
                             c.want += 1;
                             c.hash_left = c.hash_left.wrapping_add(mix(r, t, e as u32));
@@ -314,6 +340,9 @@ impl LowLatencyProgram {
             }
             let e = e as u32;
             let (d, le) = (e / self.local, e % self.local);
+            if self.is_masked(r, d) {
+                continue; // shrink mode: nothing is sent to a masked rank
+            }
             let i = self.idx(r, e);
             let cell = &mut self.cells[i];
             let slot = cell.sent;
@@ -393,6 +422,11 @@ impl LowLatencyProgram {
         self.cells[i].signalled = true;
         let ts = block_t.max(cell.last_put).max(core.now) + self.costs.ll_signal;
         let (d, le) = (e / self.local, e % self.local);
+        if self.is_masked(r, d) {
+            self.signals_left[r as usize] -= 1;
+            self.maybe_send_done(core, r);
+            return;
+        }
         // The count (`cell.sent`, read by the receiver from the record) rides on the counter.
         let remote =
             Action::Add { counter: self.recv_ctr + self.rsl(d, r, le), delta: COUNT_ARRIVED };
@@ -437,8 +471,15 @@ impl LowLatencyProgram {
     }
 
     fn recv_start(&mut self, core: &mut Core, r: u32) {
+        if self.faulty && self.group_done.is_empty() {
+            self.group_done = vec![false; (self.n * self.experts) as usize];
+        }
         for g in 0..self.experts {
             let (s, le) = (g / self.local, g % self.local);
+            if self.is_masked(r, s) {
+                self.skip_group(core, r, g);
+                continue;
+            }
             let c = self.recv_ctr + self.rsl(r, s, le);
             if core.wait(c, COUNT_ARRIVED as u64, self.me, self.a_group(r, g)) {
                 self.recv_group(core, r, g);
@@ -448,6 +489,12 @@ impl LowLatencyProgram {
 
     /// Warp group (source `s`, local expert `le`) of rank `r` has its count: unpack.
     fn recv_group(&mut self, core: &mut Core, r: u32, g: u32) {
+        if !self.group_done.is_empty() {
+            let done = &mut self.group_done[(r * self.experts + g) as usize];
+            if std::mem::replace(done, true) {
+                return; // masked after a timeout: its count came too late
+            }
+        }
         let (s, le) = (g / self.local, g % self.local);
         let e = r * self.local + le;
         let cell = self.cells[self.idx(s, e)];
@@ -480,6 +527,11 @@ impl LowLatencyProgram {
             let end = (core.now + dur).max(hbm_end);
             self.ranks.touch(r, end);
         }
+        self.group_finished(core, r);
+    }
+
+    /// One more receive group of rank `r` is done: the last one ends the receive phase.
+    fn group_finished(&mut self, core: &mut Core, r: u32) {
         self.groups_left[r as usize] -= 1;
         if self.groups_left[r as usize] == 0 {
             if self.hook {
@@ -514,7 +566,9 @@ impl LowLatencyProgram {
                         let e = e as u32;
                         let (h, le) = (e / self.local, e % self.local);
                         counts[(h * groups_per_rank + d * self.local + le) as usize] += 1;
-                        self.expected_msgs[d as usize] += 1;
+                        if !self.is_masked(d, h) {
+                            self.expected_msgs[d as usize] += 1;
+                        }
                     }
                 }
             }
@@ -542,7 +596,13 @@ impl LowLatencyProgram {
         self.group_tok = toks;
         self.group_pos = vec![0; cells];
         self.cdata_ctr = core.counters(n as usize);
-        self.flag_ctr = core.counters(n as usize);
+        if self.faulty {
+            self.flag_ctr = core.counters((n * n) as usize);
+            self.flag_next = vec![0; n as usize];
+            self.sent_to = vec![false; (n * n) as usize];
+        } else {
+            self.flag_ctr = core.counters(n as usize);
+        }
         self.acc = vec![0.0; (n * self.tokens) as usize];
         self.acc_n = vec![0; (n * self.tokens) as usize];
         self.signals_left = vec![self.experts; n as usize];
@@ -558,6 +618,17 @@ impl LowLatencyProgram {
         let (lo, hi) = (self.group_off[cell], self.group_off[cell + 1]);
         let pos = self.group_pos[cell];
         let route = self.route(h, d);
+        if self.is_masked(h, d) {
+            // Shrink mode: nothing goes to a masked rank, not even the flag.
+            self.signals_left[h as usize] -= 1;
+            if self.signals_left[h as usize] == 0 {
+                self.combine_send_done(core, h);
+            }
+            return;
+        }
+        if !self.sent_to.is_empty() {
+            self.sent_to[(h * self.n + d) as usize] = true;
+        }
         // The SM's copy rate is shared by the warps of its block that copy now: in each of
         // its groups, one warp per token of the group's current round (the rest idle).
         let block = g / self.groups;
@@ -571,7 +642,8 @@ impl LowLatencyProgram {
         if lo + pos >= hi {
             // Flag (after every put of this group, on the same QP).
             let ts = now + self.costs.ll_signal;
-            let remote = Action::Add { counter: self.flag_ctr + d, delta: 1 };
+            let flag = if self.faulty { self.flag_ctr + d * self.n + h } else { self.flag_ctr + d };
+            let remote = Action::Add { counter: flag, delta: 1 };
             let end = match route {
                 Route::Rdma => {
                     let qp = core.job_qp(self.job, h, d, le, self.me);
@@ -685,15 +757,18 @@ impl LowLatencyProgram {
     }
 
     fn combine_recv_start(&mut self, core: &mut Core, r: u32) {
-        if core.wait(self.flag_ctr + r, self.experts as u64, self.me, self.a_flags(r)) {
+        if self.faulty {
+            self.wait_flags_per_source(core, r);
+        } else if core.wait(self.flag_ctr + r, self.experts as u64, self.me, self.a_flags(r)) {
             self.combine_reduce(core, r);
         }
     }
 
     /// All flags in: grid sync, then every block reduces its tokens' top-k partials.
     fn combine_reduce(&mut self, core: &mut Core, r: u32) {
+        self.discount_masked_holders(r);
         let delivered = core.value(self.cdata_ctr + r);
-        if delivered != self.expected_msgs[r as usize] {
+        if delivered != self.expected_msgs[r as usize] && !self.masks_any(r) {
             self.ranks.fail(format!(
                 "rank {r}: all flags arrived but {delivered} of {} combine messages (per-QP order broken)",
                 self.expected_msgs[r as usize]
@@ -710,13 +785,14 @@ impl LowLatencyProgram {
         let mut bytes_total = 0;
         for t in 0..self.tokens {
             let ti = (r * self.tokens + t) as usize;
-            let valid = self.routing.experts(r, t).iter().filter(|&&e| e >= 0).count() as u32;
+            let live = |e: &i32| *e >= 0 && !self.is_masked(r, *e as u32 / self.local);
+            let valid = self.routing.experts(r, t).iter().filter(|e| live(e)).count() as u32;
             let wsum: f64 = self
                 .routing
                 .experts(r, t)
                 .iter()
                 .zip(self.routing.weights(r, t))
-                .filter(|(e, _)| **e >= 0)
+                .filter(|(e, _)| live(e))
                 .map(|(_, &w)| w as f64)
                 .sum();
             let want = wsum * (r + 1) as f64;
@@ -800,7 +876,12 @@ impl Program for LowLatencyProgram {
             let r = actor - nb - ng - self.n;
             self.ranks.finish(r, core.now);
         } else if actor >= nb + ng + 2 * self.n && actor < nb + ng + 3 * self.n {
-            self.combine_reduce(core, actor - nb - ng - 2 * self.n);
+            let r = actor - nb - ng - 2 * self.n;
+            if self.faulty {
+                self.wait_flags_per_source(core, r)
+            } else {
+                self.combine_reduce(core, r)
+            }
         } else if actor >= nb + ng + 3 * self.n {
             self.launch(core, actor - nb - ng - 3 * self.n, core.now);
         }
@@ -828,7 +909,25 @@ impl Program for LowLatencyProgram {
     /// its stream (docs/design.md, DeepEP §17); in hook mode the receive kernel is launched
     /// after the overlapped work instead.
     fn rank_ends(&self) -> Vec<Time> {
-        if self.hook { Vec::new() } else { self.ranks.end.iter().map(|e| e.unwrap_or(0)).collect() }
+        if self.hook {
+            Vec::new()
+        } else {
+            self.ranks.end.iter().map(|e| e.unwrap_or(Time::MAX)).collect()
+        }
+    }
+
+    fn skip_rank(&mut self, _core: &mut Core, _me: ProgId, r: u32) {
+        self.rank_absent(r);
+    }
+
+    fn stalled(
+        &mut self,
+        core: &mut Core,
+        me: ProgId,
+        stuck: &[crate::core::world::Stuck],
+        down: &[u32],
+    ) -> Result<(), crate::core::world::Trap> {
+        self.time_out(core, me, stuck, down)
     }
 
     fn describe(&self, actor: u32) -> String {

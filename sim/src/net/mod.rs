@@ -42,6 +42,9 @@ pub enum PktKind {
     Ack,
     AtomicReq,
     AtomicResp,
+    /// The responder's NAK (PSN sequence error) under packet loss: `payload` is the PSN it
+    /// expects (`nic::loss`).
+    Nak,
 }
 
 /// A packet: what its destination NIC needs beyond what its port queue entry ([`QEntry`])
@@ -218,6 +221,9 @@ pub struct Net {
     route_tab: Vec<u32>,
     /// Starvation reports (port, lane, since) already made.
     pub starved: Vec<(u32, u8)>,
+    /// RC recovery state under packet loss or a NIC down (`nic::loss`); `None` on a healthy
+    /// fabric, which never touches it.
+    pub loss: Option<Box<nic::Loss>>,
 }
 impl Net {
     /// When the earliest pending credit return of (port, lane) `li` is due.

@@ -8,6 +8,10 @@
 //! is reported as a correctness failure with its coordinates. Background traffic behaves like a
 //! verbs application and never posts beyond the depth.
 
+mod loss;
+
+pub use loss::{Loss, QP_RETRY_CNT, QP_TIMEOUT_EXPONENT, local_ack_timeout};
+
 use crate::core::slab::{NONE, Slab};
 use crate::core::time::Time;
 use crate::core::{Action, Core, Ev, ProgId, prefetch_at};
@@ -557,6 +561,7 @@ impl Core {
         let mtu = self.params.mtu;
         let q = &self.net.qp_tx[qp as usize];
         let (wire, m, prog, dst) = (q.next_wire as u32, q.send, q.send_prog, q.peer_nic);
+        let left = q.send_left;
         let (payload, kind, last) = if q.send_atomic {
             (0, PktKind::AtomicReq, true)
         } else {
@@ -568,6 +573,7 @@ impl Core {
         let ob = &mut self.op_bytes[prog as usize];
         ob.wire += wire as u64;
         ob.rdma_payload += payload as u64;
+        self.loss_sent(qp, pkt, m, left, payload);
         if last {
             // Only a message boundary touches a message record: the next one's.
             let next = self.net.qp_tx[qp as usize].send_next;
@@ -577,6 +583,7 @@ impl Core {
             q.send_left -= payload;
             q.next_wire = (q.send_left.min(mtu) + self.params.hdr.data) as u16;
         }
+        self.loss_between_packets(qp);
         // The boundary after this one reads the next message: fetch it while the QP waits
         // for its next turn (slab ids stay in range: always an address).
         let next = self.net.qp_tx[qp as usize].send_next;
@@ -638,6 +645,12 @@ impl Core {
         let lat = self.params.link_latency;
         let blocks = wire.div_ceil(64) as i32;
         self.return_credits(p, lane, blocks, done + lat + self.params.credit_delay);
+        if matches!(k.kind, PktKind::Data | PktKind::DataLast | PktKind::AtomicReq)
+            && self.net.loss.is_some()
+            && self.loss_receive(n, pkt)
+        {
+            return; // lost, or dropped by go-back-N (its credits are back)
+        }
         match k.kind {
             PktKind::Data | PktKind::DataLast => {
                 self.op_bytes[k.prog as usize].rdma_delivered += k.payload as u64;
@@ -658,8 +671,8 @@ impl Core {
                 }
             }
             PktKind::AtomicReq => self.push(done, Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg }),
-            // The requester sees a completion once the CQE is written.
-            PktKind::Ack | PktKind::AtomicResp => {
+            // The requester sees a completion once the CQE is written (a NAK never queues).
+            PktKind::Ack | PktKind::AtomicResp | PktKind::Nak => {
                 let ev = Ev::NicDeliver { pkt, qp: k.qp, msg: k.msg };
                 self.push(done + self.params.rx_latency, ev)
             }
@@ -686,6 +699,7 @@ impl Core {
                 self.execute_in_order(k.qp);
             }
             PktKind::Ack | PktKind::AtomicResp => self.complete_upto(k.qp, k.payload),
+            PktKind::Nak => self.loss_nak(k.qp, k.payload),
         }
     }
 

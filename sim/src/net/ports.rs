@@ -482,7 +482,9 @@ impl Core {
             PktKind::Data | PktKind::DataLast | PktKind::AtomicReq => {
                 self.net.qps[pkt.qp as usize].nic
             }
-            PktKind::Ack | PktKind::AtomicResp => self.net.qps[pkt.qp as usize].peer_nic,
+            PktKind::Ack | PktKind::AtomicResp | PktKind::Nak => {
+                self.net.qps[pkt.qp as usize].peer_nic
+            }
         }
     }
 
@@ -511,6 +513,7 @@ impl Core {
             PktKind::Ack => "ack",
             PktKind::AtomicReq => "atomic",
             PktKind::AtomicResp => "atomic-resp",
+            PktKind::Nak => "nak",
         };
         let lossless = self.net.lossless & (1 << lane) != 0;
         let src_nic = self.src_nic(pkt);

@@ -89,6 +89,7 @@ impl Net {
             nic_route: Vec::new(),
             route_tab: Vec::new(),
             starved: Vec::new(),
+            loss: None,
         };
         let credits = params.credits_per_lane;
         // NIC transmit ports first: port id = NIC id.

@@ -98,9 +98,10 @@ impl Ranks {
         self.phases[i].1[r as usize] = t;
     }
 
-    /// The sample: latency = per-rank kernel time averaged over ranks (docs/design.md, DeepEP §17).
+    /// The sample: latency = per-rank kernel time averaged over the ranks that ran it
+    /// (docs/design.md, DeepEP §17; a rank down or masked runs nothing).
     pub fn sample(&self, meta: &Meta, extra_ns: f64) -> OpSample {
-        let n = self.end.len().max(1) as f64;
+        let n = self.end.iter().filter(|e| e.is_some()).count().max(1) as f64;
         let mean = self
             .end
             .iter()

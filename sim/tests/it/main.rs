@@ -4,6 +4,7 @@
 
 mod arbitration;
 mod conformance;
+mod faults;
 mod isolation;
 mod properties;
 mod qp_depth;

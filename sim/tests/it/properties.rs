@@ -17,7 +17,7 @@ fn config() -> ProptestConfig {
 }
 
 #[derive(Debug, Clone)]
-struct TrafficJob {
+pub(crate) struct TrafficJob {
     pattern: &'static str,
     bytes: u32,
     message: u32,
@@ -29,11 +29,11 @@ struct TrafficJob {
 }
 
 #[derive(Debug, Clone)]
-struct Fabric {
-    nodes: u32,
-    gpus: u32,
+pub(crate) struct Fabric {
+    pub(crate) nodes: u32,
+    pub(crate) gpus: u32,
     single: bool,
-    adaptive: bool,
+    pub(crate) adaptive: bool,
     roce: bool,
     mtu: u32,
     buffer: u32,
@@ -43,7 +43,7 @@ struct Fabric {
     high: [bool; 4],
 }
 
-fn fabric() -> impl Strategy<Value = Fabric> {
+pub(crate) fn fabric() -> impl Strategy<Value = Fabric> {
     (
         1u32..=4,
         1u32..=4,
@@ -77,7 +77,7 @@ fn fabric() -> impl Strategy<Value = Fabric> {
         )
 }
 
-fn traffic_job() -> impl Strategy<Value = TrafficJob> {
+pub(crate) fn traffic_job() -> impl Strategy<Value = TrafficJob> {
     (
         prop::sample::select(vec!["all-to-all", "ring", "incast"]),
         1u32..=96,
@@ -100,7 +100,7 @@ fn traffic_job() -> impl Strategy<Value = TrafficJob> {
         })
 }
 
-fn fabric_toml(f: &Fabric) -> String {
+pub(crate) fn fabric_toml(f: &Fabric) -> String {
     let mut low = Vec::new();
     let mut high = Vec::new();
     for vl in 0..4 {
@@ -140,7 +140,7 @@ switch_mode = "{}"
     )
 }
 
-fn traffic_toml(i: usize, j: &TrafficJob) -> String {
+pub(crate) fn traffic_toml(i: usize, j: &TrafficJob) -> String {
     format!(
         r#"
 [[job]]
@@ -187,8 +187,8 @@ proptest! {
 }
 
 #[derive(Debug, Clone)]
-struct Ll {
-    ranks: u32,
+pub(crate) struct Ll {
+    pub(crate) ranks: u32,
     local: u32,
     tokens: u32,
     topk: u32,
@@ -198,7 +198,7 @@ struct Ll {
     seed: u64,
 }
 
-fn ll() -> impl Strategy<Value = Ll> {
+pub(crate) fn ll() -> impl Strategy<Value = Ll> {
     (
         prop::sample::select(vec![2u32, 4, 8, 16]),
         1u32..=3,
@@ -215,7 +215,7 @@ fn ll() -> impl Strategy<Value = Ll> {
         })
 }
 
-fn ll_toml(c: &Ll) -> String {
+pub(crate) fn ll_toml(c: &Ll) -> String {
     let (nodes, gpus) = if c.ranks <= 8 { (1, c.ranks) } else { (c.ranks / 8, 8) };
     format!(
         r#"schema = 1
@@ -254,9 +254,9 @@ iterations = 1
 }
 
 #[derive(Debug, Clone)]
-struct Normal {
-    nodes: u32,
-    ranks: u32,
+pub(crate) struct Normal {
+    pub(crate) nodes: u32,
+    pub(crate) ranks: u32,
     local: u32,
     tokens: u32,
     topk: u32,
@@ -265,7 +265,7 @@ struct Normal {
     seed: u64,
 }
 
-fn normal() -> impl Strategy<Value = Normal> {
+pub(crate) fn normal() -> impl Strategy<Value = Normal> {
     (
         prop::sample::select(vec![(1u32, 2u32), (1, 4), (1, 8), (2, 16), (3, 24), (4, 32)]),
         1u32..=4,
@@ -287,7 +287,7 @@ fn normal() -> impl Strategy<Value = Normal> {
         })
 }
 
-fn normal_toml(c: &Normal) -> String {
+pub(crate) fn normal_toml(c: &Normal) -> String {
     let internode = c.nodes > 1;
     let routing = if internode && c.node_limited {
         format!("routing = \"node-limited\"\ntopk_groups = {}", c.nodes.min(4))

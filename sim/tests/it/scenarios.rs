@@ -24,6 +24,15 @@ use crate::util::run;
 
 /// Scenarios whose packet traces are part of the snapshot.
 const TRACED: [&str; 2] = ["scenarios/ep16-ll.toml", "scenarios/roce-ep16-ll.toml"];
+/// Scenarios that show a fault failing the run, with what their one failure line must say
+/// (docs/design.md, "Faults"): everything else must be `ok`.
+const FAIL_AS_DEEPEP_DOES: [(&str, &str); 2] = [
+    (
+        "scenarios/faults/ep16-ll-rank-down.toml",
+        "timeout: Warning: DeepEP timeout for dispatch receive, rank ",
+    ),
+    ("scenarios/faults/ep16-ll-nic-down.toml", "QP(s) failed with IBV_WC_RETRY_EXC_ERR"),
+];
 
 fn snapshot_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots")
@@ -82,6 +91,12 @@ fn run_all(scenarios: &[PathBuf]) -> Vec<Outcome> {
 fn sanity(o: &Outcome) -> Vec<String> {
     let (f, r) = (o.scenario.display(), &o.result);
     let mut bad = Vec::new();
+    if let Some((_, says)) = FAIL_AS_DEEPEP_DOES.iter().find(|(s, _)| Path::new(s) == o.scenario) {
+        if r.verdict != Verdict::Failed || r.failures.len() != 1 || !r.failures[0].contains(says) {
+            bad.push(format!("{f}: expected one failure saying {says:?}: {:?}", r.failures));
+        }
+        return bad;
+    }
     if r.verdict != Verdict::Ok {
         bad.push(format!("{f}: verdict {:?}: {:?} {:?}", r.verdict, r.failures, r.waived_reason));
         return bad;
@@ -268,7 +283,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 fn every_scenario_runs_sane_and_matches_its_snapshot() {
     let scenarios = bundled_scenarios();
     assert!(scenarios.len() >= 40, "found {} scenarios", scenarios.len());
-    for t in TRACED {
+    for t in TRACED.into_iter().chain(FAIL_AS_DEEPEP_DOES.map(|(s, _)| s)) {
         assert!(scenarios.contains(&PathBuf::from(t)), "{t} is in the library");
     }
     let outcomes = run_all(&scenarios);

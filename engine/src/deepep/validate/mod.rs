@@ -14,6 +14,7 @@ mod cluster;
 mod deepep;
 mod elastic;
 mod env;
+mod faults;
 mod low_latency;
 mod normal;
 mod traffic;
@@ -110,9 +111,11 @@ fn resolve(scn: &Scenario, d: &mut Diagnostics<'_>) -> Option<Plan> {
         jobs.push(plan);
     }
     env::check_shared_vls(scn, &job_vls, d);
+    let faults = faults::check(scn, &profile, &topology, &jobs, d);
 
     let qos = qos?;
     let jobs = jobs.into_iter().collect::<Option<Vec<JobPlan>>>()?;
+    let faults = faults?;
     Some(Plan {
         name: scn.name.clone(),
         description: scn.description.clone(),
@@ -123,6 +126,7 @@ fn resolve(scn: &Scenario, d: &mut Diagnostics<'_>) -> Option<Plan> {
         topology,
         qos,
         jobs,
+        faults,
         advisories: Vec::new(),
     })
 }
