@@ -31,8 +31,8 @@ def token_bytes(hidden, fp8):
 def run(local_rank, num_local_ranks, args):
     import deep_ep
     from deep_ep.utils.envs import init_dist
-    from deep_ep.utils.testing import bench_kineto
-    from deep_ep.utils.math import per_token_cast_to_fp8, calc_diff
+    from deep_ep.utils.testing import bench, bench_kineto
+    from deep_ep.utils.math import per_token_cast_back, per_token_cast_to_fp8, calc_diff
 
     rank, num_ranks, group = init_dist(local_rank, num_local_ranks, args.seed)
     args.bf16 = os.environ.get('EPTWIN_V2_DISPATCH_DTYPE', 'fp8').lower() == 'bf16'
@@ -62,19 +62,23 @@ def run(local_rank, num_local_ranks, args):
     scores = torch.randn((n_tok, experts), dtype=torch.float32, device='cuda').abs() + 1
     topk_idx = torch.topk(scores, k, dim=-1, sorted=False).indices.to(deep_ep.topk_idx_t)
     topk_weights = torch.ones((n_tok, k), dtype=torch.float32, device='cuda')
-    x = torch.ones((n_tok, hidden), dtype=torch.bfloat16, device='cuda') * rank
+    # rank + 1 (DeepEP's tests use the rank): at one rank the data is not all zeros.
+    x = torch.ones((n_tok, hidden), dtype=torch.bfloat16, device='cuda') * (rank + 1)
     x_in = x if args.bf16 else per_token_cast_to_fp8(x)
 
-    # Check dispatch: every received row equals its source rank.
+    # Check dispatch: every received row is constant, its source rank + 1 (FP8 cast back).
     recv_x, recv_topk_idx, recv_topk_weights, handle, _ = buffer.dispatch(
         x_in, topk_idx=topk_idx, topk_weights=topk_weights, num_experts=experts,
         num_sms=args.num_sms, num_qps=args.num_qps)
-    rows = recv_x if args.bf16 else recv_x[0].float()
+    # A failed check prints its `[testing]` line without "passed" (the import fails the
+    # document) and the timing still runs.
+    def check(name, ok):
+        print(f'[testing] {name} (rank {rank}) ...' + (' passed' if ok else ''), flush=True)
+
+    rows = recv_x if args.bf16 else per_token_cast_back(recv_x[0], recv_x[1])
     assert rows.dim() == 2 and rows.size(1) == hidden
-    if rows.size(0) > 0:
-        per_row = rows.float().amax(dim=1)
-        assert torch.equal(per_row, rows.float().amin(dim=1)), 'a received row is not constant'
-    print(f' > rank {rank}: dispatch received {rows.size(0)} rows, passed', flush=True)
+    constant = rows.size(0) == 0 or torch.equal(rows.float().amax(dim=1), rows.float().amin(dim=1))
+    check(f'dispatch: {rows.size(0)} received rows, each constant', constant)
 
     # Check combine: x reduced from every rank it visited (top-k weights 1).
     combine_in = (torch.ones((rows.size(0), hidden), dtype=torch.bfloat16, device='cuda') *
@@ -86,8 +90,7 @@ def run(local_rank, num_local_ranks, args):
         visited += ((topk_idx // per_rank) == r).any(dim=1).float()
     ref = x.float() * visited.unsqueeze(1)
     diff = calc_diff(combined_x.float(), ref)
-    assert diff < 5e-6, f'combine diff {diff}'
-    print(f' > rank {rank}: combine passed (diff {diff:.3e})', flush=True)
+    check(f'combine: x x ranks visited, diff {diff:.3e} < 5e-6', diff < 5e-6)
 
     if args.skip_perf_test:
         buffer.destroy()
@@ -115,8 +118,18 @@ def run(local_rank, num_local_ranks, args):
     def do_combine():
         buffer.combine(combine_in, handle, num_sms=args.num_sms, num_qps=args.num_qps)
 
-    t_d = bench_kineto(do_dispatch, 'dispatch_impl', barrier_comm_profiling=True, suppress_kineto_output=True)
-    t_c = bench_kineto(do_combine, 'combine_impl', barrier_comm_profiling=True, suppress_kineto_output=True)
+    def kernel_time(fn, name):
+        # The kernel's time from kineto, as test_ep.py takes it; should the profiler table not
+        # name the kernel once, the call's time from CUDA events (launch included), said so.
+        try:
+            return bench_kineto(fn, name, barrier_comm_profiling=True, suppress_kineto_output=True)
+        except Exception as e:
+            print(f' > rank {rank}: kineto could not time {name} ({type(e).__name__}: '
+                  f'{str(e)[:200]}); CUDA events instead', flush=True)
+            return bench(fn, num_warmups=10, num_tests=30)[0]
+
+    t_d = kernel_time(do_dispatch, 'dispatch_impl')
+    t_c = kernel_time(do_combine, 'combine_impl')
     for mark, name, t, b in (('*', 'dispatch', t_d, disp_bytes), ('@', 'combine', t_c, comb_bytes)):
         so_gbs = so_tokens * b / 1e9 / t if t > 0 else 0
         su_gbs = su_tokens * b / 1e9 / t if t > 0 else 0

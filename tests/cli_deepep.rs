@@ -70,7 +70,11 @@ fn launch_every_bundled_scenario_or_say_why_not() {
                         "{rel}: node {node}\n{stdout}"
                     );
                 }
-                assert!(stdout.contains("DeepEP/tests/test_"), "{rel}");
+                // V1's scripts, or V2's test_ep.py for an ElasticBuffer job.
+                let v2 = std::fs::read_to_string(path).unwrap().contains("api = \"elastic\"");
+                let script =
+                    if v2 { "DeepEP/tests/elastic/test_ep.py " } else { "DeepEP/tests/test_" };
+                assert!(stdout.contains(script), "{rel}: {script}");
                 assert!(!stderr.contains(": refused: "), "{rel}");
             }
             Some(2) => {
@@ -107,6 +111,9 @@ fn launch_every_bundled_scenario_or_say_why_not() {
         "scenarios/validation/deepep-normal-ep16.toml",
         "scenarios/ep8-normal-intranode.toml",
         "scenarios/nvl72-ll-mnnvl.toml",
+        "scenarios/v2-ep16-normal.toml",
+        "scenarios/v2-ep16-decode.toml",
+        "scenarios/validation/deepep-v2-ep8x2.toml",
     ] {
         assert!(!refused.iter().any(|(rel, _)| rel == launches), "{launches}");
     }

@@ -88,6 +88,12 @@ fn one_rank_log_imports() {
     let d = &r.jobs[0].ops[0];
     assert_eq!(d.op, "dispatch");
     assert_eq!(d.samples.len(), 1);
+    // eptwin's test_ep.py equivalent prints its checks.
+    assert!(
+        d.summary.checks.iter().any(|c| c.contains("dispatch: 4096 received rows, each constant")),
+        "{:?}",
+        d.summary.checks
+    );
     // The printed bytes are the scale-up bytes: SU = bytes / time.
     let text = fixture("v2-ep1-one-gpu.log").1;
     let line = text.lines().find(|l| l.trim_start().starts_with("* EP:")).unwrap();
