@@ -86,6 +86,33 @@ fn int(v: f64) -> toml::Value {
     toml::Value::Integer(v.round() as i64)
 }
 
+/// NVLink's efficiency from the peer copy probe (copy engines, GPU pairs; only with two or
+/// more GPUs): the median pair's rate over the base's `bw_per_direction_gbps`, times the
+/// SM-store to copy-engine ratio the bundled H100/H200 profiles use (0.70 / 0.80, the H800 fit's,
+/// `[fitted]`: docs/calibration.md); DeepEP's kernels store with SMs.
+pub fn nvlink(p: &Probes, base_bw_per_direction_gbps: f64) -> Vec<Measured> {
+    const SM_STORE_OVER_COPY_ENGINE: f64 = 0.70 / 0.80;
+    let rates: Vec<f64> = p
+        .first("peer_copy_bw_gbps")
+        .and_then(Value::as_object)
+        .map(|m| m.values().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    if rates.is_empty() || base_bw_per_direction_gbps <= 0.0 {
+        return Vec::new();
+    }
+    let n = rates.len();
+    let bw = median(rates);
+    let efficiency = (bw / base_bw_per_direction_gbps * SM_STORE_OVER_COPY_ENGINE).clamp(0.01, 1.0);
+    vec![Measured::new(
+        "nvlink",
+        "efficiency",
+        float(efficiency, 3),
+        format!(
+            "probe.peer_copy_bw_gbps, median of {n} GPU pairs {bw:.1} GB/s / {base_bw_per_direction_gbps} x 0.70/0.80 (SM stores against copy engines, [fitted] on the H800 rows)"
+        ),
+    )]
+}
+
 /// The `[gpu]` keys the probes measure.
 pub fn gpu(p: &Probes) -> Vec<Measured> {
     let mut out = Vec::new();
@@ -416,6 +443,22 @@ mod tests {
 
     fn value(out: &[Measured], path: &str) -> toml::Value {
         out.iter().find(|m| m.path() == path).unwrap_or_else(|| panic!("no {path}")).value.clone()
+    }
+
+    #[test]
+    fn nvlink_efficiency_needs_the_peer_probe() {
+        let mut p = Probes::default();
+        assert!(nvlink(&p, 450.0).is_empty());
+        p.add(&BTreeMap::from([(
+            "probe.peer_copy_bw_gbps".to_string(),
+            serde_json::json!({"0->1": 380.0, "1->0": 376.0, "0->2": 390.0}),
+        )]));
+        let m = nvlink(&p, 450.0);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].path(), "nvlink.efficiency");
+        // 380 / 450 x 0.875 = 0.7389
+        assert_eq!(m[0].value, toml::Value::Float(0.739));
+        assert!(m[0].source.contains("median of 3 GPU pairs 380.0 GB/s"), "{}", m[0].source);
     }
 
     #[test]
