@@ -213,8 +213,9 @@ pub fn flush_dirty(p: &Probes, dram_gbps: f64) -> Option<(f64, usize)> {
 }
 
 /// The `[gpu.memory]` keys: the one-GPU model of the backend's kernels (sim/src/hwkernels/).
-/// Empty when the memory probes did not run.
-pub fn memory(p: &Probes) -> Vec<Measured> {
+/// Empty when the memory probes did not run; with the rates the cluster keys are checked
+/// against (`cluster::keys`).
+pub fn memory(p: &Probes) -> (Vec<Measured>, Option<MemRates>) {
     let (Some(copy), Some(chase), Some(ops), Some(launch), Some(l2_bytes)) = (
         p.first("warp_copy_bw_gbps"),
         p.first("dependent_load"),
@@ -222,7 +223,7 @@ pub fn memory(p: &Probes) -> Vec<Measured> {
         p.num("empty_kernel_event_us"),
         p.backend_num("l2_bytes"),
     ) else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
     let best = |variant: &str| {
         ["132x1024", "192x512", "264x512"]
@@ -248,7 +249,7 @@ pub fn memory(p: &Probes) -> Vec<Measured> {
         }
         None => l2_bytes,
     };
-    let Some((l2, l2_hbm)) = l2_rates(copy, launch, dirty) else { return out };
+    let Some((l2, l2_hbm)) = l2_rates(copy, launch, dirty) else { return (out, None) };
     out.extend([
         m("l2_bw_gbps", int(l2), "solved with l2_hbm_bw_gbps from probe.warp_copy_bw_gbps.hbm_to_l2 and hbm_to_hbm at 132x1024 (docs/calibration.md)".into()),
         m("dram_bw_gbps", int(dram), "2 x max(probe.warp_copy_bw_gbps.hbm_to_hbm full grid, probe.copy_kernel_bw_gbps)".into()),
@@ -306,9 +307,7 @@ pub fn memory(p: &Probes) -> Vec<Measured> {
     }
     out.extend(handoff(p, l2, l2_hbm, launch));
     out.extend(send_chain(p));
-    let mem = MemRates { flush_dirty: dirty, l2, l2_hbm, dram };
-    out.extend(super::cluster::keys(p, &mem));
-    out
+    (out, Some(MemRates { flush_dirty: dirty, l2, l2_hbm, dram }))
 }
 
 /// The L2 and HBM rates the cluster shapes are checked against.
@@ -476,7 +475,7 @@ mod tests {
     /// scripts/h200-profile-from-probes.py (without --flush: every line of L2 dirty).
     #[test]
     fn the_memory_keys_match_the_script_they_replace() {
-        let out = memory(&h100());
+        let out = memory(&h100()).0;
         let i = |path: &str| value(&out, path).as_integer().unwrap();
         assert_eq!(i("gpu.memory.dram_bw_gbps"), 2861);
         assert_eq!(i("gpu.memory.load_hbm_busy_ns"), 942);
@@ -495,7 +494,7 @@ mod tests {
     fn without_the_memory_probes_there_is_no_memory_table() {
         let mut p = h100();
         p.runs.remove("probe.dependent_load");
-        assert!(memory(&p).is_empty());
+        assert!(memory(&p).0.is_empty());
     }
 
     #[test]

@@ -211,7 +211,12 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     let base = read_base(o.base.as_deref().unwrap_or(default_base(&machine.gpu)))?;
     progress(&format!("base profile {}; GPU {}", base.label, machine.gpu));
     let mut measured = derive::gpu(&probes);
-    measured.extend(derive::memory(&probes));
+    // The cluster keys are checked against the memory rates (cluster.rs).
+    let (memory, rates) = derive::memory(&probes);
+    measured.extend(memory);
+    if let Some(rates) = rates {
+        measured.extend(cluster::keys(&probes, &rates));
+    }
     let base_nvlink_bw = base
         .table
         .get("nvlink")
