@@ -416,7 +416,12 @@ pub fn names_file(profile: &str) -> bool {
 /// Where a profile file a scenario names is: a relative path is relative to the scenario
 /// file's directory, so a scenario and its profile move together.
 pub fn file_path(scenario_file: &str, profile: &str) -> PathBuf {
-    crate::routing_file::resolve(scenario_file, profile)
+    // As a routing file's path is resolved (routing_file.rs), without depending on it.
+    let path = std::path::Path::new(profile);
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    std::path::Path::new(scenario_file).parent().unwrap_or(std::path::Path::new("")).join(path)
 }
 
 /// The largest profile file read (1 MiB; a profile is a few KiB).

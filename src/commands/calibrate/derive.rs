@@ -86,6 +86,33 @@ fn int(v: f64) -> toml::Value {
     toml::Value::Integer(v.round() as i64)
 }
 
+/// NVLink's efficiency from the peer copy probe (copy engines, GPU pairs; only with two or
+/// more GPUs): the median pair's rate over the base's `bw_per_direction_gbps`, times the
+/// SM-store to copy-engine ratio the bundled H100/H200 profiles use (0.70 / 0.80, the H800 fit's,
+/// `[fitted]`: docs/calibration.md); DeepEP's kernels store with SMs.
+pub fn nvlink(p: &Probes, base_bw_per_direction_gbps: f64) -> Vec<Measured> {
+    const SM_STORE_OVER_COPY_ENGINE: f64 = 0.70 / 0.80;
+    let rates: Vec<f64> = p
+        .first("peer_copy_bw_gbps")
+        .and_then(Value::as_object)
+        .map(|m| m.values().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    if rates.is_empty() || base_bw_per_direction_gbps <= 0.0 {
+        return Vec::new();
+    }
+    let n = rates.len();
+    let bw = median(rates);
+    let efficiency = (bw / base_bw_per_direction_gbps * SM_STORE_OVER_COPY_ENGINE).clamp(0.01, 1.0);
+    vec![Measured::new(
+        "nvlink",
+        "efficiency",
+        float(efficiency, 3),
+        format!(
+            "probe.peer_copy_bw_gbps, median of {n} GPU pairs {bw:.1} GB/s / {base_bw_per_direction_gbps} x 0.70/0.80 (SM stores against copy engines, [fitted] on the H800 rows)"
+        ),
+    )]
+}
+
 /// The `[gpu]` keys the probes measure.
 pub fn gpu(p: &Probes) -> Vec<Measured> {
     let mut out = Vec::new();
@@ -186,8 +213,9 @@ pub fn flush_dirty(p: &Probes, dram_gbps: f64) -> Option<(f64, usize)> {
 }
 
 /// The `[gpu.memory]` keys: the one-GPU model of the backend's kernels (sim/src/hwkernels/).
-/// Empty when the memory probes did not run.
-pub fn memory(p: &Probes) -> Vec<Measured> {
+/// Empty when the memory probes did not run; with the rates the cluster keys are checked
+/// against (`cluster::keys`).
+pub fn memory(p: &Probes) -> (Vec<Measured>, Option<MemRates>) {
     let (Some(copy), Some(chase), Some(ops), Some(launch), Some(l2_bytes)) = (
         p.first("warp_copy_bw_gbps"),
         p.first("dependent_load"),
@@ -195,7 +223,7 @@ pub fn memory(p: &Probes) -> Vec<Measured> {
         p.num("empty_kernel_event_us"),
         p.backend_num("l2_bytes"),
     ) else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
     let best = |variant: &str| {
         ["132x1024", "192x512", "264x512"]
@@ -221,7 +249,7 @@ pub fn memory(p: &Probes) -> Vec<Measured> {
         }
         None => l2_bytes,
     };
-    let Some((l2, l2_hbm)) = l2_rates(copy, launch, dirty) else { return out };
+    let Some((l2, l2_hbm)) = l2_rates(copy, launch, dirty) else { return (out, None) };
     out.extend([
         m("l2_bw_gbps", int(l2), "solved with l2_hbm_bw_gbps from probe.warp_copy_bw_gbps.hbm_to_l2 and hbm_to_hbm at 132x1024 (docs/calibration.md)".into()),
         m("dram_bw_gbps", int(dram), "2 x max(probe.warp_copy_bw_gbps.hbm_to_hbm full grid, probe.copy_kernel_bw_gbps)".into()),
@@ -279,9 +307,7 @@ pub fn memory(p: &Probes) -> Vec<Measured> {
     }
     out.extend(handoff(p, l2, l2_hbm, launch));
     out.extend(send_chain(p));
-    let mem = MemRates { flush_dirty: dirty, l2, l2_hbm, dram };
-    out.extend(super::cluster::keys(p, &mem));
-    out
+    (out, Some(MemRates { flush_dirty: dirty, l2, l2_hbm, dram }))
 }
 
 /// The L2 and HBM rates the cluster shapes are checked against.
@@ -419,6 +445,22 @@ mod tests {
     }
 
     #[test]
+    fn nvlink_efficiency_needs_the_peer_probe() {
+        let mut p = Probes::default();
+        assert!(nvlink(&p, 450.0).is_empty());
+        p.add(&BTreeMap::from([(
+            "probe.peer_copy_bw_gbps".to_string(),
+            serde_json::json!({"0->1": 380.0, "1->0": 376.0, "0->2": 390.0}),
+        )]));
+        let m = nvlink(&p, 450.0);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].path(), "nvlink.efficiency");
+        // 380 / 450 x 0.875 = 0.7389
+        assert_eq!(m[0].value, toml::Value::Float(0.739));
+        assert!(m[0].source.contains("median of 3 GPU pairs 380.0 GB/s"), "{}", m[0].source);
+    }
+
+    #[test]
     fn the_gpu_keys_are_the_probes() {
         let out = gpu(&h100());
         assert_eq!(value(&out, "gpu.memcpy_bw_gbps"), toml::Value::Float(1502.2));
@@ -433,7 +475,7 @@ mod tests {
     /// scripts/h200-profile-from-probes.py (without --flush: every line of L2 dirty).
     #[test]
     fn the_memory_keys_match_the_script_they_replace() {
-        let out = memory(&h100());
+        let out = memory(&h100()).0;
         let i = |path: &str| value(&out, path).as_integer().unwrap();
         assert_eq!(i("gpu.memory.dram_bw_gbps"), 2861);
         assert_eq!(i("gpu.memory.load_hbm_busy_ns"), 942);
@@ -452,7 +494,7 @@ mod tests {
     fn without_the_memory_probes_there_is_no_memory_table() {
         let mut p = h100();
         p.runs.remove("probe.dependent_load");
-        assert!(memory(&p).is_empty());
+        assert!(memory(&p).0.is_empty());
     }
 
     #[test]

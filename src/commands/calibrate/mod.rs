@@ -8,6 +8,7 @@
 mod cluster;
 mod deepep;
 mod derive;
+mod inventory;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -194,21 +195,38 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     if o.deepep_only {
         return deepep_only(o, &name);
     }
-    let (probes, machine) = if o.from.is_empty() {
-        match probe_here(&o.out.with_extension("probes.json"))? {
-            Ok(found) => found,
+    let (probes, machine, inv) = if o.from.is_empty() {
+        let inv = inventory::survey(Path::new("/"));
+        match probe_here(&o.out.with_extension("probes.json"), &inv)? {
+            Ok((probes, machine)) => (probes, machine, Some(inv)),
             Err(reason) => {
                 eprintln!("eptwin: calibrate waived: {reason}");
                 return Ok(ExitCode::Waived);
             }
         }
     } else {
-        read_probes(&o.from)?
+        let (probes, machine) = read_probes(&o.from)?;
+        (probes, machine, None)
     };
     let base = read_base(o.base.as_deref().unwrap_or(default_base(&machine.gpu)))?;
     progress(&format!("base profile {}; GPU {}", base.label, machine.gpu));
     let mut measured = derive::gpu(&probes);
-    measured.extend(derive::memory(&probes));
+    // The cluster keys are checked against the memory rates (cluster.rs).
+    let (memory, rates) = derive::memory(&probes);
+    measured.extend(memory);
+    if let Some(rates) = rates {
+        measured.extend(cluster::keys(&probes, &rates));
+    }
+    let base_nvlink_bw = base
+        .table
+        .get("nvlink")
+        .and_then(|t| t.get("bw_per_direction_gbps"))
+        .and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64)))
+        .unwrap_or(0.0);
+    measured.extend(derive::nvlink(&probes, base_nvlink_bw));
+    if let Some(inv) = &inv {
+        measured.extend(nic_keys(inv));
+    }
     if measured.is_empty() {
         bail!("the probes measured nothing this command derives a profile key from");
     }
@@ -343,14 +361,27 @@ fn machine_of(backend: &BTreeMap<String, Value>, created_at: Option<&str>) -> Ma
 /// Probe this machine: a short one-GPU run on the hardware backend with every probe on (the
 /// probes run when it prepares), its result kept at `keep` (`--from` reads it back).
 /// `Err(reason)` when there is no GPU to probe (waived).
-fn probe_here(keep: &Path) -> Result<Result<(Probes, Machine), String>> {
-    progress("probing this GPU (the hardware backend's probes, cluster probes included)");
-    let text = include_str!("probe-scenario.toml");
+fn probe_here(
+    keep: &Path,
+    inv: &inventory::Inventory,
+) -> Result<Result<(Probes, Machine), String>> {
+    progress(&format!(
+        "probing this GPU (the hardware backend's probes, cluster probes and the NCCL baseline included); {} GPU(s) listed by the driver: {}",
+        inv.gpus,
+        if inv.gpus >= 2 {
+            "NVLink peer probes between two of them"
+        } else {
+            "no NVLink peer probes (they need two GPUs; the NVLink keys stay the base's)"
+        }
+    ));
+    let text = inventory::probe_scenario(inv.gpus);
+    let text = text.as_str();
     let loaded =
         eptwin_engine::parse("calibrate-probes.toml", text).map_err(|e| anyhow::anyhow!("{e}"))?;
     let plan = eptwin_engine::Plan::build(&loaded).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut options = eptwin_hw::HwOptions::from_env();
     options.probes = true;
+    options.nccl_baseline = true;
     options.cluster_probe = true;
     let mut hw = eptwin_hw::HwTransport::single(options, eptwin_group::Launcher::Single);
     let provenance = super::provenance(crate::cli::BackendArg::Hw);
@@ -364,6 +395,20 @@ fn probe_here(keep: &Path) -> Result<Result<(Probes, Machine), String>> {
     probes.add(&result.measurements);
     let machine = machine_of(&result.backend, result.eptwin.created_at.as_deref());
     Ok(Ok((probes, machine)))
+}
+
+/// The NIC keys of an ACTIVE ibverbs port, saying what stays the base's.
+fn nic_keys(inv: &inventory::Inventory) -> Vec<Measured> {
+    if inv.active_ports.is_empty() {
+        progress("no ACTIVE ibverbs port: the NIC and fabric keys stay the base's");
+        return Vec::new();
+    }
+    let names: Vec<&str> = inv.active_ports.iter().map(|p| p.name.as_str()).collect();
+    progress(&format!(
+        "ACTIVE ibverbs port(s) {}: nic.link_gbps from the negotiated rate; the NIC's latency, bandwidth and message rate are not probed (the base's)",
+        names.join(", ")
+    ));
+    inventory::nic(inv)
 }
 
 /// The one-rank runs to fit: read from `--deepep-runs`, or run here with `--deepep-dir` when
