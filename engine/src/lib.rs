@@ -11,6 +11,7 @@ pub mod deepep;
 pub mod diag;
 pub mod error;
 pub mod fabric;
+pub mod files;
 pub mod ids;
 pub mod layout;
 pub mod plan;

@@ -11,9 +11,9 @@ use crate::diag::Diagnostics;
 use crate::profile::HardwareProfile;
 use crate::scenario::schema::{JobSpec, ReferenceSpec, Scenario, TrafficPattern, TrafficSpec};
 
-/// A scenario's name becomes file names: `<name>.compare.json` and, while it is written, the
-/// temporary `.<name>.compare.json.tmp.<pid>` (29 bytes around the name at most); sweep points
-/// add `-<point>` suffixes. 200 bytes leaves room under the 255-byte file name limit.
+/// A scenario's name becomes file names, `<name>.compare.json` the longest (13 bytes more;
+/// temporary files have names of their own, engine/src/files.rs). 200 bytes leaves room under
+/// the 255-byte file name limit; sweep points keep to it too (`sweep::point_name`).
 pub const MAX_NAME_BYTES: usize = 200;
 /// Jobs in one scenario (the simulator numbers jobs with 16 bits; validation is linear in it).
 pub const MAX_JOBS: usize = 4096;
@@ -81,9 +81,21 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
             "name",
             None,
             format!(
-                "{} bytes: a scenario name becomes result file names (<name>.compare.json, a \
-                 temporary .<name>.compare.json.tmp.<pid>), at most {MAX_NAME_BYTES} bytes",
+                "{} bytes: a scenario name becomes result file names (<name>.compare.json), at \
+                 most {MAX_NAME_BYTES} bytes",
                 scn.name.len()
+            ),
+        );
+    }
+    if scn.name.starts_with('.') {
+        d.error(
+            "limit-name",
+            "name",
+            None,
+            format!(
+                "{:?} starts with '.': a scenario name becomes result file names, and {}.json \
+                 would be hidden; start it with a letter or digit",
+                scn.name, scn.name
             ),
         );
     }

@@ -188,6 +188,13 @@ fn names_longer_than_a_file_name_allows() {
         errors(BASE, "name = \"limits\"", &format!("name = \"{}\"", "n".repeat(200))),
         Vec::<String>::new()
     );
+    // `..` would write the hidden `out/...json`.
+    for hidden in ["..", ".", ".x"] {
+        has(
+            &errors(BASE, "name = \"limits\"", &format!("name = \"{hidden}\"")),
+            &format!("{hidden:?} starts with '.': a scenario name becomes result file names"),
+        );
+    }
 }
 
 #[test]
