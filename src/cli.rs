@@ -182,6 +182,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A node's preflight for DeepEP (V1 and V2): each check says ok / warn / fail / skip, what
+    /// it saw, why it matters, the issue it prevents and the fix (docs/doctor.md). Exit 1 when
+    /// a check fails.
+    Doctor {
+        /// Check the node against this scenario: its jobs' ranks, NICs, QPs and environment.
+        scenario: Option<PathBuf>,
+        /// Print the report as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Diagnose a recorded node (a directory of fixture files, docs/doctor.md) instead of
+        /// this one.
+        #[arg(long, value_name = "DIR")]
+        node: Option<PathBuf>,
+    },
     /// Replay a scenario with DeepEP's own test scripts: their launch lines out, their
     /// printed numbers back in as a result document (docs/deepep-replay.md).
     Deepep {

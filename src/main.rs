@@ -30,11 +30,11 @@ impl ExitCode {
         if rank(other) > rank(self) { other } else { self }
     }
 
-    pub fn from_verdict(verdict: eptwin_engine::result::Verdict) -> ExitCode {
+    pub fn from_verdict(verdict: eptwin_engine::api::Verdict) -> ExitCode {
         match verdict {
-            eptwin_engine::result::Verdict::Ok => ExitCode::Ok,
-            eptwin_engine::result::Verdict::Failed => ExitCode::Failed,
-            eptwin_engine::result::Verdict::Waived => ExitCode::Waived,
+            eptwin_engine::api::Verdict::Ok => ExitCode::Ok,
+            eptwin_engine::api::Verdict::Failed => ExitCode::Failed,
+            eptwin_engine::api::Verdict::Waived => ExitCode::Waived,
         }
     }
 }

@@ -22,7 +22,7 @@ fn run(c: &mut Command) -> Output {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    root().join("engine/tests/fixtures/deepep").join(name)
+    root().join("replay/tests/fixtures").join(name)
 }
 
 fn scenarios(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -34,7 +34,7 @@ fn eptwin() -> Command {
 /// Whether the hardware backend can run here: these tests are about machines without a GPU
 /// (on the GPU machine the same commands run for real, in scripts/h200-cluster.sh).
 fn gpu_here() -> Option<String> {
-    use eptwin_engine::transport::Transport;
+    use eptwin_engine::api::Transport;
     let hw = eptwin_hw::HwTransport::new(eptwin_hw::HwOptions::default());
     match hw.capabilities().unavailable {
         Some(_) => None,

@@ -11,7 +11,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use eptwin_engine::result::{Provenance, Verdict};
+use eptwin_engine::api::{Provenance, Verdict};
 use eptwin_engine::{Capabilities, OpOutcome, OpSpec, Transport, TransportError};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -492,7 +492,7 @@ fn check_text(text: &str) -> Result<(), TestCaseError> {
             sim: eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace: false }),
             calls: 0,
         };
-        let result = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("runs");
+        let result = eptwin_engine::api::run(&plan, &mut sim, Provenance::default()).expect("runs");
         (result, sim.calls)
     });
     prop_assert!(run_peak <= RUN_PEAK_BYTES, "the run took {run_peak} bytes:\n{text}");
@@ -541,7 +541,7 @@ fn the_bases_run() {
         let loaded = eptwin_engine::parse("base.toml", base).unwrap();
         let plan = eptwin_engine::Plan::build(&loaded).unwrap_or_else(|e| panic!("base {i}: {e}"));
         let mut sim = eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace: false });
-        let result = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).unwrap();
+        let result = eptwin_engine::api::run(&plan, &mut sim, Provenance::default()).unwrap();
         assert_eq!(result.verdict, Verdict::Ok, "base {i}: {:?}", result.failures);
     }
     let (keys, scenario_keys) = keys();

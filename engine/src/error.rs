@@ -33,18 +33,6 @@ pub enum EngineError {
     /// A key path into a scenario's table that does not lead anywhere (`scenario::edit`).
     #[error("{key:?}: {message}")]
     KeyPath { key: String, message: String },
-    /// DeepEP's test scripts cannot replay the scenario as written (`eptwin deepep`): one
-    /// line per reason, each naming the key and both values (docs/deepep-replay.md).
-    #[error("{file}: DeepEP's test scripts cannot replay this scenario:\n{}", indent(.reasons))]
-    ReplayRefused { file: String, reasons: Vec<String> },
-    /// A DeepEP log that belongs to another configuration, or that cannot be read as one run
-    /// (`location` is `file:line`).
-    #[error("{location}: {message}")]
-    ReplayLog { location: String, message: String },
-}
-
-fn indent(lines: &[String]) -> String {
-    lines.iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
 }
 
 fn count_errors(diagnostics: &[Diagnostic]) -> usize {

@@ -6,19 +6,26 @@
 //! they name) and writes result files (atomically; a sweep writes each point's scenario beside
 //! its result) and nothing else: no clock, no OS randomness, no GPU, no network.
 
-pub mod cluster_ring;
+// Backends and the binary name plans, transports, ids, the PRNG and results through `api`. The
+// modules marked `#[doc(hidden)]` stay `pub` only for the hardware backend's paths until it
+// names `api` too (ARCHITECTURE.md, "API Boundary").
+pub mod api;
+pub(crate) mod cluster_ring;
 pub mod deepep;
 pub mod diag;
 pub mod error;
-pub mod fabric;
+pub(crate) mod fabric;
 pub mod files;
+#[doc(hidden)]
 pub mod ids;
 pub mod layout;
+#[doc(hidden)]
 pub mod plan;
 pub mod profile;
-pub mod replay;
 pub mod result;
+#[doc(hidden)]
 pub mod rng;
+#[doc(hidden)]
 pub mod routing;
 pub mod routing_file;
 pub mod run;
@@ -27,8 +34,10 @@ pub mod sweep;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod topology;
+#[doc(hidden)]
 pub mod transport;
 pub mod units;
+pub(crate) mod workload;
 
 pub use error::EngineError;
 pub use plan::{JobKind, JobPlan, Plan};

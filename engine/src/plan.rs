@@ -2,37 +2,54 @@
 //! and per job the DeepEP mode, Configs, environment, typed NVSHMEM settings, lane, routing
 //! and logical byte counts. Both backends execute the same Plan.
 //!
-//! API Boundary: this module is what a backend sees of a scenario. Its types hold typed,
-//! resolved values (sizes in bytes, `Dtype`, `Routing`, `Lane`), never the scenario file's
-//! structs; the enums and engine types a backend needs besides are re-exported here, so `sim`
-//! and `hw` name `eptwin_engine::plan` (and `transport`, `ids`) and never `scenario::schema`.
+//! Its types hold typed, resolved values (sizes in bytes, `Dtype`, `Routing`, `Lane`), never
+//! the scenario file's structs. Backends name them through `eptwin_engine::api`. The DeepEP
+//! rules both backends need are here once: `channel_range`, `Plan::low_latency_path`,
+//! `JobPlan::qps_per_peer` (`plan/rules.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use crate::deepep::bytes::{LogicalBytes, logical_bytes};
 use crate::deepep::env::EnvVar;
-use crate::error::EngineError;
 use crate::ids::{JobId, Rank, Sl, Vl};
 use crate::result::RoutingFileRecord;
 use crate::routing::generate;
-use crate::scenario::LoadedScenario;
-use crate::scenario::schema::{BufferSpec, ReferenceSpec, RoutingKind, TrafficSpec, WorkloadSpec};
+use crate::scenario::schema::{ReferenceSpec, TrafficSpec};
 
+mod rules;
+
+pub use rules::channel_range;
+
+// The hardware backend's paths to the types `crate::api` names: kept, hidden, until it names
+// `api` (ARCHITECTURE.md, "API Boundary"); nothing else uses them.
+#[doc(hidden)]
 pub use crate::cluster_ring::{CLUSTER_INDEX_BYTES, ClusterSlot, cluster_ring_slots};
+#[doc(hidden)]
+pub use crate::deepep::buffer::BufferSettings;
+#[doc(hidden)]
 pub use crate::deepep::bytes::{
     fp8_scale_bytes, ll_combine_msg_bytes, ll_dispatch_msg_bytes, logical_row_bytes,
     normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
+#[doc(hidden)]
 pub use crate::deepep::config::{Config, EpMode};
+#[doc(hidden)]
 pub use crate::deepep::env::NvshmemSettings;
+#[doc(hidden)]
 pub use crate::fabric::{FabricQos, HIGH_LIMIT_UNBOUNDED, Lane, VlArbEntry};
+#[doc(hidden)]
 pub use crate::profile::{HardwareProfile, SwitchMode};
+#[doc(hidden)]
 pub use crate::routing::RoutingTable;
+#[doc(hidden)]
 pub use crate::scenario::schema::{
     Dtype, FabricKind, FabricRouting, FabricTopology, NvlinkKind, OpKind, TrafficPattern,
 };
+#[doc(hidden)]
 pub use crate::topology::{NUM_MAX_NVL_PEERS, PeerPath, Topology};
+#[doc(hidden)]
+pub use crate::workload::{Routing, Workload};
 
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -142,6 +159,11 @@ impl DeepEpJob {
         self
     }
 
+    /// Generates the routing and logical bytes now (`Plan::build` does, once per job).
+    pub(crate) fn generate_tables(&self) {
+        self.generated();
+    }
+
     fn generated(&self) -> &Generated {
         self.generated.get_or_init(|| {
             // A file routing's table is set when the job is built (`with_routing_file`);
@@ -164,114 +186,6 @@ impl DeepEpJob {
     /// The logical bytes DeepEP's tests count, per rank.
     pub fn logical(&self) -> &LogicalBytes {
         &self.generated().logical
-    }
-}
-
-/// DeepEP `Buffer(...)` arguments a backend uses, sizes in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferSettings {
-    pub num_nvl_bytes: u64,
-    pub num_rdma_bytes: u64,
-    pub num_qps_per_rank: u32,
-    /// SMs of the normal kernels (`num_sms / 2` channels); the Configs carry the same.
-    pub num_sms: u32,
-    pub allow_nvlink_for_low_latency_mode: bool,
-    pub allow_mnnvl: bool,
-    pub use_fabric: bool,
-}
-
-impl From<&BufferSpec> for BufferSettings {
-    fn from(b: &BufferSpec) -> Self {
-        BufferSettings {
-            num_nvl_bytes: b.num_nvl_bytes.bytes(),
-            num_rdma_bytes: b.num_rdma_bytes.bytes(),
-            num_qps_per_rank: b.num_qps_per_rank,
-            num_sms: b.num_sms,
-            allow_nvlink_for_low_latency_mode: b.allow_nvlink_for_low_latency_mode,
-            allow_mnnvl: b.allow_mnnvl,
-            use_fabric: b.use_fabric,
-        }
-    }
-}
-
-/// The MoE layer a DeepEP job dispatches and combines.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Workload {
-    pub tokens_per_rank: u32,
-    /// Low-latency buffer capacity T (`num_max_dispatch_tokens_per_rank`, default
-    /// `tokens_per_rank`).
-    pub max_dispatch_tokens_per_rank: u32,
-    pub hidden: u32,
-    pub topk: u32,
-    pub experts: u32,
-    pub dispatch_dtype: Dtype,
-    pub combine_dtype: Dtype,
-    pub routing: Routing,
-    /// (token, slot) entries masked to -1 per rank, as DeepEP's low-latency test does.
-    pub masked_selections: u32,
-    pub seed: u64,
-    /// Low-latency hook mode (`return_recv_hook=True`).
-    pub hook: bool,
-}
-
-/// How tokens pick their experts.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Routing {
-    /// i.i.d. scores, top-k over all experts.
-    Uniform,
-    /// Top-k among the experts of the `topk_groups` DeepEP nodes (groups of 8 ranks) with the
-    /// highest max score (DeepEP's tests; default `min(nodes, 4)`).
-    NodeLimited { topk_groups: u32 },
-    /// Expert popularity ∝ 1/(i+1)^skew.
-    Zipf { skew: f64 },
-    /// A recorded routing (`routing_file`): the validator reads the file and the job holds its
-    /// table (`DeepEpJob::routing_file`); the seed does not move it.
-    File,
-}
-
-impl Workload {
-    /// `tokens_per_rank` tokens of `hidden` channels to `topk` of `experts` experts with the
-    /// scenario format's defaults for everything else (FP8 dispatch, BF16 combine, uniform
-    /// routing, seed 1).
-    pub fn new(tokens_per_rank: u32, hidden: u32, topk: u32, experts: u32) -> Workload {
-        Workload {
-            tokens_per_rank,
-            max_dispatch_tokens_per_rank: tokens_per_rank,
-            hidden,
-            topk,
-            experts,
-            dispatch_dtype: Dtype::Fp8,
-            combine_dtype: Dtype::Bf16,
-            routing: Routing::Uniform,
-            masked_selections: 0,
-            seed: 1,
-            hook: false,
-        }
-    }
-
-    /// The workload of a `[job.workload]` table for a job of `num_ranks` ranks.
-    pub fn from_spec(w: &WorkloadSpec, num_ranks: u32) -> Workload {
-        let groups = crate::deepep::config::num_rdma_ranks(num_ranks);
-        Workload {
-            tokens_per_rank: w.tokens_per_rank,
-            max_dispatch_tokens_per_rank: w.max_dispatch_tokens_per_rank(),
-            hidden: w.hidden,
-            topk: w.topk,
-            experts: w.experts,
-            dispatch_dtype: w.dispatch_dtype,
-            combine_dtype: w.combine_dtype,
-            routing: match w.routing {
-                RoutingKind::Uniform => Routing::Uniform,
-                RoutingKind::NodeLimited => {
-                    Routing::NodeLimited { topk_groups: w.topk_groups.unwrap_or(groups.min(4)) }
-                }
-                RoutingKind::Zipf => Routing::Zipf { skew: w.skew.unwrap_or(1.0) },
-                RoutingKind::File => Routing::File,
-            },
-            masked_selections: w.masked_selections,
-            seed: w.seed,
-            hook: w.hook,
-        }
     }
 }
 
@@ -349,20 +263,6 @@ impl JobPlan {
 }
 
 impl Plan {
-    /// Validate and plan (the validator's one pass, `deepep::validate::validate`), then
-    /// generate every DeepEP job's routing. Errors (with every diagnostic) when the scenario
-    /// breaks any rule.
-    pub fn build(loaded: &LoadedScenario) -> Result<Plan, EngineError> {
-        let (diagnostics, plan) =
-            crate::deepep::validate::validate(&loaded.scenario, &loaded.source);
-        let plan = plan
-            .ok_or_else(|| EngineError::Invalid { file: loaded.file().to_string(), diagnostics })?;
-        for job in plan.jobs.iter().filter_map(JobPlan::deepep) {
-            job.generated();
-        }
-        Ok(plan)
-    }
-
     pub fn job(&self, id: JobId) -> &JobPlan {
         &self.jobs[id.index()]
     }

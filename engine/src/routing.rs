@@ -5,9 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{Routing, Workload};
 use crate::rng::Rng;
 use crate::topology::NUM_MAX_NVL_PEERS;
+use crate::workload::{Routing, Workload};
 
 /// `topk_idx` and `topk_weights` for every rank, `[rank][token][slot]` flattened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,6 +106,7 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
     let mut group_scores = vec![0f64; num_groups];
     let mut group_order: Vec<u32> = (0..num_groups as u32).collect();
     let mut swaps: Vec<usize> = Vec::with_capacity(topk);
+    let mut kept: Vec<u32> = Vec::with_capacity(num_groups);
 
     for rank in 0..num_ranks as usize {
         let mut rng = Rng::new(workload.seed, rank as u64);
@@ -137,15 +138,31 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
                             .fold(f64::MIN, |a, &b| a.max(b));
                     }
                     top_indices(&group_scores, &mut group_order, topk_groups);
-                    for g in 0..num_groups {
-                        let keep = group_order[..topk_groups].contains(&(g as u32));
-                        if !keep {
-                            for s in &mut scores[g * group_width..(g + 1) * group_width] {
-                                *s = -1.0;
+                    // The experts of the groups not kept score -1, below every kept one
+                    // (scores are in [0, 1)): with at least k kept, the top k are the kept
+                    // experts' (and the ungrouped remainder's), found without the rest.
+                    let kept_groups = topk_groups.min(num_groups);
+                    let remainder = experts - num_groups * group_width;
+                    if kept_groups * group_width + remainder >= topk {
+                        kept.clear();
+                        kept.extend_from_slice(&group_order[..kept_groups]);
+                        kept.sort_unstable();
+                        let grouped = kept.iter().flat_map(|&g| {
+                            let g = g as usize * group_width;
+                            g as u32..(g + group_width) as u32
+                        });
+                        let ungrouped = (num_groups * group_width) as u32..experts as u32;
+                        top_indices_of(&scores, grouped.chain(ungrouped), &mut order, topk);
+                    } else {
+                        for g in 0..num_groups {
+                            if !group_order[..topk_groups].contains(&(g as u32)) {
+                                for s in &mut scores[g * group_width..(g + 1) * group_width] {
+                                    *s = -1.0;
+                                }
                             }
                         }
+                        top_indices(&scores, &mut order, topk);
                     }
-                    top_indices(&scores, &mut order, topk);
                     for (k, slot) in slots.iter_mut().enumerate() {
                         *slot = order[k] as i32;
                     }
@@ -195,6 +212,17 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
 /// of the whole index array took ≈ 8 % of an EP64 normal run's time). The order is total
 /// (value, then index), so the result is the one any exact top-k gives.
 fn top_indices(values: &[f64], order: &mut [u32], k: usize) {
+    top_indices_of(values, 0..values.len() as u32, order, k);
+}
+
+/// [`top_indices`] over the indices `candidates` gives, in increasing order (the others are
+/// not looked at).
+fn top_indices_of(
+    values: &[f64],
+    candidates: impl Iterator<Item = u32>,
+    order: &mut [u32],
+    k: usize,
+) {
     let k = k.min(values.len()).min(order.len());
     if k == 0 {
         return;
@@ -203,7 +231,7 @@ fn top_indices(values: &[f64], order: &mut [u32], k: usize) {
     // the smaller index first).
     let beats = |a: u32, b: u32| values[a as usize].total_cmp(&values[b as usize]).is_gt();
     let mut n = 0;
-    for i in 0..values.len() as u32 {
+    for i in candidates {
         let mut pos = if n < k {
             n += 1;
             n - 1
@@ -243,6 +271,63 @@ mod tests {
             top_indices(&values, &mut got, k);
             let k = k.min(n);
             assert_eq!(got[..k], want[..k], "n {n} k {k} values {values:?}");
+        }
+    }
+
+    /// Node-limited routing looks only at the kept groups' experts, and selects what masking
+    /// the others to -1 and taking the top k of all gives (ties, an ungrouped remainder, and
+    /// fewer kept experts than k included).
+    #[test]
+    fn node_limited_selection_matches_masking_the_other_groups() {
+        for (ranks, experts, topk, groups) in [
+            (32, 256, 8, 4),
+            (160, 320, 8, 4),
+            (24, 250, 8, 2),
+            (16, 16, 8, 1),
+            (24, 24, 9, 1),
+            (64, 256, 9, 3),
+        ] {
+            let mut w = workload(RoutingKind::NodeLimited, 16, experts);
+            w.topk = topk;
+            w.topk_groups = Some(groups);
+            let got = generate(&w, ranks);
+            let workload = Workload::from_spec(&w, ranks);
+            let num_groups = (ranks / NUM_MAX_NVL_PEERS).max(1) as usize;
+            let width = experts as usize / num_groups;
+            let mut scores = vec![0f64; experts as usize];
+            let mut order: Vec<u32> = (0..experts).collect();
+            let mut group_order: Vec<u32> = (0..num_groups as u32).collect();
+            for rank in 0..ranks {
+                let mut rng = Rng::new(workload.seed, rank as u64);
+                for token in 0..16 {
+                    for s in scores.iter_mut() {
+                        *s = rng.next_f64();
+                    }
+                    let group_scores: Vec<f64> = (0..num_groups)
+                        .map(|g| {
+                            scores[g * width..(g + 1) * width]
+                                .iter()
+                                .fold(f64::MIN, |a, &b| a.max(b))
+                        })
+                        .collect();
+                    top_indices(&group_scores, &mut group_order, groups as usize);
+                    for g in 0..num_groups {
+                        if !group_order[..groups as usize].contains(&(g as u32)) {
+                            scores[g * width..(g + 1) * width].fill(-1.0);
+                        }
+                    }
+                    top_indices(&scores, &mut order, topk as usize);
+                    let want: Vec<i32> = order[..topk as usize].iter().map(|&e| e as i32).collect();
+                    assert_eq!(
+                        got.experts(rank, token),
+                        &want[..],
+                        "EP{ranks} E{experts} rank {rank} token {token}"
+                    );
+                    for _ in 0..topk {
+                        rng.normal();
+                    }
+                }
+            }
         }
     }
 

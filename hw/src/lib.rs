@@ -507,8 +507,9 @@ fn prepare_local(
         m.insert("hw.num_sms_override".into(), json!(sms));
     }
     let d: &DeepEpJob = &d;
-    // Ranks on several nodes: their bytes cross the wire (internode::gpu).
-    let across = internode::gpu::job_geometry(plan, job, d)?;
+    // Bytes between ranks the plan's path rules put on RDMA cross the wire (internode::gpu).
+    let job_wire = internode::gpu::job_geometry(plan, job, d)?;
+    let across = job_wire.crossing.clone();
     if d.mode == EpMode::Internode && across.is_none() {
         return Err(HwError::Unsupported(format!(
             "job {:?}: normal internode kernels on one node (the scenario's topology puts all \
@@ -551,10 +552,13 @@ fn prepare_local(
     }
     // Every process places the whole job the same way and opens the GPUs of its own ranks; the
     // plan's nodes are stacked onto this machine's GPUs.
-    let nodes = across.as_ref().map_or(1, |(g, _)| g.num_nodes());
-    let placement =
-        placement::place_nodes(n, plan.topology.ranks_per_gpu, nodes, &Inventory(&env.gpus))
-            .map_err(|e| HwError::Unsupported(e.to_string()))?;
+    let placement = placement::place_nodes(
+        n,
+        plan.topology.ranks_per_gpu,
+        job_wire.plan_nodes,
+        &Inventory(&env.gpus),
+    )
+    .map_err(|e| HwError::Unsupported(e.to_string()))?;
     // Take the GPUs in use out of the environment; the rest stay closed to this job.
     let mut taken: Vec<Option<Gpu>> = std::mem::take(&mut env.gpus).into_iter().map(Some).collect();
     let mut list = Vec::new();

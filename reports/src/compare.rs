@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use eptwin_engine::result::{OpResult, RunResult, Verdict};
+use eptwin_engine::api::{OpResult, RunResult, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::describe;

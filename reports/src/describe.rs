@@ -1,7 +1,7 @@
 //! Words for results: which backend, which hardware (legends and tables name both), and the
 //! order names are listed in.
 
-use eptwin_engine::result::RunResult;
+use eptwin_engine::api::RunResult;
 use serde_json::Value;
 
 /// How a hardware result's internode bytes moved (`backend.wire`: "verbs", "tcp", "none"),

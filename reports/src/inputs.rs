@@ -4,8 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use eptwin_engine::files::{DOCUMENT, read_input};
-use eptwin_engine::result::{RESULT_SCHEMA, RunResult};
+use eptwin_engine::api::{DOCUMENT, RESULT_SCHEMA, RunResult, read_input};
 
 use crate::error::ReportError;
 use crate::sweep::{SWEEP_INDEX_KIND, SweepIndex};

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::result::{RunResult, Verdict};
+use eptwin_engine::api::{RunResult, Verdict};
 pub use eptwin_engine::sweep::Shard;
 use eptwin_engine::sweep::{PointOutcome, PointPlan, SweepPlan, json_of};
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use eptwin_engine::result::{RunResult, Verdict};
+use eptwin_engine::api::{RunResult, Verdict};
 
 /// Render one result as a table (stdout); one line per (job, op).
 pub fn render(result: &RunResult) -> String {
@@ -174,7 +174,7 @@ pub fn render(result: &RunResult) -> String {
 /// The link column: DeepEP's bandwidth label (`logical_bw_label`), unless no byte took that
 /// link: low-latency results count "RDMA" bandwidth even when every peer is reached over
 /// NVLink.
-fn link_column(s: &eptwin_engine::result::Summary) -> &str {
+fn link_column(s: &eptwin_engine::api::Summary) -> &str {
     match s.logical_bw_label.as_str() {
         "RDMA" if s.rdma_bytes == 0 && s.nvlink_bytes > 0 => "NVL",
         "RDMA" if s.rdma_bytes == 0 => "-",

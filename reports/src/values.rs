@@ -3,7 +3,7 @@
 //! `eptwin report` and `eptwin compare` refuse a document holding one (exit 2), naming the
 //! file, the job, the op and the value (docs/reports.md, "What is refused").
 
-use eptwin_engine::result::{OpResult, RunResult, Stats, Verdict};
+use eptwin_engine::api::{OpResult, RunResult, Stats, Verdict};
 
 use crate::sweep::SweepIndex;
 

@@ -2,19 +2,24 @@
 //! same run: the simulator's calendar queue (and the radix heap it replaced) against
 //! `std::collections::BinaryHeap`, for the bare core (hold model) and for full packet-level
 //! fabric runs; plus the speed targets of issue 4
-//! (EP256 low-latency and EP64 normal dispatch+combine). Throughput is reported in events/s.
+//! (EP256 low-latency and EP64 normal dispatch+combine), and the `scale/` group: whole scenarios
+//! (`sim/benches/scale/*.toml`, warmup and iterations as `eptwin run` runs them) from
+//! low-latency EP256 to EP2048 and normal EP64 to EP160. Throughput is reported in events/s.
 //!
-//! `cargo bench -p eptwin-sim` (all), or e.g. `cargo bench -p eptwin-sim -- speed`.
+//! `cargo bench -p eptwin-sim` (all), or e.g. `cargo bench -p eptwin-sim -- scale/`.
+//! CI runs every benchmark once, without timing (`cargo bench -p eptwin-sim -- --test`).
 
 use std::hint::black_box;
+use std::path::Path;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use eptwin_engine::Plan;
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::OpKind;
-use eptwin_engine::rng::Rng;
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::OpKind;
+use eptwin_engine::api::Provenance;
+use eptwin_engine::api::Rng;
+use eptwin_engine::api::{OpSpec, Transport};
 use eptwin_engine::testing::ScenarioDraft;
-use eptwin_engine::transport::{OpSpec, Transport};
 use eptwin_sim::core::queue::{CalendarQueue, EventQueue, HeapQueue, RadixQueue};
 use eptwin_sim::core::{Action, Ev};
 use eptwin_sim::{QueueChoice, SimOptions, Simulator};
@@ -123,5 +128,43 @@ fn speed(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, core_queue, fabric_runs, speed);
+/// The scenarios of the `scale/` group, by growing size (`sim/benches/scale/`).
+const SCALE: [&str; 7] = [
+    "ll-ep256",
+    "ll-ep512",
+    "ll-ep1024",
+    "ll-ep2048",
+    "normal-ep64",
+    "normal-ep128",
+    "normal-ep160",
+];
+
+/// Run a whole scenario as `eptwin run` does (warmup, iterations, every op); returns events
+/// handled.
+fn run_scenario(plan: &Plan) -> u64 {
+    let mut sim = Simulator::new(SimOptions::default());
+    let result = eptwin_engine::api::run(plan, &mut sim, Provenance::default()).expect("run");
+    assert!(result.failures.is_empty(), "{}: {:?}", result.scenario.name, result.failures);
+    black_box(result);
+    sim.events
+}
+
+fn scale(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scale");
+    g.sample_size(10);
+    // The smoke run (`-- --test`) runs each benchmark once: no run ahead for the throughput.
+    let smoke = std::env::args().any(|a| a == "--test");
+    for name in SCALE {
+        let plan =
+            ScenarioDraft::read(&Path::new("sim/benches/scale").join(format!("{name}.toml")))
+                .plan();
+        if !smoke {
+            g.throughput(Throughput::Elements(run_scenario(&plan)));
+        }
+        g.bench_function(name, |b| b.iter(|| run_scenario(&plan)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, core_queue, fabric_runs, speed, scale);
 criterion_main!(benches);

@@ -5,9 +5,9 @@
 //! `cargo run --release -p eptwin-sim --example peak_rss`
 
 use eptwin_engine::Plan;
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::OpKind;
-use eptwin_engine::transport::{OpSpec, Transport};
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::OpKind;
+use eptwin_engine::api::{OpSpec, Transport};
 use eptwin_sim::{SimOptions, Simulator};
 
 const SCENARIO: &str = r#"schema = 1

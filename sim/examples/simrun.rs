@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use eptwin_engine::result::Provenance;
+use eptwin_engine::api::Provenance;
 use eptwin_sim::{SimOptions, Simulator};
 
 fn main() {
@@ -31,7 +31,7 @@ fn main() {
             }
         };
         let mut sim = Simulator::new(SimOptions::default());
-        let result = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run");
+        let result = eptwin_engine::api::run(&plan, &mut sim, Provenance::default()).expect("run");
         print!("{}", eptwin_reports::table::render(&result));
         for f in &result.failures {
             println!("  failure: {f}");

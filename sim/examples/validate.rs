@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use eptwin_engine::result::Provenance;
+use eptwin_engine::api::Provenance;
 use eptwin_sim::{SimOptions, Simulator};
 
 fn main() {
@@ -39,7 +39,7 @@ fn main() {
         }
         let plan = eptwin_engine::Plan::build(&loaded).expect("plan");
         let mut sim = Simulator::new(SimOptions::default());
-        let result = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run");
+        let result = eptwin_engine::api::run(&plan, &mut sim, Provenance::default()).expect("run");
         for f in &result.failures {
             println!("  FAILURE {f}");
         }

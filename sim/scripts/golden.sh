@@ -8,7 +8,7 @@
 #   sim/scripts/golden.sh check DIR     # after: run again into a temp dir and compare with DIR
 #
 # `cargo test` checks the same against the committed snapshots in sim/tests/snapshots/
-# (sim/tests/it/scenarios.rs; EPTWIN_BLESS=1 rewrites them); this script compares with any
+# (sim/tests/it/scenarios.rs; INSTA_UPDATE=always rewrites them); this script compares with any
 # reference run, e.g. one recorded before a change.
 #
 # A change that is meant to move results slightly (documented in results/sim/README.md) is

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::ids::Rank;
-use eptwin_engine::plan::{JobKind, PeerPath, Plan};
+use eptwin_engine::api::Rank;
+use eptwin_engine::api::{JobKind, PeerPath, Plan};
 
 use crate::core::slab::NONE;
 use crate::core::{Core, ProgId};
@@ -37,10 +37,8 @@ impl JobRt {
         let j = &plan.jobs[job];
         let topo = &plan.topology;
         let n = j.ranks.len();
-        let (ibgda, num_qps) = match &j.kind {
-            JobKind::DeepEp(_) => (true, j.nvshmem.num_rc_per_pe.max(1)),
-            JobKind::Traffic(t) => (false, t.qps_per_peer.max(1)),
-        };
+        // DeepEP QPs are IBGDA's (nothing waits on their completions); traffic QPs are not.
+        let (ibgda, num_qps) = (matches!(j.kind, JobKind::DeepEp(_)), j.qps_per_peer());
         let entries = n * n * num_qps as usize;
         JobRt {
             id: job as u16,

@@ -13,16 +13,17 @@ pub mod hwkernels;
 pub mod jobs;
 pub mod net;
 pub mod params;
+pub mod programs;
 pub mod trace;
 pub mod traffic;
 
 use std::collections::BTreeMap;
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::{EpMode, JobKind, OpKind, Plan};
-use eptwin_engine::transport::{
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::{
     BackendKind, Capabilities, OpOutcome, OpSample, OpSpec, Transport, TransportError,
 };
+use eptwin_engine::api::{EpMode, JobKind, OpKind, Plan};
 
 use crate::core::Core;
 use crate::core::world::{Program, RunError, World};
@@ -30,6 +31,7 @@ use crate::gpu::Gpus;
 use crate::jobs::JobRt;
 use crate::net::Net;
 use crate::params::Params;
+use crate::programs::Meta;
 
 /// The model's version: bump when a change alters simulated results.
 pub const MODEL_VERSION: &str = "1";
@@ -53,9 +55,10 @@ pub enum QueueChoice {
 /// The simulator as a [`Transport`].
 pub struct Simulator {
     options: SimOptions,
-    plan: Option<Plan>,
-    /// A single op on an idle machine is a pure function of (plan, job, op): iterations are
-    /// identical, so the first run of each is reused (SimOptions::no_cache turns this off).
+    /// Shared with each op's run: an op reads the plan without copying it (its routing
+    /// tables are tens of MB at EP2048).
+    plan: Option<std::sync::Arc<Plan>>,
+    /// The first run of each (job, op) where [`Simulator::reuses_first_run`] allows it.
     cache: BTreeMap<(u32, OpKind), OpSample>,
     use_cache: bool,
     /// Per (job, op): `Program::rank_ends` of its last run; per job: the op executed last.
@@ -115,6 +118,20 @@ impl Simulator {
     pub fn with_queue(mut self, queue: QueueChoice) -> Self {
         self.queue = queue;
         self
+    }
+
+    /// Whether the iterations of `op` of `job` may take its first run's sample instead of
+    /// running again: the one place that decides it. A single op runs on a fresh, idle machine
+    /// ([`Simulator::world`]), so its run is a pure function of the plan, the job and the op
+    /// as long as nothing in the plan differs between iterations: the routing is the job's
+    /// own for every iteration, and background traffic only runs in a concurrent session
+    /// (never cached). What differs per iteration — injected faults, per-launch stragglers —
+    /// must make this false, so that every iteration runs. The back-to-back lag of a
+    /// low-latency op (`follow_lag_ns`) is added per iteration from the previous op's rank
+    /// ends, which are the same in every iteration, so reusing the first run gives the same
+    /// per-iteration numbers as running each (`tests/it/scenarios.rs` checks it).
+    fn reuses_first_run(&self, _plan: &Plan, _job: JobId, _op: OpKind) -> bool {
+        self.use_cache
     }
 
     /// Simulate every iteration instead of reusing the (identical) first run of an op.
@@ -192,7 +209,7 @@ impl Simulator {
         }
     }
 
-    fn plan(&self) -> Result<&Plan, TransportError> {
+    fn plan(&self) -> Result<&std::sync::Arc<Plan>, TransportError> {
         self.plan.as_ref().ok_or_else(|| TransportError::Backend {
             context: "simulator".into(),
             message: "execute before prepare".into(),
@@ -233,7 +250,31 @@ pub fn make_program(
 ) -> Box<dyn Program> {
     match &plan.job(job).kind {
         JobKind::Traffic(_) => Box::new(traffic::TrafficProgram::new(plan, job, iteration, warmup)),
-        JobKind::DeepEp(_) => deepep::program(plan, core, job, op, iteration, warmup),
+        JobKind::DeepEp(_) => deepep_program(plan, core, Meta { job, op, iteration, warmup }),
+    }
+}
+
+/// The program for one op of a DeepEP job: DeepEP's kernels, or, where the job's ranks share
+/// one GPU, the hardware backend's one-GPU kernels (DeepEP has none).
+fn deepep_program(plan: &Plan, core: &mut Core, meta: Meta) -> Box<dyn Program> {
+    let mode = programs::deepep_job(plan, meta.job).mode;
+    if hwkernels::applies(core, &meta) {
+        match mode {
+            EpMode::LowLatency => {
+                return Box::new(hwkernels::OneGpuLlProgram::new(plan, core, meta));
+            }
+            // At most 8 ranks on a GPU with thread-block clusters: the rings in shared memory.
+            EpMode::Intranode if hwkernels::cluster::applies(plan, core, &meta) => {
+                return Box::new(hwkernels::cluster::ClusterProgram::new(plan, core, meta));
+            }
+            EpMode::Intranode => return Box::new(hwkernels::NormalProgram::new(plan, core, meta)),
+            EpMode::Internode => {}
+        }
+    }
+    match mode {
+        EpMode::LowLatency => Box::new(deepep::ll::LowLatencyProgram::new(plan, core, meta)),
+        EpMode::Intranode => Box::new(deepep::intranode::IntranodeProgram::new(plan, core, meta)),
+        EpMode::Internode => Box::new(deepep::internode::InternodeProgram::new(plan, core, meta)),
     }
 }
 
@@ -274,7 +315,7 @@ impl Transport for Simulator {
     }
 
     fn prepare(&mut self, plan: &Plan) -> Result<(), TransportError> {
-        self.plan = Some(plan.clone());
+        self.plan = Some(std::sync::Arc::new(plan.clone()));
         self.cache.clear();
         self.rank_ends.clear();
         self.prev_op.clear();
@@ -299,7 +340,7 @@ impl Transport for Simulator {
         match op {
             OpSpec::Op { job, op, iteration, warmup } => {
                 let prev = self.prev_op.insert(job.0, *op);
-                if self.use_cache
+                if self.reuses_first_run(&plan, *job, *op)
                     && let Some(s) = self.cache.get(&(job.0, *op))
                 {
                     let mut s = s.clone();

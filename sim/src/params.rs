@@ -1,7 +1,7 @@
 //! The model's parameters in simulator units, derived once from the resolved hardware profile
 //! (`engine/profiles/*.toml`, docs/calibration.md). Nothing else reads the profile.
 
-use eptwin_engine::plan::{FabricKind, FabricRouting, HardwareProfile, Plan, SwitchMode};
+use eptwin_engine::api::{FabricKind, FabricRouting, HardwareProfile, Plan, SwitchMode};
 
 use crate::core::time::{Rate, Time, ns};
 

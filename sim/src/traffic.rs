@@ -4,9 +4,9 @@
 //! outstanding per QP, refilled as completions arrive. One round is one `transfer` op; a rank's
 //! time is until its writes completed and everything addressed to it arrived.
 
-use eptwin_engine::ids::{JobId, Rank};
-use eptwin_engine::plan::{OpKind, PeerPath, Plan, TrafficJob, TrafficPattern};
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{JobId, Rank};
+use eptwin_engine::api::{OpKind, PeerPath, Plan, TrafficJob, TrafficPattern};
 
 use crate::core::time::{Rate, Time};
 use crate::core::world::Program;

@@ -14,9 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use eptwin_engine::Plan;
-use eptwin_engine::files::Outputs;
-use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
+use eptwin_engine::api::{Outputs, Plan, RunResult, Verdict, result_path, write_atomic};
 use eptwin_reports::compare::{Expected, Measured, Unused, unpaired_rows};
 use eptwin_reports::{Comparison, Inputs, Loaded};
 

@@ -1,14 +1,13 @@
 //! `eptwin deepep launch|import`: replay a scenario with DeepEP's own test scripts
-//! (docs/deepep-replay.md). The logic is in `eptwin_engine::replay`; this reads the files.
+//! (docs/deepep-replay.md). The logic is in `eptwin_replay`; this reads the files.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use eptwin_engine::files::{LOG, Outputs, read_input};
-use eptwin_engine::replay::import::{LogText, import};
-use eptwin_engine::replay::launch::{LaunchFormat, launch};
-use eptwin_engine::replay::{Severity, Subject};
-use eptwin_engine::result::{Provenance, result_path, write_atomic};
+use eptwin_engine::api::{LOG, Outputs, Provenance, read_input, result_path, write_atomic};
+use eptwin_replay::import::{LogText, import};
+use eptwin_replay::launch::{LaunchFormat, launch};
+use eptwin_replay::subject::{Severity, Subject};
 
 use super::load_with_plan;
 use crate::cli::{DeepepCommand, LaunchFormatArg};

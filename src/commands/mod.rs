@@ -2,6 +2,7 @@
 
 mod compare;
 mod deepep;
+mod doctor;
 mod env;
 mod processes;
 mod report;
@@ -14,8 +15,8 @@ mod validate;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use eptwin_engine::result::Provenance;
-use eptwin_engine::transport::Transport;
+use eptwin_engine::api::Provenance;
+use eptwin_engine::api::Transport;
 
 use crate::ExitCode;
 use crate::cli::{BackendArg, Command, WireArg};
@@ -41,6 +42,9 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
             sweep::sweep(&scenario, &sets, shard.as_deref(), out.as_deref(), backend, threads, json)
         }
         Command::Deepep { command } => deepep::dispatch(command),
+        Command::Doctor { scenario, json, node } => {
+            doctor::doctor(scenario.as_deref(), json, node.as_deref())
+        }
     }
 }
 

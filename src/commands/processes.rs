@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use eptwin_engine::Plan;
-use eptwin_engine::ids::Rank;
+use eptwin_engine::api::{Plan, Rank};
 use eptwin_hw::HwTransport;
 use eptwin_hw::group::{
     GroupConfig, LaunchInfo, ProcessGroup, SpawnOptions, Timeouts, check_blocks_on_one_node,
@@ -140,7 +139,7 @@ pub fn run_in_group(
         Ok(hw) => hw,
         Err(e) => return failed(&e),
     };
-    let result = eptwin_engine::run::run(plan, &mut hw, provenance(BackendArg::Hw))
+    let result = eptwin_engine::api::run(plan, &mut hw, provenance(BackendArg::Hw))
         .with_context(|| format!("running {}", path.display()))?;
     let mut code = ExitCode::from_verdict(result.verdict);
     if launch.process_rank == 0 {

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use eptwin_engine::result::{RunResult, Verdict, result_path, write_atomic};
+use eptwin_engine::api::{RunResult, Verdict, result_path, write_atomic};
 
 use crate::{out, outln};
 
@@ -69,7 +69,7 @@ pub fn place_result(dir: &Path, name: &str, result: &RunResult) -> Result<Option
 
 /// The backend kind and verdict of the result file at `path`, if it is one.
 fn existing(path: &Path) -> Option<(String, Verdict)> {
-    let bytes = eptwin_engine::files::read_input(path, &eptwin_engine::files::DOCUMENT).ok()?;
+    let bytes = eptwin_engine::api::read_input(path, &eptwin_engine::api::DOCUMENT).ok()?;
     let doc: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     let kind = doc.get("backend")?.get("kind")?.as_str()?.to_string();
     let verdict = serde_json::from_value(doc.get("verdict")?.clone()).ok()?;

@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use eptwin_engine::LoadedScenario;
-use eptwin_engine::files::Outputs;
-use eptwin_engine::result::{RunResult, result_path, write_atomic};
-use eptwin_engine::run::Progress;
+use eptwin_engine::api::{Outputs, Progress, RunResult, result_path, write_atomic};
 use eptwin_hw::group::{LaunchInfo, Launcher, rank_blocks};
 
 use super::results::write_result;
@@ -188,13 +186,13 @@ fn execute_as(
         BackendArg::Sim => {
             let mut sim = eptwin_sim::Simulator::new(eptwin_sim::SimOptions { trace });
             let result =
-                eptwin_engine::run::run_observed(plan, &mut sim, provenance(backend), progress)?;
+                eptwin_engine::api::run_observed(plan, &mut sim, provenance(backend), progress)?;
             Ok((result, sim.trace_json()))
         }
         BackendArg::Hw => {
             let mut hw = eptwin_hw::HwTransport::single(super::hw_options(wire), launcher);
             let result =
-                eptwin_engine::run::run_observed(plan, &mut hw, provenance(backend), progress)?;
+                eptwin_engine::api::run_observed(plan, &mut hw, provenance(backend), progress)?;
             Ok((result, None))
         }
     }

@@ -9,8 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
-use eptwin_engine::files::Outputs;
-use eptwin_engine::result::write_atomic;
+use eptwin_engine::api::{Outputs, write_atomic};
 use eptwin_engine::sweep::{PointOutcome, Shard, SweepKey, SweepPlan, run_grid, run_point};
 use eptwin_reports::{SweepIndex, SweepPoint};
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use eptwin_engine::ids::GpuId;
+use eptwin_engine::api::GpuId;
 use eptwin_engine::topology::{
     DeclaredProbe, NvlinkCheckMode, NvlinkReport, PAIR_LIST_GPUS, TopologyProbe,
     check_nvlink_connections,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::config::EpMode;
-use crate::plan::BufferSettings;
+use crate::deepep::buffer::BufferSettings;
 
 /// Where a variable's final value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,3 +1,6 @@
+//! Sweeps: `--set` arguments, the grid and its shards, point names, and running points on a
+//! fake backend (a panicking point fails alone; order is kept at any thread count).
+
 use super::*;
 use crate::transport::{Capabilities, OpOutcome, OpSpec, TransportError};
 

@@ -1,10 +1,11 @@
 //! The numbers the protocol is laid out from, as plain integers (a job plan's ranks, ranks per
 //! node, channels = `num_sms / 2`, `rdma_send` / `rdma_recv`, hidden, dtype, top-k, experts,
-//! tokens, `num_qps_per_rank`), and the QP table every process of a job builds the same way.
+//! tokens, QPs per peer), and the QP table every process of a job builds the same way. A
+//! geometry is read from a validated plan (`gpu::job_geometry`): the engine's rules hold for it
+//! (experts divide over ranks, rings of a multiple of the send chunk and at least twice it, FP8
+//! rows of whole 128-element blocks, at least one QP), so nothing here checks them again.
 
-use eptwin_engine::plan::Dtype;
-
-use crate::rdma::RdmaError;
+use eptwin_engine::plan::{Dtype, channel_range};
 
 /// How a dispatched token's payload is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,86 +92,10 @@ impl Geometry {
         self.num_experts / self.num_ranks.max(1)
     }
 
-    /// Channel `c`'s token range `[start, end)` (DeepEP `get_channel_task_range`: contiguous
-    /// ranges of `ceil(tokens / channels)`).
+    /// Channel `c`'s token range `[start, end)`: the plan's `channel_range` (DeepEP
+    /// `get_channel_task_range`).
     pub fn channel_tokens(&self, channel: u32) -> (u32, u32) {
-        let per = self.tokens_per_rank.div_ceil(self.num_channels.max(1));
-        let start = (per * channel).min(self.tokens_per_rank);
-        (start, (start + per).min(self.tokens_per_rank))
-    }
-
-    fn common(&self) -> Result<(), RdmaError> {
-        let bad = |why: String| Err(RdmaError::Geometry(why));
-        if self.num_ranks == 0 || self.ranks_per_node == 0 {
-            return bad("no ranks".into());
-        }
-        if !self.num_ranks.is_multiple_of(self.ranks_per_node) {
-            return bad(format!(
-                "{} ranks do not fill nodes of {}",
-                self.num_ranks, self.ranks_per_node
-            ));
-        }
-        if self.num_nodes() < 2 {
-            return bad(format!("{} node: nothing crosses the wire", self.num_nodes()));
-        }
-        if self.hidden == 0 || self.topk == 0 || self.tokens_per_rank == 0 {
-            return bad("hidden, top-k and tokens must be positive".into());
-        }
-        if self.num_experts == 0 || !self.num_experts.is_multiple_of(self.num_ranks) {
-            return bad(format!(
-                "{} experts over {} ranks: each rank needs the same number",
-                self.num_experts, self.num_ranks
-            ));
-        }
-        if self.dispatch_dtype == TokenDtype::Fp8 && !self.hidden.is_multiple_of(128) {
-            return bad(format!("FP8 needs hidden % 128 == 0 (hidden {})", self.hidden));
-        }
-        if self.qps_per_peer == 0 {
-            return bad("0 QPs per peer".into());
-        }
-        Ok(())
-    }
-
-    /// What the normal-kernel layout needs.
-    pub fn check_normal(&self) -> Result<(), RdmaError> {
-        self.common()?;
-        let bad = |why: String| Err(RdmaError::Geometry(why));
-        if self.num_channels == 0 {
-            return bad("0 channels (num_sms / 2)".into());
-        }
-        for (what, send, recv) in [
-            ("dispatch", self.rdma_send_tokens, self.rdma_recv_tokens),
-            ("combine", self.combine_rdma_send_tokens, self.combine_rdma_recv_tokens),
-        ] {
-            if send == 0 || !recv.is_multiple_of(send) || send > recv / 2 {
-                return bad(format!(
-                    "{what} rdma_send {send} / rdma_recv {recv}: the ring needs a multiple of \
-                     the send size, at least twice it (DeepEP's lazy head update)"
-                ));
-            }
-        }
-        if self.topk > 32 {
-            return bad(format!("top-k {} > 32", self.topk));
-        }
-        if self.ranks_per_node > 32 {
-            return bad(format!(
-                "{} ranks per node do not fit the 32-bit mask",
-                self.ranks_per_node
-            ));
-        }
-        Ok(())
-    }
-
-    /// What the low-latency layout needs.
-    pub fn check_low_latency(&self) -> Result<(), RdmaError> {
-        self.common()?;
-        if self.max_tokens_per_rank < self.tokens_per_rank {
-            return Err(RdmaError::Geometry(format!(
-                "{} receive slots per source for {} tokens per rank",
-                self.max_tokens_per_rank, self.tokens_per_rank
-            )));
-        }
-        Ok(())
+        channel_range(self.tokens_per_rank, self.num_channels.max(1), channel)
     }
 }
 
@@ -316,22 +241,6 @@ mod tests {
             (0..4).map(|c| g.channel_tokens(c)).collect::<Vec<_>>(),
             vec![(0, 1), (1, 2), (2, 2), (2, 2)]
         );
-    }
-
-    #[test]
-    fn bad_geometry_is_refused_with_the_numbers() {
-        small().check_normal().unwrap();
-        small().check_low_latency().unwrap();
-        let e = Geometry { rdma_recv_tokens: 3, ..small() }.check_normal().unwrap_err();
-        assert!(e.to_string().contains("dispatch rdma_send 2 / rdma_recv 3"), "{e}");
-        let e = Geometry { combine_rdma_recv_tokens: 1, ..small() }.check_normal().unwrap_err();
-        assert!(e.to_string().contains("combine rdma_send 1 / rdma_recv 1"), "{e}");
-        let e = Geometry { num_ranks: 4, ..small() }.check_normal().unwrap_err();
-        assert!(e.to_string().contains("1 node"), "{e}");
-        let e = Geometry { num_experts: 12, ..small() }.check_low_latency().unwrap_err();
-        assert!(e.to_string().contains("12 experts over 8 ranks"), "{e}");
-        let e = Geometry { max_tokens_per_rank: 9, ..small() }.check_low_latency().unwrap_err();
-        assert!(e.to_string().contains("9 receive slots"), "{e}");
     }
 
     proptest::proptest! {

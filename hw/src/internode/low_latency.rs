@@ -12,7 +12,6 @@ use eptwin_engine::plan::Dtype;
 
 use super::geometry::Geometry;
 use super::normal::AREA_ALIGN_BYTES;
-use crate::rdma::RdmaError;
 
 /// Bytes of a dispatch message's header: the source token index (i32) and three reserved
 /// i32s, as DeepEP's.
@@ -46,8 +45,7 @@ pub struct LlLayout {
 }
 
 impl LlLayout {
-    pub fn new(g: &Geometry) -> Result<LlLayout, RdmaError> {
-        g.check_low_latency()?;
+    pub fn new(g: &Geometry) -> LlLayout {
         let ranks = g.num_ranks as u64;
         let experts = g.num_experts as u64;
         let local = g.num_local_experts() as u64;
@@ -69,7 +67,7 @@ impl LlLayout {
             combine_staging_offset + local * ranks * slots * combine_msg_bytes,
             AREA_ALIGN_BYTES,
         );
-        Ok(LlLayout {
+        LlLayout {
             num_ranks: ranks,
             num_experts: experts,
             num_local_experts: local,
@@ -84,7 +82,7 @@ impl LlLayout {
             dispatch_staging_offset,
             combine_staging_offset,
             send_area_bytes,
-        })
+        }
     }
 
     /// Receive-area offset of the dispatch count from `src_rank` for `local_expert`.
@@ -152,7 +150,7 @@ mod tests {
 
     #[test]
     fn messages_are_deepeps_and_areas_do_not_overlap() {
-        let l = LlLayout::new(&ep16_ll()).unwrap();
+        let l = LlLayout::new(&ep16_ll());
         assert_eq!((l.dispatch_msg_bytes, l.combine_msg_bytes), (7408, 14336));
         assert_eq!(l.num_local_experts, 18);
         assert!(l.dispatch_count(17, 15) + 8 <= l.combine_flags_offset);
@@ -162,7 +160,7 @@ mod tests {
         assert!(l.dispatch_staging(127) + l.dispatch_msg_bytes <= l.combine_staging_offset);
         assert!(l.combine_staging(17, 15, 127) + l.combine_msg_bytes <= l.send_area_bytes);
         let bf16 = LlLayout::new(&Geometry { dispatch_dtype: TokenDtype::Bf16, ..ep16_ll() });
-        assert_eq!(bf16.unwrap().dispatch_msg_bytes, 14352);
+        assert_eq!(bf16.dispatch_msg_bytes, 14352);
     }
 
     #[test]

@@ -9,7 +9,6 @@ use eptwin_engine::deepep::bytes::{normal_combine_token_bytes, normal_dispatch_t
 use eptwin_engine::deepep::config::align_up;
 
 use super::geometry::Geometry;
-use crate::rdma::RdmaError;
 
 /// Alignment of every rank area (DeepEP's `NUM_BUFFER_ALIGNMENT_BYTES`).
 pub const AREA_ALIGN_BYTES: u64 = 128;
@@ -74,8 +73,7 @@ pub struct NormalLayout {
 }
 
 impl NormalLayout {
-    pub fn new(g: &Geometry) -> Result<NormalLayout, RdmaError> {
-        g.check_normal()?;
+    pub fn new(g: &Geometry) -> NormalLayout {
         let dtype = g.dispatch_dtype;
         let payload = dtype.payload_bytes(g.hidden);
         let scales = dtype.scale_bytes(g.hidden);
@@ -115,7 +113,7 @@ impl NormalLayout {
             combine_staging_offset + combine_slots * combine_token_bytes,
             AREA_ALIGN_BYTES,
         );
-        Ok(NormalLayout {
+        NormalLayout {
             num_nodes: nodes,
             num_channels: channels,
             dispatch_ring_slots: g.rdma_recv_tokens as u64,
@@ -137,7 +135,7 @@ impl NormalLayout {
             dispatch_staging_offset,
             combine_staging_offset,
             send_area_bytes,
-        })
+        }
     }
 
     /// Offset, in a rank's receive area, of counter `kind` for `peer_node` and `channel`.
@@ -208,7 +206,7 @@ mod tests {
 
     #[test]
     fn slots_are_deepeps_wire_units() {
-        let l = NormalLayout::new(&ep16()).unwrap();
+        let l = NormalLayout::new(&ep16());
         assert_eq!(l.dispatch_token_bytes, 7472);
         assert_eq!(l.combine_token_bytes, 14384);
         assert_eq!(
@@ -216,13 +214,13 @@ mod tests {
             (7168, 7176, 7176 + 224)
         );
         let bf16 = NormalLayout::new(&Geometry { dispatch_dtype: TokenDtype::Bf16, ..ep16() });
-        assert_eq!(bf16.unwrap().dispatch_token_bytes, 14416);
+        assert_eq!(bf16.dispatch_token_bytes, 14416);
     }
 
     #[test]
     fn regions_do_not_overlap_and_stay_aligned() {
         let g = ep16();
-        let l = NormalLayout::new(&g).unwrap();
+        let l = NormalLayout::new(&g);
         let last_counter = l.counter(NormalCounter::CombineHead, 1, 11);
         assert!(last_counter + 8 <= l.dispatch_rings_offset);
         let last_dispatch = l.dispatch_slot(1, 11, 139);

@@ -167,7 +167,7 @@ impl NormalJob {
             )));
         }
         let channels = geometry.num_channels;
-        let wire = NormalLayout::new(&geometry).map_err(|e| setup(e.to_string()))?;
+        let wire = NormalLayout::new(&geometry);
         let routing = d.routing().clone();
         // Rows land by source rank, then channel, then token: DeepEP's layout, the same as
         // intranode's, given to the kernels as a cached handle.

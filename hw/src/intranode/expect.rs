@@ -1,7 +1,7 @@
 //! What every receiving rank must end up with, from the engine's routing table alone: the host
 //! side of DeepEP's intranode layout (rows ordered by source rank, then channel, then token).
 
-use eptwin_engine::routing::RoutingTable;
+use eptwin_engine::plan::{RoutingTable, channel_range};
 
 /// What one receiving rank must end up with after dispatch.
 #[derive(Debug, Clone, Default)]
@@ -13,13 +13,6 @@ pub struct RecvExpectation {
     /// [source][channel] offset of the channel's first row within the source's block.
     pub channel_offset: Vec<i32>,
     pub per_expert: Vec<i32>,
-}
-
-/// The token range of a channel (DeepEP `get_channel_task_range`).
-pub fn channel_range(num_tokens: u32, channels: u32, c: u32) -> (u32, u32) {
-    let per = num_tokens.div_ceil(channels);
-    let start = (per * c).min(num_tokens);
-    (start, (start + per).min(num_tokens))
 }
 
 /// Where every token lands: for each receiver, rows ordered by source rank, then channel, then
@@ -72,19 +65,6 @@ mod tests {
 
     fn routing(n: u32, tokens: u32) -> RoutingTable {
         eptwin_engine::routing::generate(&Workload::new(tokens, 256, 4, n * 4), n)
-    }
-
-    #[test]
-    fn channel_ranges_cover_all_tokens() {
-        for (t, c) in [(128, 12), (4096, 12), (7, 10), (0, 4)] {
-            let mut next = 0;
-            for ch in 0..c {
-                let (s, e) = channel_range(t, c, ch);
-                assert_eq!(s, next.min(t));
-                next = e;
-            }
-            assert_eq!(next, t);
-        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use eptwin_engine::deepep::config::Config;
 use eptwin_engine::routing::RoutingTable;
 
-pub use expect::{RecvExpectation, channel_range, expectations};
+pub use expect::{RecvExpectation, expectations};
 pub use layout::NvlLayout;
 pub use rings::{ClusterRings, ClusterShape, MAX_DYNAMIC_SMEM_BYTES, RingInputs, cluster_shape};
 

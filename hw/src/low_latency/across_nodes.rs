@@ -64,7 +64,7 @@ impl LlAcross {
         geometry: Geometry,
         config: WireConfig,
     ) -> Result<LlAcross, HwError> {
-        let layout = LlLayout::new(&geometry).map_err(|e| HwError::Unsupported(e.to_string()))?;
+        let layout = LlLayout::new(&geometry);
         owned_nodes(&geometry, local)?;
         let n = geometry.num_ranks;
         let seen_words = 2 * geometry.num_local_experts() as usize * n as usize;

@@ -64,7 +64,7 @@ impl QpSettings {
             traffic_class: job.nvshmem.traffic_class,
             depth: job.nvshmem.qp_depth,
             path_mtu_bytes: plan.qos.mtu,
-            qps_per_peer: job.deepep().map_or(1, |d| d.buffer.num_qps_per_rank.max(1)),
+            qps_per_peer: job.qps_per_peer(),
             gid_index: job.nvshmem.gid_index,
             ..QpSettings::default()
         }
@@ -83,11 +83,9 @@ impl QpSettings {
         }
     }
 
-    /// Reject settings no device can honour, naming the offending value.
+    /// Reject settings no device can honour, naming the offending value. The SL is the plan's,
+    /// whose range validation checked (0..=15; 0..=7 on RoCE).
     pub fn check(&self) -> Result<(), String> {
-        if self.sl > 15 {
-            return Err(format!("SL {} is not a 4-bit service level (0..=15)", self.sl));
-        }
         if self.depth == 0 {
             return Err("QP depth 0: a QP needs at least one send work request".into());
         }
@@ -154,8 +152,6 @@ mod tests {
     fn check_names_the_bad_value() {
         let bad = QpSettings { path_mtu_bytes: 1500, ..QpSettings::default() };
         assert!(bad.check().unwrap_err().contains("1500"));
-        let bad = QpSettings { sl: 16, ..QpSettings::default() };
-        assert!(bad.check().unwrap_err().contains("SL 16"));
         let bad = QpSettings { depth: 0, ..QpSettings::default() };
         assert!(bad.check().is_err());
     }

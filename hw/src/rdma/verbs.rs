@@ -340,6 +340,8 @@ impl Nic {
             ));
         }
         let port = &self.inner.port;
+        // Validation cannot know the port's link layer: on RoCE the SL is an Ethernet priority,
+        // and only this port can say the scenario's 0..=15 range does not fit.
         if port.link_layer.is_roce() && settings.sl > 7 {
             return Err(invalid(
                 "service level",

@@ -191,3 +191,45 @@ fn internode_low_latency_two_nodes_over_tcp() {
         assert_over_tcp(&r);
     }
 }
+
+/// `allow_nvlink_for_low_latency_mode = false` (DeepEP writes `NVSHMEM_DISABLE_P2P=1`) on one
+/// GPU: every message between two ranks crosses the wire (TCP here), one rank per block of the
+/// wire, and none is an NVLink or device-local store; only a rank's messages to its own experts
+/// stay local, as NVSHMEM's pointer to itself. The byte counts are the routing's, split that way.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/gpu-hw-redesign.sh)"]
+fn low_latency_without_nvlink_sends_every_peer_message_over_the_wire() {
+    use eptwin_engine::plan::{Dtype, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
+    let text = scenario(
+        "conf-ll-ep4-no-p2p",
+        "4 ranks, low-latency, NVLink off",
+        "low_latency_mode = true\nnum_rdma_bytes = \"1GiB\"\nnum_qps_per_rank = 8\n\
+         allow_nvlink_for_low_latency_mode = false",
+        "tokens_per_rank = 48\nhidden = 2048\ntopk = 6\nexperts = 32\nmasked_selections = 4\n\
+         warmup = 1\niterations = 2",
+    );
+    let plan = eptwin_engine::Plan::build(&eptwin_engine::parse("no-p2p.toml", &text).unwrap())
+        .expect("scenario is valid");
+    let routing = plan.jobs[0].deepep().unwrap().routing();
+    let (mut own, mut other) = (0u64, 0u64);
+    for src in 0..routing.num_ranks {
+        for t in 0..routing.tokens_per_rank {
+            for &e in routing.experts(src, t).iter().filter(|&&e| e >= 0) {
+                match routing.rank_of_expert(e as u32) == src {
+                    true => own += 1,
+                    false => other += 1,
+                }
+            }
+        }
+    }
+    assert!(other > 0 && own > 0, "the routing has both kinds of messages");
+    let r = run_over_tcp(&text).expect("the GPU test runs on a GPU");
+    assert_over_tcp(&r);
+    assert_eq!(r.backend["wire_report"]["peers"], 3, "each rank is its own block of the wire");
+    let ops = &r.jobs[0].ops;
+    let msg = [ll_dispatch_msg_bytes(2048, Dtype::Fp8), ll_combine_msg_bytes(2048, Dtype::Bf16)];
+    for (op, msg) in ops.iter().zip(msg) {
+        assert_eq!(op.summary.rdma_bytes, other * msg, "{}: every peer message on the wire", op.op);
+        assert_eq!(op.summary.nvlink_bytes, own * msg, "{}: only own messages local", op.op);
+    }
+}

@@ -58,7 +58,7 @@ pub fn geometry(plan: &Plan, job: &JobPlan) -> (Geometry, Traffic) {
         rdma_recv_tokens: dc.map_or(0, |c| c.rdma_recv_rounded()),
         combine_rdma_send_tokens: cc.map_or(0, |c| c.num_max_rdma_chunked_send_tokens),
         combine_rdma_recv_tokens: cc.map_or(0, |c| c.rdma_recv_rounded()),
-        qps_per_peer: d.buffer.num_qps_per_rank,
+        qps_per_peer: job.qps_per_peer(),
     };
     (g, traffic)
 }
@@ -94,11 +94,11 @@ pub fn region_bytes(g: &Geometry, traffic: Traffic) -> (usize, usize) {
     let rpn = g.ranks_per_node as u64;
     let (send, recv) = match traffic {
         Traffic::Normal => {
-            let l = NormalLayout::new(g).unwrap();
+            let l = NormalLayout::new(g);
             (l.send_area_bytes, l.recv_area_bytes)
         }
         Traffic::LowLatency => {
-            let l = LlLayout::new(g).unwrap();
+            let l = LlLayout::new(g);
             (l.send_area_bytes, l.recv_area_bytes)
         }
     };

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use eptwin_engine::result::{JobResult, RunResult, is_measured_kind};
+use eptwin_engine::api::{JobResult, RunResult, is_measured_kind};
 
 use super::{ChartSpec, Planned, op_rank, unique};
 use crate::charts::figure::{Figure, Panel, SeriesStyle, Ticks, XySeries};

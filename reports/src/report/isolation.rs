@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use eptwin_engine::result::{JobResult, RunResult};
+use eptwin_engine::api::{JobResult, RunResult};
 use plotters::style::RGBColor;
 
 use super::{ChartSpec, Planned, slug, unique};

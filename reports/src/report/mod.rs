@@ -18,7 +18,7 @@ use crate::charts::bars::GroupedBars;
 use crate::charts::figure::Figure;
 use crate::charts::gantt::Gantt;
 use crate::charts::{self};
-use eptwin_engine::files::{Outputs, write_output};
+use eptwin_engine::api::{Outputs, write_output};
 
 use crate::compare::pair_all;
 pub use crate::describe::natural_key;

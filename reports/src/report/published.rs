@@ -1,6 +1,6 @@
 //! Latency and bandwidth against the numbers DeepEP publishes for the same shapes.
 
-use eptwin_engine::result::{RunResult, is_measured_kind};
+use eptwin_engine::api::{RunResult, is_measured_kind};
 
 use super::{ChartSpec, Planned, name_list, natural_key, unique};
 use crate::charts::bars::{BarRow, BarSeries, GroupedBars};

@@ -75,7 +75,7 @@ pub(super) fn sim_vs_measured(comparisons: &[Comparison]) -> Result<Planned, Str
 
 #[cfg(test)]
 mod tests {
-    use eptwin_engine::result::RunResult;
+    use eptwin_engine::api::RunResult;
 
     use super::*;
     use crate::compare::pair_all;

@@ -78,14 +78,71 @@ pub enum Ev {
 
 /// The counters other work waits on (ring-buffer tails, credit heads, flags): values apart
 /// from the waiter lists, which few counters have at a time, so bumping a counter touches 8
-/// bytes and a bit.
+/// bytes and a bit. A counter takes 12 bytes and a bit; each registered waiter a 24-byte node.
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
     pub values: Vec<u64>,
-    /// Per counter: (program, actor, threshold), woken when the value reaches the threshold.
-    waiters: Vec<Vec<(ProgId, u32, u64)>>,
+    /// Per counter whose `waited` bit is set: its newest waiter's node in `nodes`.
+    newest: Vec<u32>,
+    /// Waiter nodes, each linked to the one registered before it on the same counter.
+    nodes: crate::core::slab::Slab<Waiter>,
     /// Bit per counter: its waiter list is non-empty.
     waited: Vec<u64>,
+    /// A counter's waiters in registration order while a bump looks at them (reused).
+    scratch: Vec<(ProgId, u32, u64)>,
+}
+
+/// A registered waiter: the actor woken when the counter reaches `threshold`.
+#[derive(Debug, Clone, Copy)]
+struct Waiter {
+    threshold: u64,
+    actor: u32,
+    /// The waiter registered before it on the same counter (NONE: the oldest).
+    older: u32,
+    prog: ProgId,
+}
+
+impl Counters {
+    /// Counter `c`'s waiters, oldest first, into `out` (the nodes are freed).
+    fn take_waiters(&mut self, c: usize, out: &mut Vec<(ProgId, u32, u64)>) {
+        out.clear();
+        let mut n = self.newest[c];
+        while n != crate::core::slab::NONE {
+            let w = self.nodes[n];
+            out.push((w.prog, w.actor, w.threshold));
+            self.nodes.remove(n);
+            n = w.older;
+        }
+        out.reverse();
+    }
+
+    /// Register `list` (oldest first) as counter `c`'s waiters; an empty list clears its bit.
+    fn put_waiters(&mut self, c: usize, list: &[(ProgId, u32, u64)]) {
+        let mut newest = crate::core::slab::NONE;
+        for &(prog, actor, threshold) in list {
+            newest = self.nodes.insert(Waiter { threshold, actor, older: newest, prog });
+        }
+        self.newest[c] = newest;
+        if list.is_empty() {
+            self.waited[c / 64] &= !(1 << (c % 64));
+        }
+    }
+
+    /// Counter `c`'s waiters, oldest first (for the deadlock report).
+    fn waiters_of(&self, c: usize) -> Vec<(ProgId, u32, u64)> {
+        let mut out = Vec::new();
+        if self.waited[c / 64] & (1 << (c % 64)) == 0 {
+            return out;
+        }
+        let mut n = self.newest[c];
+        while n != crate::core::slab::NONE {
+            let w = self.nodes[n];
+            out.push((w.prog, w.actor, w.threshold));
+            n = w.older;
+        }
+        out.reverse();
+        out
+    }
 }
 
 /// Per-op (program) byte accounting.
@@ -245,7 +302,7 @@ impl Core {
         let ctrs = &mut self.counters;
         let first = ctrs.values.len() as u32;
         ctrs.values.resize(ctrs.values.len() + n, 0);
-        ctrs.waiters.resize_with(ctrs.values.len(), Vec::new);
+        ctrs.newest.resize(ctrs.values.len(), crate::core::slab::NONE);
         ctrs.waited.resize(ctrs.values.len().div_ceil(64), 0);
         first
     }
@@ -264,32 +321,65 @@ impl Core {
         let v = *v;
         let (w, bit) = (c as usize / 64, 1u64 << (c % 64));
         if ctrs.waited[w] & bit != 0 {
-            let list = &mut ctrs.waiters[c as usize];
-            let mut i = 0;
-            while i < list.len() {
-                let (p, a, th) = list[i];
-                if v >= th {
-                    list.swap_remove(i);
-                    self.pending_wakes.push((p, a));
-                } else {
-                    i += 1;
-                }
+            self.wake_waiters(c as usize, v);
+        }
+    }
+
+    /// Wake the waiters of counter `c` (now at `v`) it satisfies, in the order a list scanned
+    /// with swap-removal gives: a satisfied waiter is replaced by the last one, which is looked
+    /// at next.
+    fn wake_waiters(&mut self, c: usize, v: u64) {
+        let ctrs = &mut self.counters;
+        let n = ctrs.newest[c];
+        let w = ctrs.nodes[n];
+        if w.older == crate::core::slab::NONE {
+            // One waiter (the common case): no list to rebuild.
+            if v >= w.threshold {
+                ctrs.nodes.remove(n);
+                ctrs.newest[c] = crate::core::slab::NONE;
+                ctrs.waited[c / 64] &= !(1 << (c % 64));
+                self.pending_wakes.push((w.prog, w.actor));
             }
-            if list.is_empty() {
-                ctrs.waited[w] &= !bit;
+            return;
+        }
+        // None satisfied (a tail bumped towards a far threshold): the list stays as it is.
+        let mut k = n;
+        while k != crate::core::slab::NONE && v < ctrs.nodes[k].threshold {
+            k = ctrs.nodes[k].older;
+        }
+        if k == crate::core::slab::NONE {
+            return;
+        }
+        let mut list = std::mem::take(&mut ctrs.scratch);
+        ctrs.take_waiters(c, &mut list);
+        let mut i = 0;
+        while i < list.len() {
+            let (p, a, th) = list[i];
+            if v >= th {
+                list.swap_remove(i);
+                self.pending_wakes.push((p, a));
+            } else {
+                i += 1;
             }
         }
+        let ctrs = &mut self.counters;
+        ctrs.put_waiters(c, &list);
+        ctrs.scratch = list;
     }
 
     /// Wait until counter `c` reaches `threshold`: `true` if it already has (no wake will come),
     /// otherwise the actor is woken when it does.
     pub fn wait(&mut self, c: u32, threshold: u64, prog: ProgId, actor: u32) -> bool {
         let ctrs = &mut self.counters;
-        if ctrs.values[c as usize] >= threshold {
+        let ci = c as usize;
+        if ctrs.values[ci] >= threshold {
             return true;
         }
-        ctrs.waiters[c as usize].push((prog, actor, threshold));
-        ctrs.waited[c as usize / 64] |= 1 << (c % 64);
+        let (w, bit) = (ci / 64, 1u64 << (c % 64));
+        let older =
+            if ctrs.waited[w] & bit != 0 { ctrs.newest[ci] } else { crate::core::slab::NONE };
+        ctrs.newest[ci] = ctrs.nodes.insert(Waiter { threshold, actor, older, prog });
+        ctrs.waited[w] |= bit;
         false
     }
 
@@ -369,8 +459,8 @@ impl Core {
     pub fn stuck_waiters(&self) -> Vec<(ProgId, u32, u32, u64, u64)> {
         let mut out = Vec::new();
         let ctrs = &self.counters;
-        for (i, list) in ctrs.waiters.iter().enumerate() {
-            for &(p, a, th) in list {
+        for i in 0..ctrs.values.len() {
+            for (p, a, th) in ctrs.waiters_of(i) {
                 out.push((p, a, i as u32, ctrs.values[i], th));
             }
         }

@@ -551,7 +551,7 @@ impl<T> EventQueue<T> for HeapQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eptwin_engine::rng::Rng;
+    use eptwin_engine::api::Rng;
     use proptest::prelude::*;
 
     /// A delay drawn from one of several scales: ties, inside a bucket, across the calendar's

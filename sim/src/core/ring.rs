@@ -121,7 +121,7 @@ mod tests {
     /// growth and wrap-around.
     #[test]
     fn ring_matches_vecdeque() {
-        let mut rng = eptwin_engine::rng::Rng::new(3, 0);
+        let mut rng = eptwin_engine::api::Rng::new(3, 0);
         let mut ring = Ring::default();
         let mut want = VecDeque::new();
         for i in 0..20_000u32 {

@@ -1,9 +1,9 @@
 //! The world: the core plus the programs (op instances) running on it, the event loop, job
 //! streams for concurrent sessions, and the end-of-run checks (byte conservation, deadlock).
 
-use eptwin_engine::ids::JobId;
-use eptwin_engine::plan::OpKind;
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::JobId;
+use eptwin_engine::api::OpKind;
+use eptwin_engine::api::OpSample;
 
 use crate::core::queue::EventQueue;
 use crate::core::time::{Time, fmt_us};
@@ -381,7 +381,7 @@ impl World {
 
 #[cfg(test)]
 mod tests {
-    use eptwin_engine::ids::JobId;
+    use eptwin_engine::api::JobId;
 
     use super::*;
     use crate::core::time::PS_PER_US;

@@ -10,18 +10,20 @@
 //! Timing follows `test_intranode.py` (`bench`, CUDA events with a cached layout): launch +
 //! the cached-notify barrier + the kernel, per rank, averaged.
 
-use eptwin_engine::plan::{
-    Config, OpKind, Plan, RoutingTable, normal_combine_token_bytes, normal_dispatch_token_bytes,
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{
+    Config, OpKind, Plan, RoutingTable, channel_range, normal_combine_token_bytes,
+    normal_dispatch_token_bytes,
 };
-use eptwin_engine::transport::OpSample;
 
-use super::ring::Ring;
-use super::{GpuCosts, Ledger, Meta, Ranks, channel_range, deepep_job, ipc_path};
+use super::{GpuCosts, ipc_path};
 use crate::core::time::{Rate, Time};
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use eptwin_engine::rng::mix;
+use crate::programs::channel_ring::ChannelRing;
+use crate::programs::{Ledger, Meta, Ranks, deepep_job};
+use eptwin_engine::api::mix;
 
 /// Threads per block of the intranode kernels (768 = 24 warps).
 const WARPS_PER_BLOCK: u32 = 24;
@@ -45,7 +47,7 @@ pub struct IntranodeProgram {
     ranks: Ranks,
     routing: RoutingTable,
     /// Rings per (channel, producer, consumer).
-    rings: Vec<Ring>,
+    rings: Vec<ChannelRing>,
     /// Sender streams per (producer, channel, consumer): token ids in order, position.
     streams: Vec<Vec<u32>>,
     pos: Vec<u32>,
@@ -120,7 +122,7 @@ impl IntranodeProgram {
             recv_rate: if dispatch { group(wpr) } else { group(WARPS_PER_BLOCK) },
         };
         for _ in 0..channels * n * n {
-            p.rings.push(Ring::new(core, cfg.num_max_nvl_chunked_recv_tokens));
+            p.rings.push(ChannelRing::new(core, cfg.num_max_nvl_chunked_recv_tokens));
         }
         p.build_streams();
         p

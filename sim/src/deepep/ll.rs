@@ -13,24 +13,46 @@
 //! flags, then reduce the top-k partials with the weights. Hook mode times the send phase and
 //! a receive-phase kernel launched after everything arrived.
 
-use eptwin_engine::plan::{
-    OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes,
-};
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
-use super::{GpuCosts, Meta, Ranks, Route, deepep_job, ll_route};
+use super::{GpuCosts, Route, ll_route};
+use crate::core::slab::NONE;
 use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
 use crate::gpu::PathKind;
-use eptwin_engine::rng::mix;
+use crate::programs::{Meta, Ranks, deepep_job};
+use eptwin_engine::api::mix;
 
 /// DeepEP's doorbell batching for LL puts (`kNumRequestInBatch`).
 const DOORBELL_BATCH: u32 = 4;
 /// Bytes of a count/flag release store over NVLink.
 const FLAG_BYTES: u64 = 4;
+/// What a count adds to its (receiver, source, local expert) counter, on top of the data
+/// messages' one each: the receiving group waits for the counter to reach it, and the data
+/// that arrived before the count is the rest (far below it: at most tokens × top-k).
+const COUNT_ARRIVED: u32 = 1 << 31;
 
-pub struct LlProgram {
+/// A dispatch's (source rank, expert) pair, in one record so that a put touches one cache
+/// line: what routing says the source sends the expert, what it sent so far, and its QP.
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    /// Identity hash of the tokens routing selects, less those sent (0 once they match).
+    hash_left: u64,
+    /// When the last put ended.
+    last_put: Time,
+    /// Tokens routing selects (the puts to issue), and issued so far (the next one's slot);
+    /// the count the source sends is `sent`.
+    want: u32,
+    sent: u32,
+    /// The QP from the source to the expert's rank for the expert (NONE: not looked up yet).
+    qp: u32,
+    signalled: bool,
+}
+
+/// DeepEP's low-latency dispatch or combine (`internode_ll.cu`) as a program.
+pub struct LowLatencyProgram {
     meta: Meta,
     me: ProgId,
     job: usize,
@@ -58,22 +80,14 @@ pub struct LlProgram {
     next_token: Vec<u32>,
     block_done: Vec<Option<Time>>,
     blocks_left: Vec<u32>,
-    /// Per (rank, expert): puts still to issue, issued so far (the slot), last issue time,
-    /// signal sent, identity hash of what was sent.
-    puts_left: Vec<u32>,
-    sent: Vec<u32>,
-    last_put: Vec<Time>,
-    signalled: Vec<bool>,
+    /// Per (rank, expert), dispatch only: see [`Cell`]. What routing says each pair must
+    /// carry is computed independently of the senders.
+    cells: Vec<Cell>,
     signals_left: Vec<u32>,
     send_done: Vec<Time>,
-    sent_hash: Vec<u64>,
-    /// What routing says each (source rank, expert) must carry, computed independently of the
-    /// senders: token count and identity hash.
-    want_count: Vec<u32>,
-    want_hash: Vec<u64>,
-    /// Counters: data messages delivered and count signal per (receiver, source, local expert).
-    data_ctr: u32,
-    cnt_ctr: u32,
+    /// Counters per (receiver, source, local expert): data messages delivered, plus
+    /// [`COUNT_ARRIVED`] once the count is in.
+    recv_ctr: u32,
     groups_left: Vec<u32>,
     /// Hook mode: the longest unpack of a rank's groups (they run in the receive kernel).
     hook_recv: Vec<Time>,
@@ -93,7 +107,7 @@ pub struct LlProgram {
 }
 
 /// Actor id layout.
-impl LlProgram {
+impl LowLatencyProgram {
     fn a_block(&self, r: u32, b: u32) -> u32 {
         r * self.blocks + b
     }
@@ -115,8 +129,8 @@ impl LlProgram {
     }
 }
 
-impl LlProgram {
-    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LlProgram {
+impl LowLatencyProgram {
+    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LowLatencyProgram {
         let d = deepep_job(plan, meta.job);
         let w = &d.workload;
         let n = plan.job(meta.job).num_ranks();
@@ -141,8 +155,7 @@ impl LlProgram {
         let job = meta.job.index();
         let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
-        let ne = (n * experts) as usize;
-        let mut p = LlProgram {
+        let mut p = LowLatencyProgram {
             meta,
             me: 0,
             job,
@@ -165,17 +178,10 @@ impl LlProgram {
             next_token: Vec::new(),
             block_done: Vec::new(),
             blocks_left: Vec::new(),
-            puts_left: vec![0; ne],
-            sent: vec![0; ne],
-            last_put: vec![0; ne],
-            signalled: vec![false; ne],
+            cells: Vec::new(),
             signals_left: vec![experts; n as usize],
             send_done: vec![0; n as usize],
-            sent_hash: vec![0; ne],
-            want_count: vec![0; ne],
-            want_hash: vec![0; ne],
-            data_ctr: 0,
-            cnt_ctr: 0,
+            recv_ctr: 0,
             groups_left: vec![experts; n as usize],
             hook_recv: vec![0; n as usize],
             group_off: Vec::new(),
@@ -188,15 +194,19 @@ impl LlProgram {
             expected_msgs: vec![0; n as usize],
             routing,
         };
-        // Per (source rank, expert): how many of the source's tokens selected it, and which.
-        for r in 0..n {
-            for t in 0..p.tokens {
-                for &e in p.routing.experts(r, t) {
-                    if e >= 0 {
-                        let i = (r * experts + e as u32) as usize;
-                        p.puts_left[i] += 1;
-                        p.want_count[i] += 1;
-                        p.want_hash[i] = p.want_hash[i].wrapping_add(mix(r, t, e as u32));
+        if dispatch {
+            // Per (source rank, expert): how many of the source's tokens selected it, and which.
+            let cell =
+                Cell { hash_left: 0, last_put: 0, want: 0, sent: 0, qp: NONE, signalled: false };
+            p.cells = vec![cell; (n * experts) as usize];
+            for r in 0..n {
+                for t in 0..p.tokens {
+                    for &e in p.routing.experts(r, t) {
+                        if e >= 0 {
+                            let c = &mut p.cells[(r * experts + e as u32) as usize];
+                            c.want += 1;
+                            c.hash_left = c.hash_left.wrapping_add(mix(r, t, e as u32));
+                        }
                     }
                 }
             }
@@ -220,6 +230,18 @@ impl LlProgram {
         (r * self.experts + e) as usize
     }
 
+    /// The QP of dispatch cell `i` (source `r`, expert `le` of rank `d`), created on first use.
+    #[inline]
+    fn cell_qp(&mut self, core: &mut Core, i: usize, r: u32, d: u32, le: u32) -> u32 {
+        let qp = self.cells[i].qp;
+        if qp != NONE {
+            return qp;
+        }
+        let qp = core.job_qp(self.job, r, d, le, self.me);
+        self.cells[i].qp = qp;
+        qp
+    }
+
     /// Counter of (receiver, source, local expert).
     #[inline]
     fn rsl(&self, recv: u32, src: u32, le: u32) -> u32 {
@@ -233,9 +255,7 @@ impl LlProgram {
         self.next_token = (0..n * self.blocks).map(|i| i % self.blocks).collect();
         self.block_done = vec![None; (n * self.blocks) as usize];
         self.blocks_left = vec![self.blocks; n as usize];
-        let cells = (n * n * self.local) as usize;
-        self.data_ctr = core.counters(cells);
-        self.cnt_ctr = core.counters(cells);
+        self.recv_ctr = core.counters((n * n * self.local) as usize);
     }
 
     /// Block `b` of rank `r` processes its next token (cast, then one put per top-k slot in
@@ -264,13 +284,14 @@ impl LlProgram {
             let e = e as u32;
             let (d, le) = (e / self.local, e % self.local);
             let i = self.idx(r, e);
-            let slot = self.sent[i];
-            self.sent[i] += 1;
-            self.sent_hash[i] = self.sent_hash[i].wrapping_add(mix(r, t, e));
-            let remote = Action::Add { counter: self.data_ctr + self.rsl(d, r, le), delta: 1 };
+            let cell = &mut self.cells[i];
+            let slot = cell.sent;
+            cell.sent += 1;
+            cell.hash_left = cell.hash_left.wrapping_sub(mix(r, t, e));
+            let remote = Action::Add { counter: self.recv_ctr + self.rsl(d, r, le), delta: 1 };
             let put_end = match self.route(r, d) {
                 Route::Rdma => {
-                    let qp = core.job_qp(self.job, r, d, le, self.me);
+                    let qp = self.cell_qp(core, i, r, d, le);
                     core.post(qp, self.msg_bytes as u32, false, remote, Action::None, self.me);
                     let end = t1 + self.costs.wqe_post;
                     if (slot + 1).is_multiple_of(DOORBELL_BATCH) {
@@ -291,9 +312,9 @@ impl LlProgram {
                 ),
             };
             end = end.max(put_end);
-            self.last_put[i] = self.last_put[i].max(put_end);
-            self.puts_left[i] -= 1;
-            if self.puts_left[i] == 0 {
+            let cell = &mut self.cells[i];
+            cell.last_put = cell.last_put.max(put_end);
+            if cell.sent == cell.want {
                 self.maybe_signal(core, r, e);
             }
         }
@@ -318,19 +339,21 @@ impl LlProgram {
     /// to `e` was issued.
     fn maybe_signal(&mut self, core: &mut Core, r: u32, e: u32) {
         let i = self.idx(r, e);
-        if self.signalled[i] || self.puts_left[i] != 0 {
+        let cell = self.cells[i];
+        if cell.signalled || cell.sent != cell.want {
             return;
         }
         let owner = (r * self.blocks + e / self.groups) as usize;
         let Some(block_t) = self.block_done[owner] else { return };
-        self.signalled[i] = true;
-        let ts = block_t.max(self.last_put[i]).max(core.now) + self.costs.ll_signal;
+        self.cells[i].signalled = true;
+        let ts = block_t.max(cell.last_put).max(core.now) + self.costs.ll_signal;
         let (d, le) = (e / self.local, e % self.local);
-        let count = self.sent[i];
-        let remote = Action::Add { counter: self.cnt_ctr + self.rsl(d, r, le), delta: count + 1 };
+        // The count (`cell.sent`, read by the receiver from the record) rides on the counter.
+        let remote =
+            Action::Add { counter: self.recv_ctr + self.rsl(d, r, le), delta: COUNT_ARRIVED };
         let end = match self.route(r, d) {
             Route::Rdma => {
-                let qp = core.job_qp(self.job, r, d, le, self.me);
+                let qp = self.cell_qp(core, i, r, d, le);
                 core.post(qp, 0, true, remote, Action::None, self.me);
                 // Atomics always ring, flushing puts still below the batch boundary.
                 core.ring(qp, ts + self.costs.wqe_post);
@@ -371,8 +394,8 @@ impl LlProgram {
     fn recv_start(&mut self, core: &mut Core, r: u32) {
         for g in 0..self.experts {
             let (s, le) = (g / self.local, g % self.local);
-            let c = self.cnt_ctr + self.rsl(r, s, le);
-            if core.wait(c, 1, self.me, self.a_group(r, g)) {
+            let c = self.recv_ctr + self.rsl(r, s, le);
+            if core.wait(c, COUNT_ARRIVED as u64, self.me, self.a_group(r, g)) {
                 self.recv_group(core, r, g);
             }
         }
@@ -381,18 +404,17 @@ impl LlProgram {
     /// Warp group (source `s`, local expert `le`) of rank `r` has its count: unpack.
     fn recv_group(&mut self, core: &mut Core, r: u32, g: u32) {
         let (s, le) = (g / self.local, g % self.local);
-        let cell = self.rsl(r, s, le);
-        let count = core.value(self.cnt_ctr + cell).saturating_sub(1);
-        let delivered = core.value(self.data_ctr + cell);
         let e = r * self.local + le;
-        let i = self.idx(s, e);
-        let expected = self.want_count[i];
+        let cell = self.cells[self.idx(s, e)];
+        let count = cell.sent as u64;
+        let delivered = core.value(self.recv_ctr + self.rsl(r, s, le)) - COUNT_ARRIVED as u64;
+        let expected = cell.want;
         if delivered != count {
             self.ranks.fail(format!(
                 "rank {r} local expert {le}: count from rank {s} says {count} tokens but {delivered} arrived before it (per-QP order broken)"
             ));
         }
-        if count != expected as u64 || self.sent_hash[i] != self.want_hash[i] {
+        if count != expected as u64 || cell.hash_left != 0 {
             self.ranks.fail(format!(
                 "rank {r} local expert {le}: received {count} tokens from rank {s}, routing selects {expected} (or a different set)"
             ));
@@ -662,7 +684,7 @@ impl LlProgram {
     }
 }
 
-impl Program for LlProgram {
+impl Program for LowLatencyProgram {
     fn num_ranks(&self) -> u32 {
         self.n
     }

@@ -44,21 +44,21 @@
 
 use std::collections::VecDeque;
 
-use eptwin_engine::plan::{
-    CLUSTER_INDEX_BYTES, ClusterSlot, OpKind, Plan, RoutingTable, Workload, cluster_ring_slots,
-    normal_combine_token_bytes, normal_dispatch_token_bytes,
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::{
+    CLUSTER_INDEX_BYTES, ClusterSlot, OpKind, Plan, RoutingTable, Workload, channel_range,
+    cluster_ring_slots, normal_combine_token_bytes, normal_dispatch_token_bytes,
 };
-use eptwin_engine::transport::OpSample;
 
 use super::{FlushedL2, MemSnap, NormalSetup, normal_setup};
 use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
-use crate::deepep::ring::Ring;
-use crate::deepep::{Ledger, Meta, Ranks, channel_range, deepep_job};
 use crate::gpu::Server;
 use crate::params::{ClusterRings, OneGpu};
-use eptwin_engine::rng::mix;
+use crate::programs::channel_ring::ChannelRing;
+use crate::programs::{Ledger, Meta, Ranks, deepep_job};
+use eptwin_engine::api::mix;
 
 /// Ranks of a portable cluster: one block per rank per channel.
 const MAX_CLUSTER_RANKS: u32 = 8;
@@ -152,7 +152,7 @@ pub struct ClusterProgram {
     wire_bytes: u64,
     /// Per ring (channel, producer, consumer): its slots, its tokens in order, how many the
     /// producer has filled.
-    rings: Vec<Ring>,
+    rings: Vec<ChannelRing>,
     lists: Vec<Vec<u32>>,
     sent: Vec<u32>,
     /// Dispatch senders: routing windows loaded. Dispatch: whether (source, token) has been
@@ -277,7 +277,7 @@ impl ClusterProgram {
             flushed: FlushedL2 { dirty: m.flush_dirty },
         };
         for _ in 0..rings {
-            p.rings.push(Ring::new(core, slots));
+            p.rings.push(ChannelRing::new(core, slots));
         }
         p.build();
         p
@@ -758,7 +758,7 @@ impl Program for ClusterProgram {
 #[cfg(test)]
 mod tests {
     use eptwin_engine::Plan;
-    use eptwin_engine::result::{RunResult, Verdict};
+    use eptwin_engine::api::{RunResult, Verdict};
 
     use super::*;
     use crate::core::time::{PS_PER_US, Rate, ns};
@@ -858,7 +858,7 @@ iterations = 1
         let loaded = eptwin_engine::parse("one-gpu-cluster.toml", &text).expect("scenario parses");
         let plan = Plan::build(&loaded).expect("plan");
         let mut sim = crate::Simulator::new(crate::SimOptions::default());
-        eptwin_engine::run::run(&plan, &mut sim, eptwin_engine::result::Provenance::default())
+        eptwin_engine::api::run(&plan, &mut sim, eptwin_engine::api::Provenance::default())
             .expect("run")
     }
 

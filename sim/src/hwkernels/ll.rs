@@ -5,18 +5,16 @@
 //! (`hw/src/low_latency/launch.rs`): the receive kernel starts, with its own launch, once every
 //! block of the send kernel is through.
 
-use eptwin_engine::plan::{
-    OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes,
-};
-use eptwin_engine::rng::mix;
-use eptwin_engine::transport::OpSample;
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::mix;
+use eptwin_engine::api::{OpKind, Plan, RoutingTable, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
 
 use super::{FlushedL2, MemSnap, memory_servers, sharing, warp_copy};
 use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
-use crate::deepep::{Meta, Ranks, deepep_job};
 use crate::params::OneGpu;
+use crate::programs::{Meta, Ranks, deepep_job};
 
 /// Low-latency kernels: 1,024 threads (`LL_THREADS`), receive groups of 4 warps
 /// (`WARPS_PER_GROUP`, hw/src/low_latency.rs): 8 groups per block.
@@ -33,7 +31,8 @@ enum LlStage {
     Done,
 }
 
-pub struct LlProgram {
+/// The hardware backend's low-latency dispatch or combine on one GPU as a program.
+pub struct OneGpuLlProgram {
     meta: Meta,
     me: ProgId,
     dispatch: bool,
@@ -89,8 +88,8 @@ pub struct LlProgram {
     flushed: FlushedL2,
 }
 
-impl LlProgram {
-    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> LlProgram {
+impl OneGpuLlProgram {
+    pub fn new(plan: &Plan, core: &mut Core, meta: Meta) -> OneGpuLlProgram {
         let d = deepep_job(plan, meta.job);
         let w = &d.workload;
         let n = plan.job(meta.job).num_ranks();
@@ -108,7 +107,7 @@ impl LlProgram {
         // occupancy API on the hardware).
         let blocks = core.params.sm_count.max(1);
         let ne = (n * experts) as usize;
-        let mut p = LlProgram {
+        let mut p = OneGpuLlProgram {
             meta,
             me: 0,
             dispatch,
@@ -354,7 +353,7 @@ impl LlProgram {
             warp: plain / warp_copy(payload / 16, self.m.row_hbm) as f64,
             sm: plain / self.m.sm_port.time(msg + payload) as f64,
         };
-        let count_of = |p: &LlProgram, item: u32| {
+        let count_of = |p: &OneGpuLlProgram, item: u32| {
             let (lr, src, le) = p.peer_item(item);
             p.want[(src * p.experts + lr * p.local + le) as usize] as u64
         };
@@ -470,7 +469,7 @@ impl LlProgram {
             warp: plain / warp_copy(row / 16, self.m.row_hbm) as f64,
             sm: plain / self.m.sm_port.time(2 * row) as f64,
         };
-        let rows_of = |p: &LlProgram, item: u32| {
+        let rows_of = |p: &OneGpuLlProgram, item: u32| {
             let (lr, dst, le) = p.peer_item(item);
             p.want[(dst * p.experts + lr * p.local + le) as usize] as u64
         };
@@ -595,7 +594,7 @@ impl LlProgram {
     }
 }
 
-impl Program for LlProgram {
+impl Program for OneGpuLlProgram {
     fn num_ranks(&self) -> u32 {
         self.n
     }

@@ -41,15 +41,15 @@ mod ll;
 mod normal;
 mod sharing;
 
-pub use ll::LlProgram;
+pub use ll::OneGpuLlProgram;
 pub use normal::NormalProgram;
 
-use eptwin_engine::plan::{Config, DeepEpJob, OpKind, Plan};
+use eptwin_engine::api::{Config, DeepEpJob, OpKind, Plan};
 
 use crate::core::Core;
 use crate::core::time::Time;
-use crate::deepep::{Meta, deepep_job};
 use crate::params::OneGpu;
+use crate::programs::{Meta, deepep_job};
 
 /// int4 (16 B) per lane per round of `UNROLLED_WARP_COPY(7, …)`: 7 loads of 16 B in flight per
 /// lane, 32 lanes.
@@ -211,7 +211,7 @@ mod tests {
         tokens: u32,
         l2_gbps: f64,
         extra: &str,
-    ) -> eptwin_engine::result::RunResult {
+    ) -> eptwin_engine::api::RunResult {
         run_one_gpu_with(mode, tokens, l2_gbps, extra, "")
     }
 
@@ -222,7 +222,7 @@ mod tests {
         l2_gbps: f64,
         extra: &str,
         workload: &str,
-    ) -> eptwin_engine::result::RunResult {
+    ) -> eptwin_engine::api::RunResult {
         let ll = mode == "ll";
         let text = format!(
             r#"
@@ -253,16 +253,16 @@ iterations = 1
         let loaded = eptwin_engine::parse("one-gpu.toml", &text).expect("scenario parses");
         let plan = Plan::build(&loaded).expect("plan");
         let mut sim = crate::Simulator::new(crate::SimOptions::default());
-        eptwin_engine::run::run(&plan, &mut sim, eptwin_engine::result::Provenance::default())
+        eptwin_engine::api::run(&plan, &mut sim, eptwin_engine::api::Provenance::default())
             .expect("run")
     }
 
-    fn mean_us(r: &eptwin_engine::result::RunResult, op: &str) -> f64 {
+    fn mean_us(r: &eptwin_engine::api::RunResult, op: &str) -> f64 {
         let o = r.jobs[0].ops.iter().find(|o| o.op == op).expect("op");
         o.summary.latency_us.mean
     }
 
-    fn phase_us(r: &eptwin_engine::result::RunResult, op: &str, phase: &str) -> f64 {
+    fn phase_us(r: &eptwin_engine::api::RunResult, op: &str, phase: &str) -> f64 {
         let o = r.jobs[0].ops.iter().find(|o| o.op == op).expect("op");
         *o.summary.phases_us.get(phase).unwrap_or_else(|| panic!("{op}: no {phase} phase"))
     }
@@ -274,7 +274,7 @@ iterations = 1
     fn hook_mode_times_the_one_gpu_kernels_apart() {
         let fused = run_one_gpu("ll", 64, 6000.0, "");
         let hook = run_one_gpu_with("ll", 64, 6000.0, "", "hook = true\n");
-        assert_eq!(hook.verdict, eptwin_engine::result::Verdict::Ok, "{:?}", hook.failures);
+        assert_eq!(hook.verdict, eptwin_engine::api::Verdict::Ok, "{:?}", hook.failures);
         let launch_us = 2.0; // h200-single's kernel_launch_ns is above it
         for op in ["dispatch", "combine"] {
             let o = hook.jobs[0].ops.iter().find(|o| o.op == op).expect("op");
@@ -293,7 +293,7 @@ iterations = 1
     fn one_gpu_kernels_run_and_check_out() {
         for mode in ["ll", "normal"] {
             let r = run_one_gpu(mode, 64, 5000.0, "");
-            assert_eq!(r.verdict, eptwin_engine::result::Verdict::Ok, "{mode}: {:?}", r.failures);
+            assert_eq!(r.verdict, eptwin_engine::api::Verdict::Ok, "{mode}: {:?}", r.failures);
             for o in &r.jobs[0].ops {
                 assert!(
                     o.summary.checks.iter().any(|c| c.starts_with("one-GPU")),
@@ -325,7 +325,7 @@ iterations = 1
         for (mode, tokens) in [("normal", 256), ("ll", 64)] {
             let plain = run_one_gpu(mode, tokens, 6000.0, "");
             let costly = run_one_gpu(mode, tokens, 6000.0, extra);
-            assert_eq!(costly.verdict, eptwin_engine::result::Verdict::Ok, "{mode}");
+            assert_eq!(costly.verdict, eptwin_engine::api::Verdict::Ok, "{mode}");
             for op in ["dispatch", "combine"] {
                 assert!(mean_us(&costly, op) >= mean_us(&plain, op), "{mode} {op}");
             }
@@ -346,7 +346,7 @@ iterations = 1
         let slow = ", ll_send_cast_ns = 2000.0, ll_send_slot_ns = 1000.0, \
                     ll_send_copy_ns = 3000.0, ll_send_release_ns = 2000.0";
         let slow = run_one_gpu("ll", 64, 6000.0, slow);
-        assert_eq!(slow.verdict, eptwin_engine::result::Verdict::Ok, "{:?}", slow.failures);
+        assert_eq!(slow.verdict, eptwin_engine::api::Verdict::Ok, "{:?}", slow.failures);
         // Single operations: 1,200 + 3 × 400 (copy) + 500 + 500 = 3,400 ns a round at most;
         // measured: 8,000 ns. Four rounds of 4.6 us more, less what the L2 bound already took.
         let more = mean_us(&slow, "dispatch") - mean_us(&plain, "dispatch");

@@ -4,19 +4,20 @@
 
 use std::collections::VecDeque;
 
-use eptwin_engine::plan::{
-    Dtype, Plan, RoutingTable, normal_combine_token_bytes, normal_dispatch_token_bytes,
+use eptwin_engine::api::OpSample;
+use eptwin_engine::api::mix;
+use eptwin_engine::api::{
+    Dtype, Plan, RoutingTable, channel_range, normal_combine_token_bytes,
+    normal_dispatch_token_bytes,
 };
-use eptwin_engine::rng::mix;
-use eptwin_engine::transport::OpSample;
 
 use super::{FlushedL2, MemSnap, NormalSetup, PROBE_ROW_ROUNDS, normal_setup, warp_copy};
 use crate::core::time::Time;
 use crate::core::world::Program;
 use crate::core::{Action, Core, ProgId};
-use crate::deepep::ring::Ring;
-use crate::deepep::{Ledger, Meta, Ranks, channel_range};
 use crate::params::OneGpu;
+use crate::programs::channel_ring::ChannelRing;
+use crate::programs::{Ledger, Meta, Ranks};
 
 /// Normal combine: warps that reduce one token together (`COMBINE_GROUP_WARPS`).
 const COMBINE_GROUP_WARPS: u32 = 5;
@@ -127,7 +128,7 @@ pub struct NormalProgram {
     flag: Time,
     ranks: Ranks,
     routing: RoutingTable,
-    rings: Vec<Ring>,
+    rings: Vec<ChannelRing>,
     spill: SpillBook,
     /// Dispatch: next token per sender (src, channel); combine: per-(holder, channel, dst)
     /// streams of tokens and positions.
@@ -203,7 +204,7 @@ impl NormalProgram {
             flushed: FlushedL2 { dirty: m.flush_dirty },
         };
         for _ in 0..channels * n * n {
-            p.rings.push(Ring::new(core, cfg.num_max_nvl_chunked_recv_tokens));
+            p.rings.push(ChannelRing::new(core, cfg.num_max_nvl_chunked_recv_tokens));
         }
         p.build();
         p

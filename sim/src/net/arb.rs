@@ -8,7 +8,7 @@
 //! the ETS shares (docs/design.md, fabric §5); a class with a 0 % share only gets otherwise idle
 //! time.
 
-use eptwin_engine::plan::{FabricKind, FabricQos, HIGH_LIMIT_UNBOUNDED, VlArbEntry};
+use eptwin_engine::api::{FabricKind, FabricQos, HIGH_LIMIT_UNBOUNDED, VlArbEntry};
 
 /// Lanes a port arbitrates between (IB data VLs 0..=14, RoCE priorities 0..=7).
 pub const MAX_LANES: usize = 15;
@@ -381,8 +381,8 @@ fn consume(t: &TableIndex, idx: &mut u8, rem: &mut i32, blocks: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eptwin_engine::fabric::parse_vlarb;
-    use eptwin_engine::ids::Vl;
+    use eptwin_engine::api::Vl;
+    use eptwin_engine::api::parse_vlarb;
     use proptest::prelude::*;
 
     proptest! {

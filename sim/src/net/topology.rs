@@ -2,7 +2,7 @@
 //! rail-optimized leaf/spine fat tree, and the static routes (d-mod-k), tabulated per
 //! (switch, destination NIC) where the table is small enough.
 
-use eptwin_engine::plan::{FabricKind, FabricTopology, Plan};
+use eptwin_engine::api::{FabricKind, FabricTopology, Plan};
 
 use super::{Endpoint, Lane, Net, Port, Switch, TO_NIC};
 use crate::core::ring::Ring;
@@ -18,6 +18,14 @@ pub(super) struct NicRoute {
     pub(super) leaf: u32,
     pub(super) pos: u32,
     pub(super) up: u32,
+}
+
+/// The fat tree's size: leaf and spine switches, nodes.
+#[derive(Debug, Clone, Copy)]
+struct FatTree {
+    leaves: u32,
+    spines: u32,
+    nodes: u32,
 }
 
 /// Largest route table kept ([`Net`]'s `route_tab`): 16 MiB of ports, a fat tree of ≈ 10 k
@@ -83,40 +91,11 @@ impl Net {
             starved: Vec::new(),
         };
         let credits = params.credits_per_lane;
-        let port = |net: &mut Net, rate: Rate, from: Endpoint, to: Endpoint, name: String| -> u32 {
-            for lane in 0..MAX_LANES {
-                let credits = if net.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
-                net.lanes.push(Lane { q: Ring::default(), head_wire: 0, credits, popped: 0 });
-                net.bypassed_since.push(Time::MAX);
-            }
-            let to = match to {
-                Endpoint::Switch(sw) => sw,
-                Endpoint::Nic(n) => TO_NIC | n,
-            };
-            net.ports.push(Port {
-                busy_until: 0,
-                done_at: Time::MAX,
-                wake_at: Time::MAX,
-                rate,
-                queued_bytes: 0,
-                to,
-                nonempty: 0,
-                bypassed: 0,
-                arb: ArbState::new(&net.arb),
-            });
-            net.port_from.push(from);
-            net.drr.push(DrrState::new());
-            net.port_names.push(name);
-            for _ in 0..MAX_LANES {
-                net.returns.push(Ring::default());
-            }
-            (net.ports.len() - 1) as u32
-        };
         // NIC transmit ports first: port id = NIC id.
         for n in 0..num_nics {
             let sw = if single { 0 } else { net.leaf_of(n) };
-            let p = port(
-                &mut net,
+            let p = net.add_port(
+                credits,
                 params.nic_rate,
                 Endpoint::Nic(n),
                 Endpoint::Switch(sw),
@@ -125,57 +104,110 @@ impl Net {
             net.nics.push(Nic::new(p));
         }
         if single {
-            let down = net.sw_ports.len() as u32;
-            for n in 0..num_nics {
-                let p = port(
-                    &mut net,
-                    params.link_rate,
-                    Endpoint::Switch(0),
-                    Endpoint::Nic(n),
-                    format!("switch.p{n}"),
-                );
-                net.sw_ports.push(p);
-            }
-            net.switches.push(Switch {
-                name: "switch".into(),
-                down,
-                n_down: num_nics,
-                up: 0,
-                n_up: 0,
-                spine: false,
-            });
-            net.finish(spines);
-            return net;
+            net.add_single_switch(num_nics, params.link_rate, credits);
+        } else {
+            net.add_fat_tree(FatTree { leaves, spines, nodes }, params.link_rate, credits);
         }
+        net.finish(spines);
+        net
+    }
+
+    /// One port with its `MAX_LANES` lanes (`credits` each on lossless lanes) and credit-return
+    /// rings; its id.
+    fn add_port(
+        &mut self,
+        credits: i32,
+        rate: Rate,
+        from: Endpoint,
+        to: Endpoint,
+        name: String,
+    ) -> u32 {
+        for lane in 0..MAX_LANES {
+            let credits = if self.lossless & (1 << lane) != 0 { credits } else { i32::MAX / 2 };
+            self.lanes.push(Lane { q: Ring::default(), head_wire: 0, credits, popped: 0 });
+            self.bypassed_since.push(Time::MAX);
+        }
+        let to = match to {
+            Endpoint::Switch(sw) => sw,
+            Endpoint::Nic(n) => TO_NIC | n,
+        };
+        self.ports.push(Port {
+            busy_until: 0,
+            done_at: Time::MAX,
+            wake_at: Time::MAX,
+            rate,
+            queued_bytes: 0,
+            to,
+            nonempty: 0,
+            bypassed: 0,
+            arb: ArbState::new(&self.arb),
+        });
+        self.port_from.push(from);
+        self.drr.push(DrrState::new());
+        self.port_names.push(name);
+        for _ in 0..MAX_LANES {
+            self.returns.push(Ring::default());
+        }
+        (self.ports.len() - 1) as u32
+    }
+
+    /// The single switch: one down port per NIC.
+    fn add_single_switch(&mut self, num_nics: u32, link_rate: Rate, credits: i32) {
+        let down = self.sw_ports.len() as u32;
+        for n in 0..num_nics {
+            let p = self.add_port(
+                credits,
+                link_rate,
+                Endpoint::Switch(0),
+                Endpoint::Nic(n),
+                format!("switch.p{n}"),
+            );
+            self.sw_ports.push(p);
+        }
+        self.switches.push(Switch {
+            name: "switch".into(),
+            down,
+            n_down: num_nics,
+            up: 0,
+            n_up: 0,
+            spine: false,
+        });
+    }
+
+    /// The rail-optimized fat tree: every leaf's down and up ports, then every spine's.
+    fn add_fat_tree(&mut self, shape: FatTree, link_rate: Rate, credits: i32) {
+        let FatTree { leaves, spines, nodes } = shape;
+        let (rails, nodes_per_leaf, leaves_per_rail) =
+            (self.rails, self.nodes_per_leaf, self.leaves_per_rail);
         for l in 0..leaves {
             let rail = l / leaves_per_rail;
             let group = l % leaves_per_rail;
-            let down = net.sw_ports.len() as u32;
+            let down = self.sw_ports.len() as u32;
             for i in 0..nodes_per_leaf {
                 let node = group * nodes_per_leaf + i;
                 let nic = node * rails + rail;
                 let to = if node < nodes { Endpoint::Nic(nic) } else { Endpoint::Nic(NONE) };
-                let p = port(
-                    &mut net,
-                    params.link_rate,
+                let p = self.add_port(
+                    credits,
+                    link_rate,
                     Endpoint::Switch(l),
                     to,
                     format!("leaf{l}.down{i}"),
                 );
-                net.sw_ports.push(p);
+                self.sw_ports.push(p);
             }
-            let up = net.sw_ports.len() as u32;
+            let up = self.sw_ports.len() as u32;
             for s in 0..spines {
-                let p = port(
-                    &mut net,
-                    params.link_rate,
+                let p = self.add_port(
+                    credits,
+                    link_rate,
                     Endpoint::Switch(l),
                     Endpoint::Switch(leaves + s),
                     format!("leaf{l}.up{s}"),
                 );
-                net.sw_ports.push(p);
+                self.sw_ports.push(p);
             }
-            net.switches.push(Switch {
+            self.switches.push(Switch {
                 name: format!("leaf{l} (rail {rail})"),
                 down,
                 n_down: nodes_per_leaf,
@@ -185,18 +217,18 @@ impl Net {
             });
         }
         for s in 0..spines {
-            let down = net.sw_ports.len() as u32;
+            let down = self.sw_ports.len() as u32;
             for l in 0..leaves {
-                let p = port(
-                    &mut net,
-                    params.link_rate,
+                let p = self.add_port(
+                    credits,
+                    link_rate,
                     Endpoint::Switch(leaves + s),
                     Endpoint::Switch(l),
                     format!("spine{s}.down{l}"),
                 );
-                net.sw_ports.push(p);
+                self.sw_ports.push(p);
             }
-            net.switches.push(Switch {
+            self.switches.push(Switch {
                 name: format!("spine{s}"),
                 down,
                 n_down: leaves,
@@ -205,8 +237,6 @@ impl Net {
                 spine: true,
             });
         }
-        net.finish(spines);
-        net
     }
 
     /// The port-major per-(port, lane) arrays built port by port become lane-major, and the

@@ -4,7 +4,7 @@
 //! injects a little below the port's line rate). Each lane gets bytes proportional to its
 //! expected share, so with correct arbitration both finish together.
 
-use eptwin_engine::result::{RunResult, Verdict};
+use eptwin_engine::api::{RunResult, Verdict};
 
 use eptwin_engine::testing::ScenarioDraft;
 

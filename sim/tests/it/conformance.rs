@@ -5,7 +5,7 @@
 use eptwin_engine::testing::conformance;
 use eptwin_sim::{SimOptions, Simulator};
 
-fn sim_arm(body: fn(&mut dyn eptwin_engine::transport::Transport)) {
+fn sim_arm(body: fn(&mut dyn eptwin_engine::api::Transport)) {
     body(&mut Simulator::new(SimOptions::default()));
 }
 

@@ -5,7 +5,7 @@
 //! expert) exactly once and combine every token with the weighted sum of its experts (the
 //! one-GPU cluster kernels too).
 
-use eptwin_engine::result::Verdict;
+use eptwin_engine::api::Verdict;
 use proptest::prelude::*;
 
 use eptwin_engine::testing::ScenarioDraft;

@@ -1,7 +1,7 @@
 //! A recorded routing replays exactly: a scenario whose routing file holds the table its seed
 //! generates gives the same simulated result as the scenario itself.
 
-use eptwin_engine::result::{Provenance, RunResult};
+use eptwin_engine::api::{Provenance, RunResult};
 use eptwin_engine::routing_file::to_json;
 use eptwin_engine::testing::{ScenarioDraft, one_gpu_low_latency, one_gpu_normal};
 use eptwin_sim::{SimOptions, Simulator};
@@ -9,7 +9,7 @@ use eptwin_sim::{SimOptions, Simulator};
 fn run(draft: &ScenarioDraft) -> RunResult {
     let plan = draft.plan();
     let mut sim = Simulator::new(SimOptions::default());
-    eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run")
+    eptwin_engine::api::run(&plan, &mut sim, Provenance::default()).expect("run")
 }
 
 #[test]

@@ -1,17 +1,20 @@
 //! Data-driven: every scenario of the library (`scenarios/`, `validation/`, `ll-ep-sweep/`)
 //! runs on the simulator with verdict ok and sane summaries, and its result document equals its
-//! committed snapshot in `sim/tests/snapshots/` (the whole document but the provenance that
-//! changes per commit, `eptwin.git_commit` and `eptwin.command`), as do the Chrome traces of
-//! an InfiniBand and a RoCE packet-level scenario (sha256 in `traces.sha256`). Each scenario
-//! runs once. A change meant to move results is blessed with
-//! `EPTWIN_BLESS=1 cargo test --release -p eptwin-sim --test it every_scenario`, which rewrites
-//! the snapshots for review in the diff (sim/scripts/golden.sh wraps both).
+//! committed insta snapshot in `sim/tests/snapshots/` (the whole document but the provenance
+//! that changes per commit, `eptwin.git_commit` and `eptwin.command`), as do the Chrome traces
+//! of an InfiniBand and a RoCE packet-level scenario (their sha256 in `traces.snap`). Each
+//! scenario runs once; a mismatch names the first differing field. A change meant to move
+//! results is accepted with
+//! `INSTA_UPDATE=always cargo test --release -p eptwin-sim --test it every_scenario`, which
+//! rewrites the snapshots for review in the diff. Without it a mismatch fails: in CI
+//! (`CI=true`, or `INSTA_UPDATE=no`) nothing is written; elsewhere insta leaves the new
+//! result beside the snapshot as `<name>.snap.new`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use eptwin_engine::result::{Provenance, RunResult, Verdict};
+use eptwin_engine::api::{Provenance, RunResult, Verdict};
 use eptwin_engine::scenario::sha256_hex;
 use eptwin_engine::testing::{ScenarioDraft, bundled_scenarios};
 use eptwin_sim::{SimOptions, Simulator};
@@ -21,15 +24,15 @@ use crate::util::run;
 
 /// Scenarios whose packet traces are part of the snapshot.
 const TRACED: [&str; 2] = ["scenarios/ep16-ll.toml", "scenarios/roce-ep16-ll.toml"];
-const BLESS: &str = "EPTWIN_BLESS";
 
 fn snapshot_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots")
 }
 
-/// `scenarios/validation/x.toml` → `validation/x.json` under the snapshot directory.
+/// `scenarios/validation/x.toml` → `validation/x` under the snapshot directory (the file is
+/// insta's `validation/x.snap`).
 fn snapshot_name(scenario: &Path) -> PathBuf {
-    scenario.strip_prefix("scenarios").unwrap_or(scenario).with_extension("json")
+    scenario.strip_prefix("scenarios").unwrap_or(scenario).with_extension("")
 }
 
 /// One scenario's run, as `eptwin run` makes it (and `--trace` for the traced ones).
@@ -45,7 +48,7 @@ fn run_scenario(scenario: &Path) -> Outcome {
     let mut sim = Simulator::new(SimOptions { trace });
     let provenance =
         Provenance { version: eptwin_engine::VERSION.to_string(), ..Provenance::default() };
-    let result = eptwin_engine::run::run(&plan, &mut sim, provenance)
+    let result = eptwin_engine::api::run(&plan, &mut sim, provenance)
         .unwrap_or_else(|e| panic!("{}: {e}", scenario.display()));
     let trace_sha256 = sim.trace_json().filter(|_| trace).map(|t| sha256_hex(t.as_bytes()));
     Outcome { scenario: scenario.to_path_buf(), result, trace_sha256 }
@@ -164,25 +167,43 @@ fn first_difference(want: &Value, got: &Value) -> Option<(String, String, String
     diffs.into_iter().next().map(|(path, a, b)| (path, a, b, count))
 }
 
-/// Compare each outcome with its snapshot (or, blessing, write the snapshots); the problems.
-fn check_snapshots(outcomes: &[Outcome], bless: bool) -> Vec<String> {
+/// Whether insta rewrites snapshots in place (`INSTA_UPDATE=always`, the bless of a change meant
+/// to move results): then stale snapshots are removed too.
+fn updating_in_place() -> bool {
+    std::env::var("INSTA_UPDATE").is_ok_and(|v| matches!(v.as_str(), "always" | "1" | "force"))
+}
+
+/// The contents of an insta snapshot file (what follows its `---` header), if it exists.
+fn snapshot_contents(file: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let body = text.strip_prefix("---\n")?;
+    let end = body.find("\n---\n")?;
+    Some(body[end + 5..].to_string())
+}
+
+/// `text` against the insta snapshot `file` (`<name>.snap`): insta compares, and rewrites it
+/// under `INSTA_UPDATE=always`; `false` when they differ and insta did not accept the change.
+fn insta_matches(file: &Path, text: &str) -> bool {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(file.parent().expect("a snapshot directory"));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    let name = file.file_stem().and_then(|s| s.to_str()).expect("a UTF-8 snapshot name");
+    let check = || settings.bind(|| insta::assert_snapshot!(name, text));
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)).is_ok()
+}
+
+/// Compare each outcome with its snapshot; the problems, each naming the first differing field.
+fn check_snapshots(outcomes: &[Outcome]) -> Vec<String> {
     let dir = snapshot_dir();
     let mut bad = Vec::new();
-    let mut written = 0;
     let mut wanted_files = Vec::new();
     for o in outcomes {
-        let name = snapshot_name(&o.scenario);
-        let path = dir.join(&name);
+        let path = dir.join(snapshot_name(&o.scenario)).with_extension("snap");
         wanted_files.push(path.clone());
         let now = snapshot_of(&o.result);
-        let before = std::fs::read_to_string(&path).ok();
-        if before.as_deref() == Some(now.as_str()) {
-            continue;
-        }
-        if bless {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, &now).unwrap();
-            written += 1;
+        let before = snapshot_contents(&path);
+        if insta_matches(&path, &now) {
             continue;
         }
         let Some(before) = before else {
@@ -205,31 +226,27 @@ fn check_snapshots(outcomes: &[Outcome], bless: bool) -> Vec<String> {
         .iter()
         .filter_map(|o| o.trace_sha256.as_ref().map(|h| format!("{h}  {}\n", o.scenario.display())))
         .collect();
-    let traces_path = dir.join("traces.sha256");
+    let traces_path = dir.join("traces.snap");
     wanted_files.push(traces_path.clone());
-    let traces_before = std::fs::read_to_string(&traces_path).unwrap_or_default();
-    if traces_before != traces {
-        if bless {
-            std::fs::write(&traces_path, &traces).unwrap();
-            written += 1;
-        } else {
-            bad.push(format!(
-                "packet traces differ from {}:\nsnapshot:\n{traces_before}now:\n{traces}",
-                traces_path.display()
-            ));
-        }
+    let traces_before = snapshot_contents(&traces_path).unwrap_or_default();
+    if !insta_matches(&traces_path, &traces) {
+        bad.push(format!(
+            "packet traces differ from {}:\nsnapshot:\n{traces_before}\nnow:\n{traces}",
+            traces_path.display()
+        ));
     }
-    // A snapshot without its scenario (renamed, removed) is stale.
-    for stale in files_under(&dir).into_iter().filter(|f| !wanted_files.contains(f)) {
-        if bless {
+    // A snapshot without its scenario (renamed, removed) is stale; insta's pending
+    // `.snap.new` files (written for review outside CI) are not snapshots.
+    let is_pending = |f: &PathBuf| f.extension().is_some_and(|e| e == "new" || e == "pending-snap");
+    let stale =
+        files_under(&dir).into_iter().filter(|f| !wanted_files.contains(f) && !is_pending(f));
+    for stale in stale {
+        if updating_in_place() {
             std::fs::remove_file(&stale).unwrap();
-            written += 1;
+            println!("INSTA_UPDATE: removed the stale snapshot {}", stale.display());
         } else {
             bad.push(format!("{}: a snapshot of no scenario", stale.display()));
         }
-    }
-    if bless {
-        println!("{BLESS}: {written} snapshot file(s) written or removed in {}", dir.display());
     }
     bad
 }
@@ -256,8 +273,7 @@ fn every_scenario_runs_sane_and_matches_its_snapshot() {
     }
     let outcomes = run_all(&scenarios);
     let mut bad: Vec<String> = outcomes.iter().flat_map(sanity).collect();
-    let bless = std::env::var(BLESS).is_ok_and(|v| v == "1");
-    bad.extend(check_snapshots(&outcomes, bless));
+    bad.extend(check_snapshots(&outcomes));
     for o in &outcomes {
         for job in &o.result.jobs {
             for op in &job.ops {
@@ -275,8 +291,8 @@ fn every_scenario_runs_sane_and_matches_its_snapshot() {
     assert!(
         bad.is_empty(),
         "{}\n\nIf the change is meant to move results, rewrite the snapshots with\n  \
-         {BLESS}=1 cargo test --release -p eptwin-sim --test it every_scenario\nand review \
-         them in the diff (sim/scripts/result-diff.py sizes the change).",
+         INSTA_UPDATE=always cargo test --release -p eptwin-sim --test it every_scenario\nand \
+         review them in the diff (sim/scripts/result-diff.py sizes the change).",
         bad.join("\n")
     );
 }
@@ -298,6 +314,26 @@ fn same_scenario_gives_byte_identical_results() {
         let a = run(&plan).to_json();
         let b = run(&plan).to_json();
         assert_eq!(a, b, "{name}: two runs differ");
+    }
+}
+
+/// Reusing an op's first run for its later iterations gives the per-iteration numbers that
+/// running every iteration gives, the low-latency back-to-back lag included (its first
+/// dispatch follows nothing, every later op follows the previous one).
+#[test]
+fn reusing_the_first_run_gives_every_iteration_s_numbers() {
+    for name in ["ep16-ll", "ep16-normal-internode", "h200-ep8-ll-128"] {
+        let plan = ScenarioDraft::bundled(name)
+            .set("job[0].workload.warmup", 1)
+            .set("job[0].workload.iterations", 3)
+            .plan();
+        let mut every = Simulator::new(SimOptions::default()).without_cache();
+        let all = eptwin_engine::api::run(&plan, &mut every, Provenance::default()).expect("run");
+        let mut once = Simulator::new(SimOptions::default());
+        let reused = eptwin_engine::api::run(&plan, &mut once, Provenance::default()).expect("run");
+        assert_eq!(all.to_json(), reused.to_json(), "{name}");
+        // Four rounds of each op ran, against one.
+        assert_eq!(every.events, 4 * once.events, "{name}");
     }
 }
 

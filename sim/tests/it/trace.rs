@@ -1,7 +1,7 @@
 //! `--trace`: the Chrome trace-event JSON parses and has tracks per GPU, NIC, QP and switch
 //! port, X events, counters and flows, in simulated time.
 
-use eptwin_engine::result::Provenance;
+use eptwin_engine::api::Provenance;
 use eptwin_sim::{SimOptions, Simulator};
 
 use eptwin_engine::testing::ScenarioDraft;
@@ -10,7 +10,7 @@ use eptwin_engine::testing::ScenarioDraft;
 fn trace_is_standard_chrome_trace_json() {
     let plan = ScenarioDraft::bundled("ep16-ll").plan();
     let mut sim = Simulator::new(SimOptions { trace: true });
-    let r = eptwin_engine::run::run(&plan, &mut sim, Provenance::default()).expect("run");
+    let r = eptwin_engine::api::run(&plan, &mut sim, Provenance::default()).expect("run");
     assert!(r.failures.is_empty());
     let json = sim.trace_json().expect("a trace");
     let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");

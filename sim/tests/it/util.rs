@@ -2,12 +2,12 @@
 //! `eptwin_engine::testing`.
 
 use eptwin_engine::Plan;
-use eptwin_engine::result::{Provenance, RunResult};
+use eptwin_engine::api::{Provenance, RunResult};
 use eptwin_sim::{SimOptions, Simulator};
 
 pub fn run(plan: &Plan) -> RunResult {
     let mut sim = Simulator::new(SimOptions::default());
-    eptwin_engine::run::run(plan, &mut sim, Provenance::default()).expect("run")
+    eptwin_engine::api::run(plan, &mut sim, Provenance::default()).expect("run")
 }
 
 /// Mean latency (µs) of `op` of job `job` in a result.

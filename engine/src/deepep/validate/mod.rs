@@ -23,10 +23,12 @@ use std::collections::BTreeMap;
 use crate::deepep::config::EpMode;
 use crate::deepep::env::effective_env;
 use crate::diag::{Diagnostic, Diagnostics};
+use crate::error::EngineError;
 use crate::fabric::{FabricQos, Lane};
 use crate::ids::{JobId, Rank, Sl, Vl};
 use crate::plan::{BufferSettings, JobKind, JobPlan, Plan, TrafficJob};
 use crate::profile::HardwareProfile;
+use crate::scenario::LoadedScenario;
 use crate::scenario::schema::{JobSpec, Scenario};
 use crate::scenario::sha256_hex;
 use crate::scenario::source::SourceMap;
@@ -200,6 +202,21 @@ fn resolve_job(
         kind,
     };
     (vl, Some(plan))
+}
+
+impl Plan {
+    /// Validate and plan (the validator's one pass, [`validate`]), then
+    /// generate every DeepEP job's routing. Errors (with every diagnostic) when the scenario
+    /// breaks any rule.
+    pub fn build(loaded: &LoadedScenario) -> Result<Plan, EngineError> {
+        let (diagnostics, plan) = validate(&loaded.scenario, &loaded.source);
+        let plan = plan
+            .ok_or_else(|| EngineError::Invalid { file: loaded.file().to_string(), diagnostics })?;
+        for job in plan.jobs.iter().filter_map(JobPlan::deepep) {
+            job.generate_tables();
+        }
+        Ok(plan)
+    }
 }
 
 #[cfg(test)]

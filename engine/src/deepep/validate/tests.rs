@@ -1,3 +1,6 @@
+//! The validation pass's rules on small scenarios: each rule fires with its key and position,
+//! every error is reported, and valid scenarios pass.
+
 use super::*;
 use crate::diag::{Diagnostic, Severity};
 

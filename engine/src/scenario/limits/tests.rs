@@ -1,3 +1,6 @@
+//! The numeric limits on hostile scenarios: each is reported at its key before anything it
+//! bounds is allocated or computed.
+
 use crate::deepep::validate::validate;
 use crate::scenario::parse;
 

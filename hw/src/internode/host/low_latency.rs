@@ -22,7 +22,7 @@ pub fn run_low_latency(
     routing: &RoutingTable,
     calls: u32,
 ) -> Result<HostStats, RdmaError> {
-    let layout = LlLayout::new(g)?;
+    let layout = LlLayout::new(g);
     check_inputs(links, g, routing, layout.recv_area_bytes, layout.send_area_bytes)?;
     let table = QpTable::new(Traffic::LowLatency, g, links.node);
     let mut stats = run_ranks(links, g.ranks_per_node, |port| {

@@ -20,7 +20,7 @@ pub fn run_normal(
     routing: &RoutingTable,
     calls: u32,
 ) -> Result<HostStats, RdmaError> {
-    let layout = NormalLayout::new(g)?;
+    let layout = NormalLayout::new(g);
     check_inputs(links, g, routing, layout.recv_area_bytes, layout.send_area_bytes)?;
     let table = QpTable::new(Traffic::Normal, g, links.node);
     let mut stats = run_ranks(links, g.ranks_per_node, |port| {
