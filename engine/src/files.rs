@@ -47,6 +47,15 @@ pub const DOCUMENT: InputKind = InputKind {
 pub const LOG: InputKind =
     InputKind { noun: "a DeepEP log", format: "text", max_bytes: 64 << 20, max_text: "64 MiB" };
 
+/// A file of a recorded node (`eptwin doctor --node DIR`): its TOML and the copies of `/proc`
+/// and `/sys` files under `root/`, a few KiB each.
+pub const SNAPSHOT: InputKind = InputKind {
+    noun: "a node snapshot file",
+    format: "text",
+    max_bytes: 16 << 20,
+    max_text: "16 MiB",
+};
+
 /// What a file system entry is, in words, for a refusal.
 pub fn kind_of(meta: &std::fs::Metadata) -> &'static str {
     let kind = meta.file_type();

@@ -45,7 +45,7 @@ impl Inputs {
         for path in paths {
             if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
                 let mut files = Vec::new();
-                let mut seen = Vec::new();
+                let mut seen = std::collections::BTreeSet::new();
                 collect_json(path, &mut files, &mut seen)?;
                 for file in files {
                     match inputs.add(&file) {
@@ -188,15 +188,14 @@ fn classify(value: &serde_json::Value) -> Kind {
 fn collect_json(
     dir: &Path,
     out: &mut Vec<PathBuf>,
-    seen: &mut Vec<(u64, u64)>,
+    seen: &mut std::collections::BTreeSet<(u64, u64)>,
 ) -> Result<(), ReportError> {
     use std::os::unix::fs::MetadataExt;
     let io = |source| ReportError::Io { path: dir.to_path_buf(), source };
     let meta = std::fs::metadata(dir).map_err(io)?;
-    if seen.contains(&(meta.dev(), meta.ino())) {
+    if !seen.insert((meta.dev(), meta.ino())) {
         return Ok(());
     }
-    seen.push((meta.dev(), meta.ino()));
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io)?
         .map(|e| e.map(|e| e.path()))
