@@ -308,6 +308,69 @@ fn every_command_refuses_outputs_that_are_not_regular_files() {
     assert_eq!(std::fs::read_dir(&s).unwrap().count(), 1, "no point ran");
 }
 
+/// Issue 45, case 1: a character device (made in the temporary directory with `/dev/null`'s
+/// numbers, where this user may make one: root) and the command's own scenario as an output
+/// are refused before running, and stay what they were.
+#[test]
+fn devices_and_the_commands_own_input_are_never_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("traffic.toml");
+    std::fs::write(&scenario, TRAFFIC).unwrap();
+    let out = dir.path().join("out");
+    let refused = |o: &Output, path: &Path, why: &str| {
+        assert_eq!(o.status.code(), Some(2), "{}", text(o));
+        assert!(o.stdout.is_empty(), "nothing ran: {}", text(o));
+        let t = text(o);
+        assert!(t.contains(&path.display().to_string()) && t.contains(why), "{t}");
+    };
+    // --trace naming the scenario the run reads.
+    let o = run(&[
+        "run",
+        scenario.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--trace",
+        scenario.to_str().unwrap(),
+    ]);
+    refused(&o, &scenario, "which this command reads");
+    assert_eq!(std::fs::read_to_string(&scenario).unwrap(), TRAFFIC);
+    assert!(!out.join("traffic.json").exists());
+    // A scenario file where its own result goes (`out/traffic.json`).
+    let own = dir.path().join("own");
+    std::fs::create_dir(&own).unwrap();
+    let own_scenario = own.join("traffic.json");
+    std::fs::write(&own_scenario, TRAFFIC).unwrap();
+    let o = run(&["run", own_scenario.to_str().unwrap(), "--out", own.to_str().unwrap()]);
+    refused(&o, &own_scenario, "which this command reads");
+    assert_eq!(std::fs::read_to_string(&own_scenario).unwrap(), TRAFFIC);
+    // A character device as --trace and as the result.
+    let device = dir.path().join("null");
+    let c = CString::new(device.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0;
+    if !made {
+        return;
+    }
+    let before = snapshot(&device);
+    let o = run(&[
+        "run",
+        scenario.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--trace",
+        device.to_str().unwrap(),
+    ]);
+    refused(&o, &device, "a character device");
+    let devices = dir.path().join("devices");
+    std::fs::create_dir(&devices).unwrap();
+    std::fs::rename(&device, devices.join("traffic.json")).unwrap();
+    let o = run(&["run", scenario.to_str().unwrap(), "--out", devices.to_str().unwrap()]);
+    refused(&o, &devices.join("traffic.json"), "a character device");
+    let meta = std::fs::symlink_metadata(devices.join("traffic.json")).unwrap();
+    assert!(meta.file_type().is_char_device(), "the device was replaced");
+    assert_eq!(before.map(|b| b.1), Some(meta.ino()));
+}
+
 /// Issue 45, case 5: FIFOs named `*.json`, links to `/dev/zero`, links to `.` and link cycles
 /// are read past (named, never read) without blocking, reading without end or walking
 /// forever.
