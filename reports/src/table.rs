@@ -39,33 +39,7 @@ pub fn render(result: &RunResult) -> String {
         }
     };
     let _ = writeln!(out, "# eptwin: {} on {backend} ({detail})", result.scenario.name);
-    match crate::describe::wire(result) {
-        Some("tcp") => {
-            let _ = writeln!(
-                out,
-                "# wire: tcp (sockets between the nodes' processes: TCP and PCIe times, not a \
-                 fabric measurement)"
-            );
-        }
-        Some(w) if w != "none" => {
-            // The hardware backend reports its wire's data path; DeepEP's own kernels
-            // (imported) move bytes with NVSHMEM and say nothing of one.
-            let path = result
-                .backend
-                .get("wire_report")
-                .and_then(|r| r.get("data_path"))
-                .and_then(|p| p.as_str());
-            match path {
-                Some(path) => writeln!(out, "# wire: {w} (data path {path})"),
-                None if backend == "deepep" => {
-                    writeln!(out, "# wire: {w} (DeepEP's own kernels through NVSHMEM)")
-                }
-                None => writeln!(out, "# wire: {w}"),
-            }
-            .ok();
-        }
-        _ => {}
-    }
+    wire_line(result, backend, &mut out);
     if result.verdict == Verdict::Waived {
         let _ = writeln!(
             out,
@@ -169,6 +143,37 @@ pub fn render(result: &RunResult) -> String {
     }
     let _ = writeln!(out, "# verdict: {}", result.verdict.as_str());
     out
+}
+
+/// The `# wire:` line of a hardware or imported result: which wire, and its data path.
+fn wire_line(result: &RunResult, backend: &str, out: &mut String) {
+    match crate::describe::wire(result) {
+        Some("tcp") => {
+            let _ = writeln!(
+                out,
+                "# wire: tcp (sockets between the nodes' processes: TCP and PCIe times, not a \
+                 fabric measurement)"
+            );
+        }
+        Some(w) if w != "none" => {
+            // The hardware backend reports its wire's data path; DeepEP's own kernels
+            // (imported) move bytes with NVSHMEM and say nothing of one.
+            let path = result
+                .backend
+                .get("wire_report")
+                .and_then(|r| r.get("data_path"))
+                .and_then(|p| p.as_str());
+            match path {
+                Some(path) => writeln!(out, "# wire: {w} (data path {path})"),
+                None if backend == "deepep" => {
+                    writeln!(out, "# wire: {w} (DeepEP's own kernels through NVSHMEM)")
+                }
+                None => writeln!(out, "# wire: {w}"),
+            }
+            .ok();
+        }
+        _ => {}
+    }
 }
 
 /// The link column: DeepEP's bandwidth label (`logical_bw_label`), unless no byte took that
