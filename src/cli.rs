@@ -129,9 +129,13 @@ pub enum Command {
         #[arg(long, num_args = 1.., value_name = "RESULT|DIR")]
         measured: Vec<PathBuf>,
         /// Fail (exit 1) when |simulated − measured| / measured exceeds PCT on any op's mean
-        /// latency.
-        #[arg(long, value_name = "PCT")]
+        /// latency (a finite percentage ≥ 0).
+        #[arg(long, value_name = "PCT", value_parser = parse_tolerance)]
         tolerance: Option<f64>,
+        /// Compare with measurements on this GPU too (e.g. "NVIDIA H100"), besides the one the
+        /// scenario's profile models; may be given several times.
+        #[arg(long, value_name = "GPU")]
+        allow_other_gpu: Vec<String>,
         /// Print the comparison documents (JSON Lines) instead of the table.
         #[arg(long)]
         json: bool,
@@ -277,6 +281,11 @@ pub enum DeepepCommand {
         /// The scenario the logs replay.
         #[arg(long)]
         scenario: PathBuf,
+        /// The GPU the scripts ran on, as NVML names it (e.g. "NVIDIA H800"): their logs name
+        /// none, and `compare` pairs a measurement only with a scenario whose profile models
+        /// its GPU. Recorded as `backend.gpus` ("16 x NVIDIA H800").
+        #[arg(long, value_name = "GPU")]
+        gpu: String,
         /// Directory for `<scenario name>.deepep.json`.
         #[arg(long)]
         out: PathBuf,
@@ -284,6 +293,16 @@ pub enum DeepepCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--tolerance`: a finite percentage ≥ 0 (NaN or ∞ would pass everything, a negative one
+/// nothing).
+fn parse_tolerance(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) => Err(format!("{v} is not a finite percentage ≥ 0")),
+        Err(_) => Err(format!("{text:?} is not a number")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -298,6 +317,15 @@ mod tests {
 
     /// `--help` describes every positional argument and option of every subcommand, nested
     /// ones (`deepep launch`) included.
+    #[test]
+    fn tolerances_are_finite_percentages() {
+        assert_eq!(super::parse_tolerance("5"), Ok(5.0));
+        assert_eq!(super::parse_tolerance("0"), Ok(0.0));
+        for bad in ["nan", "inf", "-inf", "-1", "five", ""] {
+            assert!(super::parse_tolerance(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn every_argument_has_help() {
         fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {

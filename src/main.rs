@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod interrupt;
 mod output;
 
 use clap::Parser;

@@ -163,7 +163,7 @@ fn import_ok(logs: &[PathBuf], out: &Path) -> serde_json::Value {
     let o = run(eptwin()
         .args(["deepep", "import"])
         .args(logs)
-        .args(["--scenario", LL16, "--out"])
+        .args(["--scenario", LL16, "--gpu", "NVIDIA H800", "--out"])
         .arg(out));
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
     let doc: serde_json::Value = serde_json::from_str(
@@ -268,7 +268,7 @@ fn import_compare_and_report_an_ll_ep16_log() {
         .args(["deepep", "import"])
         .arg(fixture("ll-ep16.node0.log"))
         .arg(fixture("ll-ep16.node1.log"))
-        .args(["--scenario", LL16, "--out"])
+        .args(["--scenario", LL16, "--gpu", "NVIDIA H800", "--out"])
         .arg(&measured));
     assert_eq!(o.status.code(), Some(0));
     let stdout = String::from_utf8(o.stdout).unwrap();
@@ -322,7 +322,7 @@ fn import_exit_codes() {
         .args(["deepep", "import"])
         .arg(fixture("ll-ep16-truncated.node0.log"))
         .arg(fixture("ll-ep16.node1.log"))
-        .args(["--scenario", LL16, "--out"])
+        .args(["--scenario", LL16, "--gpu", "NVIDIA H800", "--out"])
         .arg(dir.path()));
     assert_eq!(o.status.code(), Some(1));
     let doc: serde_json::Value = serde_json::from_str(
@@ -334,7 +334,7 @@ fn import_exit_codes() {
     let o = run(eptwin()
         .args(["deepep", "import"])
         .arg(fixture("ll-ep16-256-experts.node1.log"))
-        .args(["--scenario", LL16, "--out"])
+        .args(["--scenario", LL16, "--gpu", "NVIDIA H800", "--out"])
         .arg(dir.path().join("other")));
     assert_eq!(o.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -351,16 +351,28 @@ fn import_checks_out_and_logs_before_reading_them_whole() {
         .args(["deepep", "import"])
         .arg(fixture("ll-ep16.node0.log"))
         .arg(fixture("ll-ep16.node1.log"))
-        .args(["--scenario", LL16, "--out"])
+        .args(["--scenario", LL16, "--gpu", "NVIDIA H800", "--out"])
         .arg(&file));
     assert_eq!(o.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("--out") && stderr.contains("not a directory"), "{stderr}");
-    // A device that never ends is read up to the bound, then refused.
+    // A device is refused without being read.
     let o = run(eptwin()
-        .args(["deepep", "import", "/dev/zero", "--scenario", LL16, "--out"])
+        .args([
+            "deepep",
+            "import",
+            "/dev/zero",
+            "--scenario",
+            LL16,
+            "--gpu",
+            "NVIDIA H800",
+            "--out",
+        ])
         .arg(dir.path().join("out")));
     assert_eq!(o.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("/dev/zero: more than 67108864 bytes"), "{stderr}");
+    assert!(
+        stderr.contains("/dev/zero: not a regular file (a character device); a DeepEP log is text"),
+        "{stderr}"
+    );
 }

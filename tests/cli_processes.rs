@@ -56,13 +56,13 @@ fn spawned_processes_check_their_count_against_the_scenario() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&o.stderr);
-    for p in 0..2 {
-        let line = format!(
-            "[p{p}] eptwin: error: {SCENARIO}: the scenario has 8 ranks; 2 processes × 1 rank per \
-             process = 2: start 8 processes, or 2 with --ranks-per-process 4"
-        );
-        assert!(stderr.contains(&line), "{stderr}");
-    }
+    // Checked before any process starts: one line, from the launching process.
+    let line = format!(
+        "eptwin: error: {SCENARIO}: --spawn 2: the scenario has 8 ranks; 2 processes × 1 rank \
+         per process = 2: start 8 processes, or 2 with --ranks-per-process 4"
+    );
+    assert!(stderr.contains(&line), "{stderr}");
+    assert!(!stderr.contains("[p0]") && !stderr.contains("[p1]"), "no process started: {stderr}");
     assert!(o.stdout.is_empty());
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0, "no result for bad input");
     // The simulator runs in one process.

@@ -112,7 +112,7 @@ fn compare_against_measured_results() {
         .args(["compare", "scenarios/h200-ep8-ll-128.toml", "--out"])
         .arg(out.path())
         .arg("--measured")
-        .arg(fixtures().join("results/hw")));
+        .arg("results/h200/h200-ep8-ll-128.json"));
     let stdout = String::from_utf8(o.stdout).unwrap();
     assert!(
         stdout.contains("# h200-ep8-ll-128") && stdout.contains("measured:  1× NVIDIA H200"),

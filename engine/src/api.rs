@@ -54,6 +54,12 @@ pub use crate::ids::{ExpertId, GpuId, JobId, Node, PortId, QpId, Rank, Sl, Vl};
 // The frozen PRNG (routing, test data) and its key mixer.
 pub use crate::rng::{Rng, mix, splitmix64};
 
+// Files: every output through one writer that replaces regular files only, every input a
+// regular file read to a bound (engine/src/files.rs).
+pub use crate::files::{
+    DOCUMENT, InputKind, LOG, Outputs, SNAPSHOT, kind_of, output_refusal, read_input, write_output,
+};
+
 // Result documents, and the pieces of one the run loop fills from the plan (for documents of
 // measurements taken elsewhere, such as DeepEP's own scripts).
 pub use crate::result::{

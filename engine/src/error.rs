@@ -24,8 +24,10 @@ pub enum EngineError {
     /// name the rank, token and slot in `message`.
     #[error("{}{}: {message}", path.display(), at.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default())]
     RoutingFile { path: PathBuf, at: Option<(usize, usize)>, message: String },
-    #[error("writing results to {}: {message}", path.display())]
-    ResultWrite { path: PathBuf, message: String },
+    /// An output path that may not be written, or a write that failed (`what`: the flag or
+    /// the file's role, "--trace", "writing"); nothing was replaced (engine/src/files.rs).
+    #[error("{what} {}: {message}", path.display())]
+    Output { what: String, path: PathBuf, message: String },
     #[error("{0}")]
     Usage(String),
     /// A key path into a scenario's table that does not lead anywhere (`scenario::edit`).

@@ -15,6 +15,7 @@ pub mod diag;
 pub mod error;
 pub(crate) mod fabric;
 pub(crate) mod fault;
+pub mod files;
 pub(crate) mod ids;
 pub mod layout;
 pub(crate) mod plan;

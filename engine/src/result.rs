@@ -1,13 +1,13 @@
 //! The result document (docs/design.md, "The design contract"; docs/results.md): one JSON per run,
-//! versioned, written atomically. `eptwin-reports` reads only these.
+//! versioned, written atomically (`files`). `eptwin-reports` reads only these.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
+use crate::files;
 
 pub const RESULT_SCHEMA: u32 = 1;
 
@@ -282,35 +282,22 @@ pub fn result_path(dir: &Path, scenario_name: &str, suffix: Option<&str>) -> Pat
     }
 }
 
-/// Write `text` to `path` atomically (see [`write_file_atomic`]).
+/// Write `text` to `path` as an output ([`files::write_output`]: atomic, durable, and only
+/// over a regular file).
 pub fn write_atomic(path: &Path, text: &str) -> Result<(), EngineError> {
-    write_file_atomic(path, text.as_bytes())
-        .map_err(|e| EngineError::ResultWrite { path: path.to_path_buf(), message: e.to_string() })
+    files::write_output(path, text.as_bytes())
 }
 
-/// Write `bytes` to `path` atomically and durably: a temporary file in the same directory
-/// (created with it), written and synced to disk, then renamed over `path`. A reader sees the
-/// old file or the new one, never half of one; a failed write leaves no temporary file.
+/// [`write_atomic`] for bytes, with an I/O error (the hardware kernel cache).
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    // A temporary file is private (0600) by default; results are shared files, so ask for what
-    // `File::create` gives (0666 less the umask).
-    let mut file = tempfile::Builder::new()
-        .permissions(std::fs::Permissions::from_mode(0o666))
-        .tempfile_in(dir)?;
-    file.write_all(bytes)?;
-    file.as_file().sync_all()?;
-    file.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    files::write_output(path, bytes).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
-/// Read a result file.
+/// Read a result file (a regular file of at most [`files::DOCUMENT`]'s bound).
 pub fn read(path: &Path) -> Result<RunResult, EngineError> {
-    let text = std::fs::read_to_string(path)
+    let bytes = files::read_input(path, &files::DOCUMENT)
         .map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
-    RunResult::from_json(&text)
+    serde_json::from_slice(&bytes)
         .map_err(|e| EngineError::Usage(format!("{}: not an eptwin result: {e}", path.display())))
 }
 

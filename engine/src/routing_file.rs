@@ -17,8 +17,8 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use crate::error::EngineError;
 use crate::routing::RoutingTable;
 use crate::scenario::limits::MAX_ROUTING_FILE_BYTES;
+use crate::scenario::sha256_hex;
 use crate::scenario::source::SourceMap;
-use crate::scenario::{read_at_most, sha256_hex};
 
 /// The shape a routing file must have for one job: the workload's tokens, top-k and experts;
 /// the job's rank count (the file may hold more ranks: the job takes the first `num_ranks`).
@@ -51,29 +51,19 @@ pub fn resolve(scenario_file: &str, routing_file: &str) -> PathBuf {
     Path::new(scenario_file).parent().unwrap_or(Path::new("")).join(path)
 }
 
+/// A routing file, for [`crate::files::read_input`].
+const ROUTING_FILE: crate::files::InputKind = crate::files::InputKind {
+    noun: "a routing file",
+    format: "a JSON file",
+    max_bytes: MAX_ROUTING_FILE_BYTES,
+    max_text: "256 MiB",
+};
+
 /// Read and check the routing file at `path` against `expect`.
 pub fn load(path: &Path, expect: Expected) -> Result<LoadedRouting, EngineError> {
     let fail =
         |message: String| EngineError::RoutingFile { path: path.to_path_buf(), at: None, message };
-    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(fail("not a regular file; a routing file is a JSON file".into()));
-    }
-    let too_large = |len: u64| {
-        fail(format!(
-            "{len} bytes is more than a routing file may have ({MAX_ROUTING_FILE_BYTES} bytes, \
-             256 MiB)"
-        ))
-    };
-    if meta.len() > MAX_ROUTING_FILE_BYTES {
-        return Err(too_large(meta.len()));
-    }
-    let bytes =
-        read_at_most(path, meta.len(), MAX_ROUTING_FILE_BYTES).map_err(|e| fail(e.to_string()))?;
-    if bytes.len() as u64 > MAX_ROUTING_FILE_BYTES {
-        // The file grew after it was measured.
-        return Err(too_large(bytes.len() as u64));
-    }
+    let bytes = crate::files::read_input(path, &ROUTING_FILE).map_err(|e| fail(e.to_string()))?;
     let table = parse_bytes(path, &bytes, expect)?;
     Ok(LoadedRouting { table, file: path.display().to_string(), sha256: sha256_hex(&bytes) })
 }
@@ -668,7 +658,10 @@ mod tests {
         let got = load(&missing, SHAPE).unwrap_err().to_string();
         assert!(got.starts_with(&format!("{}: ", missing.display())), "{got}");
         let got = load(dir.path(), SHAPE).unwrap_err().to_string();
-        assert!(got.ends_with("not a regular file; a routing file is a JSON file"), "{got}");
+        assert!(
+            got.ends_with("not a regular file (a directory); a routing file is a JSON file"),
+            "{got}"
+        );
         let big = dir.path().join("big.json");
         std::fs::File::create(&big).unwrap().set_len(MAX_ROUTING_FILE_BYTES + 1).unwrap();
         let got = load(&big, SHAPE).unwrap_err().to_string();

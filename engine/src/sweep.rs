@@ -9,6 +9,7 @@
 //! scenario and result next to each other, so `eptwin run <point>.toml` reproduces it. Points
 //! are independent, so their results do not depend on the thread count.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -19,7 +20,12 @@ use crate::plan::Plan;
 use crate::result::{Provenance, RunResult, write_atomic};
 use crate::scenario::LoadedScenario;
 use crate::scenario::edit::{KeyPath, value_from_text};
+use crate::scenario::limits::MAX_NAME_BYTES;
 use crate::transport::Transport;
+
+/// The most points one sweep (one shard) runs, and the most values a key takes: each point
+/// writes two files and an index entry, and each value is typed by parsing the scenario once.
+pub const MAX_SWEEP_POINTS: usize = 10_000;
 
 /// One swept key: `KEY=V1,V2,...`.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,11 +42,19 @@ impl SweepKey {
         let (key, values) =
             arg.split_once('=').ok_or_else(|| usage("expected KEY=V1,V2,...".into()))?;
         let values: Vec<String> = values.split(',').map(|v| v.trim().to_string()).collect();
+        if values.len() > MAX_SWEEP_POINTS {
+            return Err(usage(format!(
+                "{} values; a key takes at most {MAX_SWEEP_POINTS} (a sweep runs at most \
+                 {MAX_SWEEP_POINTS} points)",
+                values.len()
+            )));
+        }
         if values.iter().any(String::is_empty) {
             return Err(usage("an empty value".into()));
         }
-        for (i, v) in values.iter().enumerate() {
-            if values[..i].contains(v) {
+        let mut seen = BTreeSet::new();
+        for v in &values {
+            if !seen.insert(v.as_str()) {
                 return Err(usage(format!("value {v:?} is listed twice")));
             }
         }
@@ -64,6 +78,11 @@ impl Shard {
 
     pub fn contains(self, point_index: usize) -> bool {
         point_index % self.count as usize == self.index as usize
+    }
+
+    /// How many of a grid of `total` points are this shard's.
+    pub fn points_of(self, total: usize) -> usize {
+        total.saturating_sub(self.index as usize).div_ceil(self.count as usize)
     }
 
     /// `K/N` with `0 <= K < N`.
@@ -169,13 +188,31 @@ impl SweepPlan {
         let names: Vec<String> = keys.iter().map(|k| k.key().to_string()).collect();
         let labels = labels(keys);
         let base_name = loaded.scenario.name.clone();
-        let all = grid(&values.iter().map(Vec::len).collect::<Vec<_>>());
-        let total_points = all.len();
-        let mut points = Vec::new();
-        for (index, combo) in all.iter().enumerate() {
-            if !shard.contains(index) {
-                continue;
-            }
+        let sizes: Vec<usize> = values.iter().map(Vec::len).collect();
+        let total_points =
+            sizes.iter().try_fold(1usize, |n, &k| n.checked_mul(k)).ok_or_else(|| {
+                EngineError::Usage(format!(
+                    "the grid of {} points is larger than a sweep can index",
+                    sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(" × ")
+                ))
+            })?;
+        let shard_points = shard.points_of(total_points);
+        if shard_points > MAX_SWEEP_POINTS {
+            return Err(EngineError::Usage(format!(
+                "shard {}/{} of the grid holds {shard_points} of its {total_points} points: one \
+                 sweep runs at most {MAX_SWEEP_POINTS}; shard it further (--shard K/N)",
+                shard.index, shard.count
+            )));
+        }
+        // A value whose text had to be cleaned for a file name may clean to another's: such a
+        // key's points add their index to their names (the same in every shard).
+        let ambiguous = values.iter().any(|vals| {
+            let cleaned: BTreeSet<String> = vals.iter().map(|v| clean(&text_of(v))).collect();
+            cleaned.len() < vals.len()
+        });
+        let mut points = Vec::with_capacity(shard_points);
+        for index in (shard.index as usize..total_points).step_by(shard.count as usize) {
+            let combo = grid_point(index, &sizes);
             let mut table = base.clone();
             let mut point_values = Vec::new();
             let mut suffix = Vec::new();
@@ -187,7 +224,7 @@ impl SweepPlan {
                 suffix.push(clean(&format!("{label}-{}", text_of(&vals[i]))));
             }
             anchor_routing_files(&mut table, file);
-            let name = format!("{base_name}.{}", suffix.join("."));
+            let name = point_name(&base_name, &suffix, index, ambiguous);
             table.insert("name".into(), toml::Value::String(name.clone()));
             let assignments = |sep: &str, show: fn(&toml::Value) -> String| {
                 names
@@ -271,7 +308,9 @@ fn typed_values(
         let mut typed = Vec::new();
         for raw in &key.values {
             let usage = |m: String| EngineError::Usage(format!("--set {}={raw}: {m}", key.key()));
-            let mut last_err = String::new();
+            // The error of the value as written (a literal) says what is wrong with it; the
+            // retry as a string only serves string keys (environment tables).
+            let mut first_err = None;
             let mut found = None;
             for as_string in [false, true] {
                 let value = value_from_text(raw, current, as_string).map_err(usage)?;
@@ -283,13 +322,15 @@ fn typed_values(
                         found = Some(value);
                         break;
                     }
-                    Err(e) => last_err = error_message(&e),
+                    Err(e) => {
+                        first_err.get_or_insert_with(|| error_message(&e));
+                    }
                 }
                 if matches!(value, toml::Value::String(_)) {
                     break;
                 }
             }
-            typed.push(found.ok_or_else(|| usage(last_err))?);
+            typed.push(found.ok_or_else(|| usage(first_err.unwrap_or_default()))?);
         }
         out.push(typed);
     }
@@ -310,22 +351,35 @@ pub fn error_message(e: &EngineError) -> String {
     }
 }
 
-/// Every combination of value indices, row-major (the first key varies slowest).
-pub fn grid(sizes: &[usize]) -> Vec<Vec<usize>> {
-    let mut points = vec![Vec::new()];
-    for &n in sizes {
-        points = points
-            .into_iter()
-            .flat_map(|p| {
-                (0..n).map(move |i| {
-                    let mut q = p.clone();
-                    q.push(i);
-                    q
-                })
-            })
-            .collect();
+/// The value indices of grid point `index`, row-major over `sizes` (the first key varies
+/// slowest): the point is found without building the grid.
+pub fn grid_point(index: usize, sizes: &[usize]) -> Vec<usize> {
+    let mut combo = vec![0; sizes.len()];
+    let mut rest = index;
+    for (slot, &n) in combo.iter_mut().zip(sizes).rev() {
+        *slot = rest % n.max(1);
+        rest /= n.max(1);
     }
-    points
+    combo
+}
+
+/// A point's scenario name, also its file name: `<base>.<label>-<value>...`, with `.p<index>`
+/// where values clean to the same text; a name longer than a scenario name may be
+/// ([`MAX_NAME_BYTES`]) becomes the base name cut short and `.p<index>`.
+fn point_name(base: &str, suffix: &[String], index: usize, ambiguous: bool) -> String {
+    let mut name = format!("{base}.{}", suffix.join("."));
+    if ambiguous {
+        name = format!("{name}.p{index}");
+    }
+    if name.len() <= MAX_NAME_BYTES {
+        return name;
+    }
+    let tail = format!(".p{index}");
+    let mut cut = MAX_NAME_BYTES.saturating_sub(tail.len()).min(base.len());
+    while !base.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}{tail}", &base[..cut])
 }
 
 /// A value as JSON (the sweep index records values as JSON).
@@ -379,11 +433,14 @@ pub enum PointOutcome {
     Invalid(String),
     /// The run could not finish (a backend error or panic, or a file not written).
     Failed(String),
+    /// It was never started (the sweep was interrupted first): no file is written.
+    NotRun(String),
 }
 
-/// Run one point on a fresh backend from `backend`: write its scenario to `dir/<name>.toml`,
-/// parse and validate it, run it with `provenance()`, write `dir/<name>.json`. A backend panic
-/// fails this point only, so a long sweep keeps its other points.
+/// Run one point on a fresh backend from `backend`: parse and validate its scenario, run it
+/// with `provenance()`, then write `dir/<name>.toml` and (when it ran) `dir/<name>.json` —
+/// both once the point has ended, so a point cut short leaves no file. A backend panic fails
+/// this point only, so a long sweep keeps its other points.
 pub fn run_point(
     point: &PointPlan,
     dir: &Path,
@@ -393,7 +450,6 @@ pub fn run_point(
     let toml_path = dir.join(format!("{}.toml", point.name));
     let json_path = dir.join(format!("{}.json", point.name));
     let attempt = || -> Result<PointOutcome, EngineError> {
-        write_atomic(&toml_path, &point.text)?;
         let loaded = match crate::parse(&toml_path.display().to_string(), &point.text) {
             Ok(l) => l,
             Err(e) => return Ok(PointOutcome::Invalid(error_message(&e))),
@@ -404,10 +460,9 @@ pub fn run_point(
         };
         let mut transport = backend();
         let result = crate::run::run(&plan, transport.as_mut(), provenance())?;
-        write_atomic(&json_path, &result.to_json())?;
         Ok(PointOutcome::Ran(Box::new(result)))
     };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt)) {
+    let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt)) {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) => PointOutcome::Failed(e.to_string()),
         Err(payload) => {
@@ -418,6 +473,14 @@ pub fn run_point(
                 .unwrap_or_else(|| "no message".into());
             PointOutcome::Failed(format!("the backend panicked: {what}"))
         }
+    };
+    let written = write_atomic(&toml_path, &point.text).and_then(|()| match &outcome {
+        PointOutcome::Ran(result) => write_atomic(&json_path, &result.to_json()),
+        _ => Ok(()),
+    });
+    match written {
+        Ok(()) => outcome,
+        Err(e) => PointOutcome::Failed(e.to_string()),
     }
 }
 

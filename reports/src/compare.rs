@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
-use eptwin_engine::api::{OpResult, RunResult};
+use eptwin_engine::api::{OpResult, RunResult, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::describe;
@@ -31,12 +31,19 @@ pub struct Comparison {
     /// measurement over the TCP wire is no measurement of a fabric.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_compared: Option<String>,
-    /// Other measured results of the same scenario name that were read and not used (a
-    /// directory of diagnostics next to the results holds several): shown so that the pairing
-    /// is never a silent choice.
+    /// Other measured results of the same scenario name that were read and not used, each
+    /// with why (another scenario text, another GPU, no ops, another measurement of the same
+    /// text taken instead): shown so that the pairing is never a silent choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unused_measured: Vec<String>,
+    pub unused_measured: Vec<Unused>,
     pub rows: Vec<ComparisonRow>,
+}
+
+/// A measured result read and not used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unused {
+    pub file: String,
+    pub reason: String,
 }
 
 /// One of the two results compared.
@@ -259,37 +266,133 @@ impl Comparison {
     }
 }
 
-/// The measured result to compare with scenario `name` among `results`, and the paths of the
-/// other measured results of that name (read, not used). One with ops comes before a waived or
-/// empty one; among those, one that ran the scenario text `sha256` (the simulated one's) comes
-/// first: a diagnostic run of a variant (hook mode, other settings) keeps its scenario's name
-/// but not its text. Otherwise the first in `results`' order.
-pub fn pick_measured<'a>(
-    results: &'a [Loaded<RunResult>],
-    name: &str,
-    sha256: Option<&str>,
-) -> (Option<&'a Loaded<RunResult>>, Vec<String>) {
-    let candidates: Vec<&Loaded<RunResult>> =
-        results.iter().filter(|r| r.doc.scenario.name == name && r.doc.is_measured()).collect();
-    let with_ops = |r: &&&Loaded<RunResult>| !r.doc.jobs.is_empty();
-    let taken = candidates
-        .iter()
-        .filter(with_ops)
-        .find(|r| Some(r.doc.scenario.sha256.as_str()) == sha256)
-        .or_else(|| candidates.iter().find(with_ops))
-        .or_else(|| candidates.first())
-        .copied();
-    let unused = candidates
-        .iter()
-        .filter(|r| !taken.is_some_and(|t| std::ptr::eq(**r, t)))
-        .map(|r| r.path.display().to_string())
-        .collect();
-    (taken, unused)
+/// The measured results of one scenario name: those that may be compared with its simulator
+/// result, and the others with why not.
+#[derive(Debug, Clone)]
+pub struct Measured<'a> {
+    /// Measurements of the simulated scenario text on the GPU the simulator modelled (or one
+    /// of the GPUs allowed), with ops; shallowest path first, then in path order.
+    pub candidates: Vec<&'a Loaded<RunResult>>,
+    /// Measured results of the name without ops (waived, or failed before measuring): shown
+    /// when there is no candidate, for the reason they give.
+    pub without_ops: Vec<&'a Loaded<RunResult>>,
+    /// Every other measured result of the name, with why it is not a candidate.
+    pub skipped: Vec<Unused>,
+}
+
+/// What a measurement must have run to be compared with a simulation: the same scenario text
+/// and the GPU the scenario's profile models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected<'s> {
+    pub sha256: &'s str,
+    pub gpu: &'s str,
+}
+
+impl<'s> Expected<'s> {
+    /// What a simulator result ran and modelled.
+    pub fn of_simulation(sim: &'s RunResult) -> Expected<'s> {
+        Expected { sha256: &sim.scenario.sha256, gpu: describe::modelled_gpu(sim).unwrap_or("") }
+    }
+}
+
+impl<'a> Measured<'a> {
+    /// The measured results named `name` among `results`, matched against `expected`: the
+    /// same scenario text (sha256) and the GPU the profile models ([`describe::same_gpu`]), or
+    /// one of `allow_gpus`. Without an expectation (no simulator result) every measured
+    /// result with ops is a candidate.
+    pub fn of(
+        results: &'a [Loaded<RunResult>],
+        name: &str,
+        expected: Option<Expected<'_>>,
+        allow_gpus: &[String],
+    ) -> Measured<'a> {
+        let mut candidates = Vec::new();
+        let mut without_ops = Vec::new();
+        let mut skipped = Vec::new();
+        for r in results.iter().filter(|r| r.doc.scenario.name == name && r.doc.is_measured()) {
+            if r.doc.jobs.iter().all(|j| j.ops.is_empty()) {
+                without_ops.push(r);
+                continue;
+            }
+            match why_not(&r.doc, expected, allow_gpus) {
+                Some(reason) => skipped.push(Unused { file: r.path.display().to_string(), reason }),
+                None => candidates.push(r),
+            }
+        }
+        let depth_then_path =
+            |r: &&Loaded<RunResult>| (r.path.components().count(), r.path.clone());
+        candidates.sort_by_key(depth_then_path);
+        without_ops.sort_by_key(depth_then_path);
+        Measured { candidates, without_ops, skipped }
+    }
+
+    /// The candidate a report shows (the first; else the first result without ops, which
+    /// says why nothing was measured), and every other result read with why it is not shown.
+    pub fn take(self) -> (Option<&'a Loaded<RunResult>>, Vec<Unused>) {
+        let fallback = self.without_ops.first().copied();
+        let mut candidates = self.candidates.into_iter();
+        let taken = candidates.next().or(fallback);
+        let skipped_without_ops =
+            self.without_ops.iter().filter(|r| !taken.is_some_and(|t| std::ptr::eq(**r, t)));
+        let no_ops: Vec<Unused> = skipped_without_ops
+            .map(|r| Unused { file: r.path.display().to_string(), reason: no_ops_reason(&r.doc) })
+            .collect();
+        let mut unused: Vec<Unused> = candidates
+            .map(|r| Unused {
+                file: r.path.display().to_string(),
+                reason: format!(
+                    "another measurement of the same scenario text on the same GPU; {} is shown",
+                    taken.map(|t| t.path.display().to_string()).unwrap_or_default()
+                ),
+            })
+            .collect();
+        unused.extend(no_ops);
+        unused.extend(self.skipped);
+        (taken, unused)
+    }
+}
+
+/// Why a measured result without ops measured nothing.
+pub fn no_ops_reason(m: &RunResult) -> String {
+    match (&m.verdict, &m.waived_reason) {
+        (Verdict::Waived, Some(why)) => format!("waived: {why}"),
+        (v, _) => format!("verdict {} and no op measured", v.as_str()),
+    }
+}
+
+/// Why measured result `m` may not be compared with simulator result `sim`, if it may not.
+fn why_not(m: &RunResult, expected: Option<Expected<'_>>, allow_gpus: &[String]) -> Option<String> {
+    let expected = expected?;
+    if m.scenario.sha256 != expected.sha256 {
+        return Some(format!(
+            "it ran another scenario text (sha256 {:.12}…, the simulated one is {:.12}…)",
+            m.scenario.sha256, expected.sha256
+        ));
+    }
+    let model = expected.gpu;
+    let gpus = describe::measured_gpu_names(m);
+    if gpus.is_empty() {
+        return Some(format!(
+            "it records no GPU, so it cannot be told to be the {model} the profile models \
+             (`eptwin deepep import --gpu NAME` records one)"
+        ));
+    }
+    let allowed = |g: &String| {
+        describe::same_gpu(g, model) || allow_gpus.iter().any(|a| describe::same_gpu(g, a))
+    };
+    if let Some(other) = gpus.iter().find(|g| !allowed(g)) {
+        return Some(format!(
+            "measured on {other}, not the {model} the scenario's profile models \
+             (--allow-other-gpu \"{other}\" compares it anyway)"
+        ));
+    }
+    None
 }
 
 /// Pair results by scenario name: the first simulator result (one with ops first) with the
-/// measured one [`pick_measured`] takes (eptwin's hardware backend or DeepEP's tests imported);
-/// the measured results not taken are listed in the comparison.
+/// measured one [`Measured::take`] shows (eptwin's hardware backend or DeepEP's tests
+/// imported): the same scenario text, on the GPU the simulator modelled; the measured results
+/// not taken are listed in the comparison with why.
 pub fn pair_all(results: &[Loaded<RunResult>]) -> Vec<Comparison> {
     let mut names: Vec<&str> = Vec::new();
     for r in results {
@@ -308,8 +411,8 @@ pub fn pair_all(results: &[Loaded<RunResult>]) -> Vec<Comparison> {
                 .filter(sim)
                 .find(|r| !r.doc.jobs.is_empty())
                 .or_else(|| results.iter().find(sim));
-            let sha256 = simulated.map(|r| r.doc.scenario.sha256.as_str());
-            let (measured, unused) = pick_measured(results, name, sha256);
+            let expected = simulated.map(|r| Expected::of_simulation(&r.doc));
+            let (measured, unused) = Measured::of(results, name, expected, &[]).take();
             let mut comparison = Comparison::new(
                 simulated.map(|r| (r.path.as_path(), &r.doc)),
                 measured.map(|r| (r.path.as_path(), &r.doc)),
@@ -318,6 +421,34 @@ pub fn pair_all(results: &[Loaded<RunResult>]) -> Vec<Comparison> {
             comparison
         })
         .collect()
+}
+
+/// The (job, op) rows of a comparison that only one side has, or whose rank counts differ:
+/// "job ep16, op dispatch: measured only" — two results that do not describe the same runs.
+pub fn unpaired_rows(sim: &RunResult, measured: &RunResult) -> Vec<String> {
+    let rows = |r: &RunResult| -> Vec<(String, String, u32)> {
+        r.jobs
+            .iter()
+            .flat_map(|j| j.ops.iter().map(move |o| (j.name.clone(), o.op.clone(), j.ranks)))
+            .collect()
+    };
+    let (s, m) = (rows(sim), rows(measured));
+    let mut out = Vec::new();
+    for (job, op, ranks) in &s {
+        match m.iter().find(|(j, o, _)| j == job && o == op) {
+            None => out.push(format!("job {job}, op {op}: simulated only")),
+            Some((_, _, r)) if r != ranks => {
+                out.push(format!("job {job}, op {op}: {ranks} ranks simulated, {r} measured"))
+            }
+            Some(_) => {}
+        }
+    }
+    for (job, op, _) in &m {
+        if !s.iter().any(|(j, o, _)| j == job && o == op) {
+            out.push(format!("job {job}, op {op}: measured only"));
+        }
+    }
+    out
 }
 
 fn opt(v: Option<f64>, width: usize, prec: usize) -> String {
@@ -367,11 +498,10 @@ pub fn render_table(comparisons: &[Comparison]) -> String {
         }
         if !c.unused_measured.is_empty() {
             let taken = c.measured.as_ref().map_or("none", |m| m.file.as_str());
-            let _ = writeln!(
-                out,
-                "#   NOTE: measured result taken: {taken}; also read, not used: {}",
-                c.unused_measured.join(", ")
-            );
+            let _ = writeln!(out, "#   NOTE: measured result taken: {taken}; also read, not used:");
+            for u in &c.unused_measured {
+                let _ = writeln!(out, "#     {}: {}", u.file, u.reason);
+            }
         }
         let _ = writeln!(
             out,
@@ -517,10 +647,15 @@ mod tests {
     }
 
     fn doc(name: &str, kind: &str, latency_us: f64) -> Loaded<RunResult> {
+        let gpus = if kind == "sim" {
+            serde_json::json!(null)
+        } else {
+            serde_json::json!(["NVIDIA H200"])
+        };
         let doc = serde_json::from_value(serde_json::json!({
             "schema": 1,
-            "scenario": {"name": name, "sha256": "x"},
-            "backend": {"kind": kind},
+            "scenario": {"name": name, "sha256": "x", "facts": {"gpu": "NVIDIA H200"}},
+            "backend": {"kind": kind, "gpu_names": gpus},
             "eptwin": {"version": "0.1.0", "git_commit": "abc"},
             "verdict": "ok",
             "jobs": [{"name": "ll", "kind": "low-latency", "ranks": 16, "sl": 0, "ops": [{
@@ -535,6 +670,14 @@ mod tests {
         Loaded { path: format!("{name}.{kind}.json").into(), doc }
     }
 
+    fn on_gpu(mut d: Loaded<RunResult>, gpu: Option<&str>) -> Loaded<RunResult> {
+        match gpu {
+            Some(g) => d.doc.backend.insert("gpu_names".into(), serde_json::json!([g])),
+            None => d.doc.backend.remove("gpu_names"),
+        };
+        d
+    }
+
     #[test]
     fn deepep_documents_pair_as_measured() {
         let all = [doc("a", "sim", 110.0), doc("a", "deepep", 100.0), doc("b", "hw", 5.0)];
@@ -546,30 +689,71 @@ mod tests {
         assert!(pairs[1].simulated.is_none());
     }
 
-    /// Several measured results of one scenario: the one that ran the simulated scenario text
-    /// is taken even when a variant's file sorts first, and the others are named.
+    /// Several measured results of one scenario: only one that ran the simulated scenario
+    /// text on the modelled GPU is taken, the shallowest first, and every other is named with
+    /// why.
     #[test]
-    fn the_measurement_of_the_simulated_text_is_taken_and_the_others_named() {
+    fn the_measurement_of_the_simulated_text_and_gpu_is_taken_and_the_others_named() {
         let mut hook = doc("a", "hw", 130.0);
         hook.doc.scenario.sha256 = "variant".into();
         hook.path = "a/diag/a.json".into();
+        let mut other_gpu = on_gpu(doc("a", "hw", 150.0), Some("NVIDIA H100 80GB HBM3"));
+        other_gpu.path = "a/h100/a.json".into();
+        let mut repeat = doc("a", "hw", 105.0);
+        repeat.path = "a/repeat/a.json".into();
+        let mut no_gpu = on_gpu(doc("a", "deepep", 90.0), None);
+        no_gpu.path = "a/deepep.json".into();
         let mut main = doc("a", "hw", 100.0);
         main.path = "a/a.json".into();
-        let all = [doc("a", "sim", 110.0), hook, main];
+        let all = [doc("a", "sim", 110.0), hook, other_gpu, repeat, no_gpu, main];
         let pairs = pair_all(&all);
         assert_eq!(pairs[0].measured.as_ref().unwrap().file, "a/a.json");
         assert_eq!(pairs[0].rows[0].latency_error_pct, Some(10.0));
-        assert_eq!(pairs[0].unused_measured, ["a/diag/a.json"]);
+        let unused: Vec<(&str, &str)> =
+            pairs[0].unused_measured.iter().map(|u| (u.file.as_str(), u.reason.as_str())).collect();
+        assert_eq!(unused.len(), 4, "{unused:?}");
+        assert!(unused[0].0 == "a/repeat/a.json" && unused[0].1.starts_with("another measurement"));
+        let reason = |file: &str| unused.iter().find(|u| u.0 == file).unwrap().1;
+        assert!(reason("a/diag/a.json").contains("another scenario text"));
+        assert!(
+            reason("a/h100/a.json")
+                .contains("measured on NVIDIA H100 80GB HBM3, not the NVIDIA H200")
+        );
+        assert!(reason("a/deepep.json").contains("records no GPU"));
         let table = render_table(&pairs);
         assert!(
-            table.contains(
-                "NOTE: measured result taken: a/a.json; also read, not used: a/diag/a.json"
-            ),
+            table.contains("NOTE: measured result taken: a/a.json; also read, not used:"),
             "{table}"
         );
+        assert!(table.contains("#     a/h100/a.json: measured on NVIDIA H100"), "{table}");
         // One measured result: nothing to name.
         let pairs = pair_all(&[doc("b", "sim", 1.0), doc("b", "hw", 1.0)]);
         assert!(pairs[0].unused_measured.is_empty());
         assert!(!render_table(&pairs).contains("not used"));
+        // A GPU allowed by name is a candidate.
+        let results = [on_gpu(doc("c", "hw", 1.0), Some("NVIDIA H100 80GB HBM3"))];
+        let sim = doc("c", "sim", 1.0).doc;
+        let expected = Some(Expected::of_simulation(&sim));
+        assert!(Measured::of(&results, "c", expected, &[]).candidates.is_empty());
+        let allowed = ["NVIDIA H100".to_string()];
+        assert_eq!(Measured::of(&results, "c", expected, &allowed).candidates.len(), 1);
+    }
+
+    #[test]
+    fn rows_that_do_not_pair_are_named() {
+        let sim = doc("a", "sim", 1.0).doc;
+        assert!(unpaired_rows(&sim, &doc("a", "hw", 1.0).doc).is_empty());
+        let mut other = doc("a", "hw", 1.0).doc;
+        other.jobs[0].name = "ep16".into();
+        assert_eq!(
+            unpaired_rows(&sim, &other),
+            ["job ll, op dispatch: simulated only", "job ep16, op dispatch: measured only"]
+        );
+        other.jobs[0].name = "ll".into();
+        other.jobs[0].ranks = 8;
+        assert_eq!(
+            unpaired_rows(&sim, &other),
+            ["job ll, op dispatch: 16 ranks simulated, 8 measured"]
+        );
     }
 }

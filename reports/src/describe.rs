@@ -33,11 +33,11 @@ fn fact<'a>(result: &'a RunResult, key: &str) -> Option<&'a str> {
     result.scenario.facts.get(key).and_then(Value::as_str)
 }
 
-/// The GPUs a hardware result recorded, counted: "1× NVIDIA H200". Reads `backend.gpu_names`
-/// (a list; eptwin-hw writes it), or `backend.gpus` as a list of names or of objects with a
-/// `name`, or as the hardware backend's own summary string ("1 x NVIDIA H200"), or
-/// `gpu` / `gpu_name` / `device`.
-fn measured_gpus(result: &RunResult) -> Option<String> {
+/// The name of every GPU a measured result recorded: `backend.gpu_names` (a list; eptwin-hw
+/// writes it, `eptwin deepep import --gpu` too), or `backend.gpus` as a list of names or of
+/// objects with a `name`, or as the hardware backend's own summary string ("1 x NVIDIA
+/// H200"), or `gpu` / `gpu_name` / `device`. Empty when it recorded none.
+pub fn measured_gpu_names(result: &RunResult) -> Vec<String> {
     let b = &result.backend;
     let list = |v: &Value| -> Vec<String> {
         v.as_array()
@@ -55,21 +55,54 @@ fn measured_gpus(result: &RunResult) -> Option<String> {
             })
             .unwrap_or_default()
     };
-    let names: Vec<String> = match (b.get("gpu_names"), b.get("gpus")) {
+    match (b.get("gpu_names"), b.get("gpus")) {
         (Some(v @ Value::Array(_)), _) | (None, Some(v @ Value::Array(_))) => list(v),
-        (_, Some(Value::String(summary))) => return Some(summary.replace(" x ", "× ")),
+        (_, Some(Value::String(summary))) => {
+            let (count, name) = match summary.split_once(" x ") {
+                Some((n, name)) => (n.trim().parse().unwrap_or(1), name.trim()),
+                None => (1, summary.trim()),
+            };
+            vec![name.to_string(); count.clamp(1, 1024)]
+        }
         _ => ["gpu", "gpu_name", "device"]
             .iter()
             .find_map(|k| b.get(*k).and_then(Value::as_str))
             .map(|s| vec![s.to_string()])
             .unwrap_or_default(),
-    };
+    }
+}
+
+/// The GPUs a hardware result recorded, counted: "1× NVIDIA H200".
+fn measured_gpus(result: &RunResult) -> Option<String> {
+    let names = measured_gpu_names(result);
     let first = names.first()?;
     if names.iter().all(|n| n == first) {
         Some(format!("{}× {first}", names.len()))
     } else {
         Some(names.join(", "))
     }
+}
+
+/// Whether a GPU name as measured (NVML, CUDA: "NVIDIA H100 80GB HBM3") is the GPU `model`
+/// names (a profile's `gpu.name`, or a name given with `--allow-other-gpu`): the same words,
+/// case and an "NVIDIA" prefix aside, or the model's words followed by more (a memory or form
+/// factor the model leaves open: "H100" is "H100 80GB HBM3"; "H100 80GB HBM3" is not
+/// "H100 PCIe").
+pub fn same_gpu(measured: &str, model: &str) -> bool {
+    let words = |s: &str| -> Vec<String> {
+        let w: Vec<String> = s.split_whitespace().map(str::to_lowercase).collect();
+        match w.first().map(String::as_str) {
+            Some("nvidia") => w[1..].to_vec(),
+            _ => w,
+        }
+    };
+    let (m, g) = (words(measured), words(model));
+    !g.is_empty() && m.len() >= g.len() && m[..g.len()] == g[..]
+}
+
+/// The GPU model a simulator result modelled (its profile's `gpu.name`, `scenario.facts.gpu`).
+pub fn modelled_gpu(result: &RunResult) -> Option<&str> {
+    fact(result, "gpu")
 }
 
 /// The hardware behind a result: what was measured (GPU names) or what the simulator
@@ -80,10 +113,16 @@ pub fn hardware(result: &RunResult) -> String {
     match result.backend_kind() {
         "hw" => measured_gpus(result).or(gpu.map(str::to_string)).unwrap_or_else(|| "GPU".into()),
         // Imported from DeepEP's own test scripts: their logs name no GPU.
-        "deepep" => match result.backend.get("script").and_then(Value::as_str) {
-            Some(script) => format!("DeepEP {script}"),
-            None => "DeepEP tests".into(),
-        },
+        "deepep" => {
+            let script = match result.backend.get("script").and_then(Value::as_str) {
+                Some(script) => format!("DeepEP {script}"),
+                None => "DeepEP tests".into(),
+            };
+            match measured_gpus(result) {
+                Some(gpus) => format!("{script} on {gpus}"),
+                None => script,
+            }
+        }
         _ => match (gpu, profile) {
             (Some(g), Some(p)) => format!("{g} model, profile {p}"),
             (None, Some(p)) => format!("profile {p}"),
@@ -162,6 +201,21 @@ mod tests {
             r.backend.extend(map.into_iter().collect::<BTreeMap<_, _>>());
         }
         r
+    }
+
+    #[test]
+    fn gpus_are_told_apart_by_model() {
+        assert!(same_gpu("NVIDIA H200", "NVIDIA H200"));
+        assert!(same_gpu("NVIDIA H100 80GB HBM3", "NVIDIA H100"));
+        assert!(same_gpu("nvidia h100 80gb hbm3", "H100 80GB HBM3"));
+        assert!(!same_gpu("NVIDIA H100 80GB HBM3", "NVIDIA H200"));
+        assert!(!same_gpu("NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3"));
+        assert!(!same_gpu("NVIDIA H20", "NVIDIA H200"));
+        assert!(!same_gpu("NVIDIA H200", ""));
+        let hw = result("hw", serde_json::json!({"gpus": "2 x NVIDIA H200"}));
+        assert_eq!(measured_gpu_names(&hw), ["NVIDIA H200", "NVIDIA H200"]);
+        assert_eq!(modelled_gpu(&hw), Some("NVIDIA H200"));
+        assert!(measured_gpu_names(&result("deepep", serde_json::json!({}))).is_empty());
     }
 
     #[test]

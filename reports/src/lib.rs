@@ -19,6 +19,7 @@ pub mod report;
 pub mod sweep;
 pub mod table;
 pub mod trace;
+pub mod values;
 
 pub use compare::{Comparison, pair_all, render_table};
 pub use error::ReportError;

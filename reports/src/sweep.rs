@@ -52,7 +52,8 @@ pub struct SweepPoint {
     /// The point's scenario text (re-runnable with `eptwin run`), relative like `file`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scenario_file: Option<String>,
-    /// "ok" | "failed" | "waived" | "invalid" (the edited scenario broke a rule; no run).
+    /// "ok" | "failed" | "waived" | "invalid" (the edited scenario broke a rule; no run) |
+    /// "not-run" (the sweep was interrupted before the point started; no file).
     pub verdict: String,
     /// Why the point is waived, failed or invalid (first line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,6 +124,11 @@ impl SweepPoint {
             PointOutcome::Invalid(reason) => entry.reason = Some(reason.clone()),
             PointOutcome::Failed(reason) => {
                 entry.verdict = Verdict::Failed.as_str().into();
+                entry.reason = Some(reason.clone());
+            }
+            PointOutcome::NotRun(reason) => {
+                entry.verdict = "not-run".into();
+                entry.scenario_file = None;
                 entry.reason = Some(reason.clone());
             }
         }
@@ -342,6 +348,11 @@ mod tests {
         assert_eq!((invalid.verdict.as_str(), invalid.file.as_deref()), ("invalid", None));
         assert_eq!(invalid.scenario_file.as_deref(), Some("s.k-2.toml"));
         assert_eq!(invalid.values["k"], serde_json::json!(2));
+        let not_run = SweepPoint::new(&point, &keys, &PointOutcome::NotRun("interrupted".into()));
+        assert_eq!(
+            (not_run.verdict.as_str(), not_run.file.as_deref(), not_run.scenario_file.as_deref()),
+            ("not-run", None, None)
+        );
         let failed = SweepPoint::new(&point, &keys, &PointOutcome::Failed("panicked".into()));
         assert_eq!(
             (failed.verdict.as_str(), failed.reason.as_deref()),

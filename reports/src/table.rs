@@ -39,25 +39,7 @@ pub fn render(result: &RunResult) -> String {
         }
     };
     let _ = writeln!(out, "# eptwin: {} on {backend} ({detail})", result.scenario.name);
-    match crate::describe::wire(result) {
-        Some("tcp") => {
-            let _ = writeln!(
-                out,
-                "# wire: tcp (sockets between the nodes' processes: TCP and PCIe times, not a \
-                 fabric measurement)"
-            );
-        }
-        Some(w) if w != "none" => {
-            let path = result
-                .backend
-                .get("wire_report")
-                .and_then(|r| r.get("data_path"))
-                .and_then(|p| p.as_str())
-                .unwrap_or("?");
-            let _ = writeln!(out, "# wire: {w} (data path {path})");
-        }
-        _ => {}
-    }
+    wire_line(result, backend, &mut out);
     if result.verdict == Verdict::Waived {
         let _ = writeln!(
             out,
@@ -68,10 +50,20 @@ pub fn render(result: &RunResult) -> String {
     }
     let _ = writeln!(
         out,
-        "#  bw: DeepEP's logical bytes per rank / mean time, col: the link those bytes crossed; \
+        "#  bw: DeepEP's logical bytes per rank / mean time; link: the link DeepEP's test names \
+         that bandwidth for (logical_bw_label), NVL where it says RDMA but no byte crossed RDMA; \
          nvlink(MB), rdma(MB): bytes of one op summed over all ranks; masked: ranks DeepEP's \
          shrink mode masked (enable_shrink)"
     );
+    if result.jobs.iter().flat_map(|j| &j.ops).any(|o| !o.summary.phases_us.is_empty()) {
+        let _ = writeln!(
+            out,
+            "#  phase rows: a part of the op above, mean over ranks (send: from the op's start \
+             until the rank's sends and signals were out; recv: the receive kernel of hook mode; \
+             notify: the normal kernels' count exchange); parts may overlap, so they need not \
+             add up to the op"
+        );
+    }
     // min = max: every sample took the same time (the mean may differ in its last bit).
     let all_equal = result
         .jobs
@@ -97,7 +89,7 @@ pub fn render(result: &RunResult) -> String {
         "min(us)",
         "max(us)",
         "bw(GB/s)",
-        "col",
+        "link",
         "nvlink(MB)",
         "rdma(MB)",
         "#wrong"
@@ -177,8 +169,41 @@ fn rank_ranges(ranks: &[u32]) -> String {
     parts.join(",")
 }
 
-/// DeepEP's bandwidth column, unless no byte took that link: low-latency results count
-/// "RDMA" bandwidth even when every peer is reached over NVLink.
+
+/// The `# wire:` line of a hardware or imported result: which wire, and its data path.
+fn wire_line(result: &RunResult, backend: &str, out: &mut String) {
+    match crate::describe::wire(result) {
+        Some("tcp") => {
+            let _ = writeln!(
+                out,
+                "# wire: tcp (sockets between the nodes' processes: TCP and PCIe times, not a \
+                 fabric measurement)"
+            );
+        }
+        Some(w) if w != "none" => {
+            // The hardware backend reports its wire's data path; DeepEP's own kernels
+            // (imported) move bytes with NVSHMEM and say nothing of one.
+            let path = result
+                .backend
+                .get("wire_report")
+                .and_then(|r| r.get("data_path"))
+                .and_then(|p| p.as_str());
+            match path {
+                Some(path) => writeln!(out, "# wire: {w} (data path {path})"),
+                None if backend == "deepep" => {
+                    writeln!(out, "# wire: {w} (DeepEP's own kernels through NVSHMEM)")
+                }
+                None => writeln!(out, "# wire: {w}"),
+            }
+            .ok();
+        }
+        _ => {}
+    }
+}
+
+/// The link column: DeepEP's bandwidth label (`logical_bw_label`), unless no byte took that
+/// link: low-latency results count "RDMA" bandwidth even when every peer is reached over
+/// NVLink.
 fn link_column(s: &eptwin_engine::api::Summary) -> &str {
     match s.logical_bw_label.as_str() {
         "RDMA" if s.rdma_bytes == 0 && s.nvlink_bytes > 0 => "NVL",
@@ -237,6 +262,10 @@ mod tests {
         result.backend.insert("wire".into(), serde_json::json!("verbs"));
         result.backend.insert("wire_report".into(), serde_json::json!({"data_path": "staged"}));
         assert!(render(&result).contains("# wire: verbs (data path staged)"));
+        result.backend.remove("wire_report");
+        assert!(render(&result).contains("# wire: verbs\n"), "no data path, no question mark");
+        result.backend.insert("kind".into(), serde_json::json!("deepep"));
+        assert!(render(&result).contains("# wire: verbs (DeepEP's own kernels through NVSHMEM)"));
         result.backend.insert("wire".into(), serde_json::json!("none"));
         assert!(!render(&result).contains("# wire:"));
     }
@@ -293,5 +322,14 @@ mod tests {
         // Spread samples (hardware, or a shared fabric) get no such note.
         assert!(!render(&shaped("sim", 0, true)).contains("mean = p50"));
         assert!(!render(&shaped("hw", 0, false)).contains("idle machine"));
+        assert!(sim.contains("; link: the link DeepEP's test names"), "{sim}");
+        assert!(!sim.contains("phase rows"), "no phases, no legend");
+        let mut phased = shaped("sim", 0, false);
+        phased.jobs[0].ops[0].summary.phases_us.insert("send".into(), 4.0);
+        let t = render(&phased);
+        assert!(
+            t.contains("#  phase rows: a part of the op above")
+                && t.contains("phase send: 4.00 us")
+        );
     }
 }

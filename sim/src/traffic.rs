@@ -51,7 +51,9 @@ pub struct TrafficProgram {
     ranks_left: u32,
     start: Time,
     depth: u32,
-    paths: Vec<(u32, u32, PeerPath)>,
+    /// (source, destination, bytes, path) of every pair that sends: n·(n−1) for all-to-all,
+    /// n for a ring, n−1 for incast — paths are looked up for these pairs only.
+    demands: Vec<(u32, u32, u64, PeerPath)>,
     plan_ranks: Vec<Rank>,
 }
 
@@ -60,14 +62,13 @@ impl TrafficProgram {
         let j = plan.job(job);
         let spec = j.traffic().expect("a traffic job").clone();
         let n = j.num_ranks();
-        let mut paths = Vec::new();
-        for (a, &ra) in j.ranks.iter().enumerate() {
-            for (b, &rb) in j.ranks.iter().enumerate() {
-                if a != b {
-                    paths.push((a as u32, b as u32, plan.topology.rank_path(ra, rb)));
-                }
-            }
-        }
+        let demands = demands(&spec, &j.ranks)
+            .into_iter()
+            .map(|(a, b, bytes)| {
+                let path = plan.topology.rank_path(j.ranks[a as usize], j.ranks[b as usize]);
+                (a, b, bytes, path)
+            })
+            .collect();
         TrafficProgram {
             job,
             iteration,
@@ -87,53 +88,9 @@ impl TrafficProgram {
             ranks_left: n,
             start: 0,
             depth: j.nvshmem.qp_depth,
-            paths,
+            demands,
             plan_ranks: j.ranks.clone(),
         }
-    }
-
-    fn path(&self, a: u32, b: u32) -> PeerPath {
-        let i =
-            a as usize * (self.n as usize - 1) + if b > a { b as usize - 1 } else { b as usize };
-        self.paths[i].2
-    }
-
-    /// (destination, bytes) pairs each rank sends.
-    fn demands(&self) -> Vec<(u32, u32, u64)> {
-        let n = self.n;
-        let total = self.spec.bytes_per_rank;
-        let mut out = Vec::new();
-        match self.spec.pattern {
-            TrafficPattern::AllToAll => {
-                if n > 1 {
-                    for a in 0..n {
-                        for b in 0..n {
-                            if a != b {
-                                out.push((a, b, total / (n as u64 - 1)));
-                            }
-                        }
-                    }
-                }
-            }
-            TrafficPattern::Ring => {
-                if n > 1 {
-                    for a in 0..n {
-                        out.push((a, (a + 1) % n, total));
-                    }
-                }
-            }
-            TrafficPattern::Incast => {
-                // `incast_target` is a global rank of the job (the validator checks it).
-                let global = self.spec.incast_target.unwrap_or(self.plan_ranks[0]).0;
-                let target = self.plan_ranks.iter().position(|r| r.0 == global).unwrap_or(0) as u32;
-                for a in 0..n {
-                    if a != target {
-                        out.push((a, target, total));
-                    }
-                }
-            }
-        }
-        out
     }
 
     fn rank_done(&mut self, r: u32, core: &Core) {
@@ -180,6 +137,45 @@ impl TrafficProgram {
     }
 }
 
+/// (source, destination, bytes) of every pair of a job's ranks (indices into `ranks`) that
+/// sends in a round.
+fn demands(spec: &TrafficJob, ranks: &[Rank]) -> Vec<(u32, u32, u64)> {
+    let n = ranks.len() as u32;
+    let total = spec.bytes_per_rank;
+    let mut out = Vec::new();
+    match spec.pattern {
+        TrafficPattern::AllToAll => {
+            if n > 1 {
+                for a in 0..n {
+                    for b in 0..n {
+                        if a != b {
+                            out.push((a, b, total / (n as u64 - 1)));
+                        }
+                    }
+                }
+            }
+        }
+        TrafficPattern::Ring => {
+            if n > 1 {
+                for a in 0..n {
+                    out.push((a, (a + 1) % n, total));
+                }
+            }
+        }
+        TrafficPattern::Incast => {
+            // `incast_target` is a global rank of the job (the validator checks it).
+            let global = spec.incast_target.unwrap_or(ranks[0]).0;
+            let target = ranks.iter().position(|r| r.0 == global).unwrap_or(0) as u32;
+            for a in 0..n {
+                if a != target {
+                    out.push((a, target, total));
+                }
+            }
+        }
+    }
+    out
+}
+
 impl Program for TrafficProgram {
     fn start(&mut self, core: &mut Core, me: ProgId) {
         self.start = core.now;
@@ -189,10 +185,9 @@ impl Program for TrafficProgram {
         let job = self.job.index();
         let nvl_rate = core.params.nvl_rate;
         let _ = nvl_rate;
-        let demands = self.demands();
+        let demands = std::mem::take(&mut self.demands);
         let mut nvl_copies = Vec::new();
-        for (a, b, bytes) in demands {
-            let path = self.path(a, b);
+        for &(a, b, bytes, path) in &demands {
             let rdma = self.spec.rdma_only || path == PeerPath::Rdma;
             let msgs = bytes.div_ceil(msg_cap).max(1);
             self.expect_recv[b as usize] += msgs;
@@ -222,6 +217,7 @@ impl Program for TrafficProgram {
                 self.flows_left[a as usize] += 1;
             }
         }
+        self.demands = demands;
         // NVLink (or local) peers: chunked copies, issued back to back.
         for (a, b, bytes, msgs, path) in nvl_copies {
             let (ga, gb) = (core.jobs[job].gpu[a as usize], core.jobs[job].gpu[b as usize]);

@@ -4,27 +4,22 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use eptwin_engine::api::{Provenance, result_path, write_atomic};
+use eptwin_engine::api::{LOG, Outputs, Provenance, read_input, result_path, write_atomic};
 use eptwin_replay::import::{LogText, import};
 use eptwin_replay::launch::{LaunchFormat, launch};
 use eptwin_replay::subject::{Severity, Subject};
 
 use super::load_with_plan;
-use super::run::writable_dir;
 use crate::cli::{DeepepCommand, LaunchFormatArg};
 use crate::{ExitCode, out, outln};
-
-/// The largest log `deepep import` reads (64 MiB): DeepEP's test scripts print a few KiB per
-/// configuration, and a bound keeps a device or an endless pipe from being read without end.
-const MAX_LOG_BYTES: u64 = 64 << 20;
 
 pub fn dispatch(command: DeepepCommand) -> Result<ExitCode> {
     match command {
         DeepepCommand::Launch { scenario, deepep_dir, nodes_from_slurm, format } => {
             launch_lines(&scenario, &deepep_dir, nodes_from_slurm, format)
         }
-        DeepepCommand::Import { logs, scenario, out, json } => {
-            import_logs(&logs, &scenario, &out, json)
+        DeepepCommand::Import { logs, scenario, gpu, out, json } => {
+            import_logs(&logs, &scenario, &gpu, &out, json)
         }
     }
 }
@@ -62,7 +57,16 @@ fn launch_lines(
     }
 }
 
-fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Result<ExitCode> {
+fn import_logs(
+    logs: &[PathBuf],
+    scenario: &Path,
+    gpu: &str,
+    out: &Path,
+    json: bool,
+) -> Result<ExitCode> {
+    if gpu.trim().is_empty() {
+        anyhow::bail!("--gpu: name the GPU the scripts ran on, e.g. \"NVIDIA H800\"");
+    }
     let Some((loaded, plan)) = load_with_plan(scenario) else { return Ok(ExitCode::BadInput) };
     let texts: Vec<(String, String)> = logs
         .iter()
@@ -77,10 +81,20 @@ fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Res
         command: Some(std::env::args().collect::<Vec<_>>().join(" ")),
         ..Provenance::default()
     };
-    let result = import(&plan, &loaded.scenario, &log_texts, provenance)?;
-    // After the import: logs of another configuration leave no directory behind.
-    writable_dir(out, "--out")?;
+    let mut result = import(&plan, &loaded.scenario, &log_texts, provenance)?;
+    // As the hardware backend summarises its GPUs: "16 x NVIDIA H800".
+    let gpus = format!("{} x {}", plan.topology.num_gpus(), gpu.trim());
+    result.backend.insert("gpus".into(), serde_json::json!(gpus));
+    // Checked once the logs are read and match the scenario: logs of another configuration
+    // leave no directory behind.
     let file = result_path(out, &plan.name, Some("deepep"));
+    let mut outputs = Outputs::new();
+    outputs.input(scenario, &format!("the scenario {}", scenario.display()));
+    for log in logs {
+        outputs.input(log, &format!("the log {}", log.display()));
+    }
+    outputs.directory(out, "--out")?;
+    outputs.claim(&file, &format!("the deepep result of {}", plan.name))?;
     write_atomic(&file, &result.to_json())?;
     tracing::info!("wrote {}", file.display());
     if json {
@@ -92,24 +106,9 @@ fn import_logs(logs: &[PathBuf], scenario: &Path, out: &Path, json: bool) -> Res
     Ok(ExitCode::from_verdict(result.verdict))
 }
 
-/// One log as text, at most [`MAX_LOG_BYTES`] read (pipes are fine: `<(ssh node cat log)`).
+/// One log as text: a regular file of at most 64 MiB (engine/src/files.rs, `LOG`).
 fn read_log(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    if file.metadata().is_ok_and(|m| m.is_dir()) {
-        anyhow::bail!("{}: a directory; give DeepEP's log files", path.display());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_LOG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("reading {}", path.display()))?;
-    if bytes.len() as u64 > MAX_LOG_BYTES {
-        anyhow::bail!(
-            "{}: more than {MAX_LOG_BYTES} bytes (64 MiB); a DeepEP test log is a few KiB per \
-             configuration",
-            path.display()
-        );
-    }
+    let bytes = read_input(path, &LOG).with_context(|| format!("reading {}", path.display()))?;
     String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
             "{}: invalid UTF-8 at byte {}: DeepEP's logs are text",

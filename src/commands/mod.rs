@@ -33,8 +33,10 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Topo { scenario, disable_nvlink, hw } => {
             topo::topo(scenario.as_deref(), disable_nvlink, hw)
         }
-        Command::Compare { scenarios, out, measured, tolerance, json } => {
-            compare::compare(&scenarios, &out, &measured, tolerance, json)
+        Command::Compare { scenarios, out, measured, tolerance, allow_other_gpu, json } => {
+            let options =
+                compare::CompareOptions { out, measured, tolerance, allow_other_gpu, json };
+            compare::compare(&scenarios, &options)
         }
         Command::Report { results, out, json } => report::report(&results, &out, json),
         Command::Sweep { scenario, sets, shard, out, backend, threads, json } => {
@@ -107,6 +109,18 @@ pub fn hw_options(wire: Option<WireArg>) -> eptwin_hw::HwOptions {
         options.wire = Ok(w.request());
     }
     options
+}
+
+/// Say on stderr what is wrong with the hardware backend's environment before anything runs
+/// (an invalid `EPTWIN_WIRE` otherwise shows only in the waiver of a scenario that crosses
+/// nodes, and not at all when the run is waived for another reason first).
+pub fn warn_hw_env(wire: Option<WireArg>) {
+    if let Err(e) = &hw_options(wire).wire {
+        eprintln!(
+            "eptwin: warning: {e}; a scenario whose ranks cross nodes is waived for it \
+             (--wire overrides it)"
+        );
+    }
 }
 
 /// Who made a result. Simulator results carry no timestamp or host so that they are

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use eptwin_engine::api::Rank;
+use eptwin_engine::api::{Plan, Rank};
 use eptwin_group::{
     GroupConfig, LaunchInfo, ProcessGroup, SpawnOptions, Timeouts, check_blocks_on_one_node,
     rank_blocks, spawn_with,
@@ -18,7 +18,7 @@ use eptwin_hw::HwTransport;
 use eptwin_hw::processes::Processes;
 
 use super::results::write_result;
-use super::{RunOptions, load_plan, provenance};
+use super::{RunOptions, provenance};
 use crate::ExitCode;
 use crate::cli::BackendArg;
 
@@ -28,10 +28,23 @@ const FINISH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `--spawn N`: this command again, N times on this machine, without `--spawn`; process 0's
 /// stdout is passed through as it is, everything else with a `[pN] ` prefix.
-pub fn spawn_local(n: usize) -> Result<ExitCode> {
+pub fn spawn_local(
+    n: usize,
+    plans: &[(&PathBuf, Plan)],
+    ranks_per_process: Option<usize>,
+) -> Result<ExitCode> {
     if n == 0 {
         bail!("--spawn needs at least one process");
     }
+    // The checks each process would make, made once before any starts.
+    let [(path, plan)] = plans else {
+        bail!("--spawn: a run of several processes takes one scenario, {} given", plans.len());
+    };
+    let blocks = rank_blocks(plan.topology.num_ranks() as usize, n, ranks_per_process)
+        .map_err(|e| anyhow::anyhow!("{}: --spawn {n}: {e}", path.display()))?;
+    let node_of = |r: usize| plan.topology.node_of_rank(Rank(r as u32)) as usize;
+    check_blocks_on_one_node(&blocks, node_of)
+        .map_err(|e| anyhow::anyhow!("{}: --spawn {n}: {e}", path.display()))?;
     let exe = std::env::current_exe().context("finding this executable to spawn it")?;
     let args = without_spawn(std::env::args_os().skip(1));
     let options = SpawnOptions { unprefixed_stdout: Some(0), ..SpawnOptions::default() };
@@ -73,6 +86,7 @@ fn exit_code(code: i32) -> ExitCode {
 pub fn run_in_group(
     launch: &LaunchInfo,
     scenarios: &[PathBuf],
+    plans: &[(&PathBuf, Plan)],
     o: &RunOptions,
 ) -> Result<ExitCode> {
     let me = format!("process {} of {}", launch.process_rank, launch.process_count);
@@ -86,7 +100,8 @@ pub fn run_in_group(
         return Ok(ExitCode::BadInput);
     };
     debug_assert_eq!(o.backend, BackendArg::Hw);
-    let Some(plan) = load_plan(path) else { return Ok(ExitCode::BadInput) };
+    // Its diagnostics are printed already.
+    let [(_, plan)] = plans else { return Ok(ExitCode::BadInput) };
     let ranks = plan.topology.num_ranks() as usize;
     let bad = |e: &dyn std::fmt::Display| {
         eprintln!("eptwin: error: {}: {e}", path.display());
@@ -124,7 +139,7 @@ pub fn run_in_group(
         Ok(hw) => hw,
         Err(e) => return failed(&e),
     };
-    let result = eptwin_engine::api::run(&plan, &mut hw, provenance(BackendArg::Hw))
+    let result = eptwin_engine::api::run(plan, &mut hw, provenance(BackendArg::Hw))
         .with_context(|| format!("running {}", path.display()))?;
     let mut code = ExitCode::from_verdict(result.verdict);
     if launch.process_rank == 0 {

@@ -22,7 +22,17 @@ pub fn report(inputs: &[PathBuf], out: &Path, json: bool) -> Result<ExitCode> {
     for (path, why) in &loaded.ignored {
         tracing::info!("ignored {}: {why}", path.display());
     }
-    let output = eptwin_reports::build(&loaded, out)?;
+    // A file that should have been a document and is not (truncated, garbage, a FIFO): always.
+    for (path, why) in &loaded.unreadable {
+        eprintln!("eptwin: skipped {}: {why}", path.display());
+    }
+    let output = match eptwin_reports::build(&loaded, out) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("eptwin: error: {e}");
+            return Ok(ExitCode::BadInput);
+        }
+    };
     if json {
         outln!("{}", serde_json::json!({ "type": "report", "data": output }));
         return Ok(ExitCode::Ok);
@@ -42,6 +52,9 @@ pub fn report(inputs: &[PathBuf], out: &Path, json: bool) -> Result<ExitCode> {
     }
     if !output.ignored.is_empty() {
         outln!("# ignored {} file(s) that are not results (-v lists them)", output.ignored.len());
+    }
+    if !loaded.unreadable.is_empty() {
+        outln!("# skipped {} file(s) that could not be read (see above)", loaded.unreadable.len());
     }
     outln!("# index: {}", output.index_html.display());
     Ok(ExitCode::Ok)

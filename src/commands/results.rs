@@ -69,8 +69,8 @@ pub fn place_result(dir: &Path, name: &str, result: &RunResult) -> Result<Option
 
 /// The backend kind and verdict of the result file at `path`, if it is one.
 fn existing(path: &Path) -> Option<(String, Verdict)> {
-    let file = std::fs::File::open(path).ok()?;
-    let doc: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
+    let bytes = eptwin_engine::api::read_input(path, &eptwin_engine::api::DOCUMENT).ok()?;
+    let doc: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     let kind = doc.get("backend")?.get("kind")?.as_str()?.to_string();
     let verdict = serde_json::from_value(doc.get("verdict")?.clone()).ok()?;
     Some((kind, verdict))

@@ -1,18 +1,16 @@
 //! `eptwin run`.
 //!
-//! Everything that can be known before simulating is checked first: the output directory is
-//! a writable directory, the trace path is a file, and no two scenarios share a `name` (their
-//! results would overwrite each other). Result files follow one rule: a result never replaces
-//! a result of another backend, and a waived result never replaces a measured one; it goes
-//! to `<name>.<backend>.json` instead (the name `compare` uses), and the run says so.
+//! Everything that can be known before simulating is checked first: every scenario plans, no
+//! two share a `name` (their results would overwrite each other), and every output — the
+//! result files and the trace — may be written (engine/src/files.rs: regular files only, none
+//! twice, none an input). Where results go is `results.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use eptwin_engine::LoadedScenario;
-use eptwin_engine::api::Progress;
-use eptwin_engine::api::{RunResult, write_atomic};
+use eptwin_engine::api::{Outputs, Progress, RunResult, result_path, write_atomic};
 use eptwin_group::{LaunchInfo, Launcher, rank_blocks};
 
 use super::results::write_result;
@@ -30,13 +28,25 @@ pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
             "--spawn and --ranks-per-process run the hardware backend's processes: add --backend hw"
         );
     }
-    // Every process of a launch checks --out too: each runs this same command.
-    writable_dir(&o.out, "--out")?;
-    if let Some(trace_path) = trace {
-        writable_file(trace_path, "--trace")?;
+    if backend == BackendArg::Hw {
+        super::warn_hw_env(o.wire);
     }
+    let (loaded, mut code) = load_distinct(scenarios);
+    let Some(loaded) = loaded else { return Ok(ExitCode::BadInput) };
+    let mut plans = Vec::new();
+    for (path, scenario) in &loaded {
+        match plan_loaded(scenario) {
+            Some(plan) => plans.push((path, plan)),
+            None => code = code.worst(ExitCode::BadInput),
+        }
+    }
+    // Every process of a launch checks the outputs too: each runs this same command.
+    check_outputs(&loaded, &plans, o)?;
     if let Some(n) = o.spawn {
-        return processes::spawn_local(n);
+        if code != ExitCode::Ok {
+            return Ok(code);
+        }
+        return processes::spawn_local(n, &plans, o.ranks_per_process);
     }
     let mut launcher = Launcher::Single;
     if backend == BackendArg::Hw {
@@ -48,17 +58,11 @@ pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
             }
         };
         if launch.process_count > 1 {
-            return processes::run_in_group(&launch, scenarios, o);
+            return processes::run_in_group(&launch, scenarios, &plans, o);
         }
         launcher = launch.launcher;
     }
-    let (loaded, mut code) = load_distinct(scenarios);
-    let Some(loaded) = loaded else { return Ok(ExitCode::BadInput) };
-    for (path, scenario) in &loaded {
-        let Some(plan) = plan_loaded(scenario) else {
-            code = code.worst(ExitCode::BadInput);
-            continue;
-        };
+    for (path, plan) in &plans {
         if o.ranks_per_process.is_some() {
             // One process: it must hold every rank.
             let ranks = plan.topology.num_ranks() as usize;
@@ -70,17 +74,12 @@ pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
         }
         let mut bar = ProgressBar::new(&plan.name);
         let (result, trace_json) =
-            execute_as(&plan, backend, trace.is_some(), launcher, o.wire, &mut |p| bar.show(p))
+            execute_as(plan, backend, trace.is_some(), launcher, o.wire, &mut |p| bar.show(p))
                 .with_context(|| format!("running {}", path.display()))?;
         drop(bar);
         write_result(&result, &o.out, o.json)?;
         if let (Some(trace_path), Some(trace_json)) = (trace, trace_json) {
-            write_atomic(trace_path, &trace_json).map_err(|e| match e {
-                eptwin_engine::EngineError::ResultWrite { message, .. } => {
-                    anyhow::anyhow!("writing the trace to {}: {message}", trace_path.display())
-                }
-                other => other.into(),
-            })?;
+            write_atomic(trace_path, &trace_json)?;
             eprintln!(
                 "eptwin: trace written to {} (open in https://ui.perfetto.dev)",
                 trace_path.display()
@@ -89,6 +88,45 @@ pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
         code = code.worst(ExitCode::from_verdict(result.verdict));
     }
     Ok(code)
+}
+
+/// Claim every file the run will write before it runs (engine/src/files.rs): the result of
+/// each planned scenario (both names [`super::results::place_result`] may choose) and the
+/// trace, none of them the same file or a file the run reads.
+fn check_outputs(
+    loaded: &Scenarios,
+    plans: &[(&PathBuf, eptwin_engine::Plan)],
+    o: &RunOptions,
+) -> Result<()> {
+    let mut outputs = Outputs::new();
+    for (path, _) in loaded {
+        outputs.input(path, &format!("the scenario {}", path.display()));
+    }
+    for (_, plan) in plans {
+        for file in plan.routing_files() {
+            outputs.input(Path::new(&file.file), &format!("the routing file {}", file.file));
+        }
+    }
+    outputs.directory(&o.out, "--out")?;
+    let kind = match o.backend {
+        BackendArg::Sim => "sim",
+        BackendArg::Hw => "hw",
+    };
+    for (_, plan) in plans {
+        claim_result(&mut outputs, &o.out, &plan.name, kind)?;
+    }
+    if let Some(trace) = &o.trace {
+        outputs.claim(trace, "--trace")?;
+    }
+    Ok(())
+}
+
+/// Claim the two files a result of `name` on backend `kind` may go to.
+pub fn claim_result(outputs: &mut Outputs, dir: &Path, name: &str, kind: &str) -> Result<()> {
+    let what = format!("the result of {name}");
+    outputs.claim(&result_path(dir, name, None), &what)?;
+    outputs.claim(&result_path(dir, name, Some(kind)), &format!("the {kind} result of {name}"))?;
+    Ok(())
 }
 
 /// Scenario files as parsed, with their paths.
@@ -123,46 +161,6 @@ pub fn load_distinct(scenarios: &[PathBuf]) -> (Option<Scenarios>, ExitCode) {
         }
     }
     (if clash { None } else { Some(loaded) }, code)
-}
-
-/// `dir` is a directory results can be written to (created if missing), checked before any
-/// simulation: a file there or a read-only directory would otherwise fail only at the end.
-pub fn writable_dir(dir: &Path, flag: &str) -> Result<()> {
-    if dir.exists() && !dir.is_dir() {
-        bail!(
-            "{flag} {}: not a directory (it is a file); give a directory for the results",
-            dir.display()
-        );
-    }
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("{flag} {}: cannot create the directory", dir.display()))?;
-    probe_write(dir).with_context(|| format!("{flag} {}: cannot write there", dir.display()))
-}
-
-/// `file` can be written: not a directory, and its directory is (or can be made) writable.
-pub fn writable_file(file: &Path, flag: &str) -> Result<()> {
-    if file.is_dir() {
-        bail!(
-            "{flag} {}: a directory; give a file name such as {}",
-            file.display(),
-            file.join("trace.json").display()
-        );
-    }
-    let dir = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let at = || format!("{flag} {}", file.display());
-    if dir.exists() && !dir.is_dir() {
-        bail!("{}: {} is a file, not a directory", at(), dir.display());
-    }
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("{}: cannot create its directory {}", at(), dir.display()))?;
-    probe_write(dir).with_context(|| format!("{}: cannot write in {}", at(), dir.display()))
-}
-
-/// Create and remove a file in `dir` (permissions alone do not tell: read-only mounts, ACLs).
-fn probe_write(dir: &Path) -> std::io::Result<()> {
-    let probe = dir.join(format!(".eptwin-write-test.{}", std::process::id()));
-    std::fs::File::create(&probe)?;
-    std::fs::remove_file(&probe)
 }
 
 /// Run one plan on one backend; the simulator also hands back its trace when asked.

@@ -8,27 +8,37 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
-use eptwin_engine::api::write_atomic;
-use eptwin_engine::sweep::{Shard, SweepKey, SweepPlan, run_grid, run_point};
+use anyhow::{Result, bail};
+use eptwin_engine::api::{Outputs, write_atomic};
+use eptwin_engine::sweep::{PointOutcome, Shard, SweepKey, SweepPlan, run_grid, run_point};
 use eptwin_reports::{SweepIndex, SweepPoint};
 
 use super::{provenance, transport};
 use crate::cli::BackendArg;
-use crate::{ExitCode, out, outln};
+use crate::{ExitCode, interrupt, out, outln};
 
-fn thread_count(requested: Option<usize>, backend: BackendArg) -> usize {
+/// The most worker threads a sweep starts: far above any machine's cores, and quick to start.
+const MAX_THREADS: usize = 1024;
+
+fn thread_count(requested: Option<usize>, backend: BackendArg, points: usize) -> Result<usize> {
     if backend == BackendArg::Hw {
         if requested.is_some_and(|t| t > 1) {
             tracing::warn!("hardware points run one at a time: they share the GPUs");
         }
-        return 1;
+        return Ok(1);
     }
-    requested
+    if let Some(t) = requested
+        && !(1..=MAX_THREADS).contains(&t)
+    {
+        bail!("--threads {t}: from 1 to {MAX_THREADS}");
+    }
+    let threads = requested
         .or_else(|| std::env::var("SLURM_CPUS_PER_TASK").ok()?.parse().ok())
         .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
         .unwrap_or(1)
-        .max(1)
+        .clamp(1, MAX_THREADS);
+    // No more threads than points.
+    Ok(threads.min(points.max(1)))
 }
 
 pub fn sweep(
@@ -40,6 +50,9 @@ pub fn sweep(
     threads: Option<usize>,
     json: bool,
 ) -> Result<ExitCode> {
+    if backend == BackendArg::Hw {
+        super::warn_hw_env(None);
+    }
     let keys: Vec<SweepKey> = sets.iter().map(|s| SweepKey::parse(s)).collect::<Result<_, _>>()?;
     let loaded = match eptwin_engine::load(scenario) {
         Ok(l) => l,
@@ -48,13 +61,12 @@ pub fn sweep(
             return Ok(ExitCode::BadInput);
         }
     };
-    let text = std::fs::read_to_string(scenario)?;
     let file = scenario.display().to_string();
     let shard = match shard {
         Some(s) => Shard::parse(s)?,
         None => Shard::from_slurm(|k| std::env::var(k).ok())?.unwrap_or(Shard::ALL),
     };
-    let plan = SweepPlan::new(&file, &text, &loaded, &keys, shard)?;
+    let plan = SweepPlan::new(&file, loaded.source.text(), &loaded, &keys, shard)?;
     for key in &plan.absent_keys {
         // Environment tables take any name, so a misspelt variable would sweep nothing.
         eprintln!("eptwin: note: {key} is not set in {file}; every point adds it");
@@ -63,8 +75,9 @@ pub fn sweep(
         Some(d) => d.to_path_buf(),
         None => Path::new("out").join(format!("sweep-{}", plan.base_name)),
     };
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let threads = thread_count(threads, backend);
+    let threads = thread_count(threads, backend, plan.points.len())?;
+    let index_path = dir.join(SweepIndex::file_name(shard));
+    check_outputs(scenario, &dir, &plan, &index_path)?;
     eprintln!(
         "eptwin sweep: {} point(s) of {} (shard {}/{}) on {threads} thread(s) -> {}",
         plan.points.len(),
@@ -83,9 +96,14 @@ pub fn sweep(
     );
     let new_backend = || transport(backend, false, None);
     let new_provenance = || provenance(backend);
+    interrupt::catch();
     #[allow(clippy::disallowed_methods)] // real time of the sweep itself, never in a result
     let started = std::time::Instant::now();
     let runs = run_grid(&plan.points, threads, |p| {
+        if interrupt::interrupted() {
+            let outcome = PointOutcome::NotRun("the sweep was interrupted (Ctrl-C) first".into());
+            return (SweepPoint::new(p, &plan.keys, &outcome), outcome, 0.0);
+        }
         #[allow(clippy::disallowed_methods)] // as above
         let point_started = std::time::Instant::now();
         let outcome = run_point(p, &dir, &new_backend, &new_provenance);
@@ -101,11 +119,9 @@ pub fn sweep(
     let summed_s: f64 = runs.iter().map(|r| r.2).sum();
     let code = runs.iter().fold(ExitCode::Ok, |c, (_, outcome, _)| {
         c.worst(match outcome {
-            eptwin_engine::sweep::PointOutcome::Ran(result) => {
-                ExitCode::from_verdict(result.verdict)
-            }
-            eptwin_engine::sweep::PointOutcome::Invalid(_) => ExitCode::BadInput,
-            eptwin_engine::sweep::PointOutcome::Failed(_) => ExitCode::Failed,
+            PointOutcome::Ran(result) => ExitCode::from_verdict(result.verdict),
+            PointOutcome::Invalid(_) => ExitCode::BadInput,
+            PointOutcome::Failed(_) | PointOutcome::NotRun(_) => ExitCode::Failed,
         })
     });
     let backend_name = match backend {
@@ -113,7 +129,6 @@ pub fn sweep(
         BackendArg::Hw => "hw",
     };
     let index = SweepIndex::new(&plan, backend_name, runs.into_iter().map(|r| r.0).collect());
-    let index_path = dir.join(SweepIndex::file_name(shard));
     write_atomic(&index_path, &index.to_json())?;
     eprintln!(
         "eptwin sweep: {} point(s) in {wall_s:.2} s wall on {threads} thread(s); {summed_s:.2} s summed over points ({:.2}x)",
@@ -126,5 +141,25 @@ pub fn sweep(
         out!("{}", index.render_table(&plan.labels));
         outln!("# index: {}", index_path.display());
     }
+    if interrupt::interrupted() {
+        eprintln!("eptwin sweep: interrupted; the index lists the points not run");
+        interrupt::exit_by_sigint();
+    }
     Ok(code)
+}
+
+/// Claim every file the sweep writes before any point runs (engine/src/files.rs): each
+/// point's scenario and result, and the index; none may be the base scenario.
+fn check_outputs(scenario: &Path, dir: &Path, plan: &SweepPlan, index: &Path) -> Result<()> {
+    let mut outputs = Outputs::new();
+    outputs.input(scenario, &format!("the scenario {}", scenario.display()));
+    outputs.directory(dir, "--out")?;
+    for p in &plan.points {
+        let toml = dir.join(format!("{}.toml", p.name));
+        outputs.claim(&toml, &format!("sweep point {}'s scenario", p.index))?;
+        let json = dir.join(format!("{}.json", p.name));
+        outputs.claim(&json, &format!("sweep point {}'s result", p.index))?;
+    }
+    outputs.claim(index, "the sweep index")?;
+    Ok(())
 }

@@ -6,7 +6,8 @@ use std::path::Path;
 use anyhow::Result;
 use eptwin_engine::api::GpuId;
 use eptwin_engine::topology::{
-    DeclaredProbe, NvlinkCheckMode, NvlinkReport, TopologyProbe, check_nvlink_connections,
+    DeclaredProbe, NvlinkCheckMode, NvlinkReport, PAIR_LIST_GPUS, TopologyProbe,
+    check_nvlink_connections,
 };
 
 use super::load_plan;
@@ -99,14 +100,28 @@ pub fn topo(scenario: Option<&Path>, disable_nvlink: bool, hw: bool) -> Result<E
 
 fn print_matrix(report: &NvlinkReport) {
     outln!("# eptwin topo: {} ({} GPUs)", report.source, report.gpus.len());
-    for (g, name) in report.gpus.iter().zip(&report.names) {
-        outln!("#   GPU{g}: {name}");
+    // Runs of consecutive GPUs with one name on one line: 16,384 GPUs are not 16,384 lines.
+    let mut i = 0;
+    while i < report.gpus.len() {
+        let mut j = i;
+        while j + 1 < report.gpus.len()
+            && report.names[j + 1] == report.names[i]
+            && report.gpus[j + 1] == report.gpus[j] + 1
+        {
+            j += 1;
+        }
+        if i == j {
+            outln!("#   GPU{}: {}", report.gpus[i], report.names[i]);
+        } else {
+            outln!("#   GPU{}-GPU{}: {}", report.gpus[i], report.gpus[j], report.names[i]);
+        }
+        i = j + 1;
     }
-    if report.gpus.len() > 32 {
-        let connected = report.pairs.iter().filter(|p| p.nvlink).count();
+    if report.gpus.len() > PAIR_LIST_GPUS {
         outln!(
-            "#   {connected} of {} GPU pairs NVLink-connected (matrix omitted above 32 GPUs)",
-            report.pairs.len()
+            "#   {} of {} GPU pairs NVLink-connected (matrix omitted above {PAIR_LIST_GPUS} GPUs)",
+            report.connected_pairs,
+            report.total_pairs
         );
         return;
     }

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use eptwin_engine::api::{SNAPSHOT, read_input};
 use serde::Deserialize;
 
 use super::{
@@ -141,11 +142,13 @@ impl Snapshot {
     }
 }
 
+/// A snapshot's file: a regular file of at most [`SNAPSHOT`]'s bound, UTF-8. A FIFO or a link
+/// to `/dev/zero` is refused without being read.
 fn read_text(path: &Path) -> Result<String, DoctorError> {
-    std::fs::read_to_string(path).map_err(|e| DoctorError::Snapshot {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })
+    let error =
+        |message: String| DoctorError::Snapshot { path: path.display().to_string(), message };
+    let bytes = read_input(path, &SNAPSHOT).map_err(|e| error(e.to_string()))?;
+    String::from_utf8(bytes).map_err(|e| error(format!("not UTF-8 text: {e}")))
 }
 
 fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, DoctorError> {
@@ -215,7 +218,7 @@ fn load_layer(dir: &Path, depth: usize) -> Result<(State, NodeToml), DoctorError
     let root = dir.join("root");
     if root.is_dir() {
         let mut files = BTreeMap::new();
-        collect_root(&root, &root, &mut files)?;
+        collect_root(&root, &root, &mut files, &mut 0)?;
         state.files.extend(files.into_iter().map(|(k, v)| (resolve(&k, &state.links), v)));
     }
     let nvml = dir.join("nvml.toml");
@@ -229,10 +232,16 @@ fn load_layer(dir: &Path, depth: usize) -> Result<(State, NodeToml), DoctorError
     Ok((state, layer))
 }
 
+/// Files a snapshot's `root/` may hold, and their bytes together: a node's recorded `/proc`
+/// and `/sys` entries are tens to hundreds of small files; a hostile tree costs at most this.
+const MAX_ROOT_FILES: usize = 10_000;
+const MAX_ROOT_BYTES: usize = 64 << 20;
+
 fn collect_root(
     root: &Path,
     dir: &Path,
     files: &mut BTreeMap<String, String>,
+    bytes: &mut usize,
 ) -> Result<(), DoctorError> {
     let io = |e: std::io::Error| DoctorError::Snapshot {
         path: dir.display().to_string(),
@@ -243,11 +252,27 @@ fn collect_root(
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
         let path = entry.path();
-        if path.is_dir() {
-            collect_root(root, &path, files)?;
+        // A real directory only: a link to `.` or to a parent is read as a file and refused,
+        // so the walk ends.
+        if entry.file_type().map_err(io)?.is_dir() {
+            collect_root(root, &path, files, bytes)?;
         } else {
+            if files.len() >= MAX_ROOT_FILES {
+                return Err(DoctorError::Snapshot {
+                    path: root.display().to_string(),
+                    message: format!("more than {MAX_ROOT_FILES} files under root/"),
+                });
+            }
             let rel = path.strip_prefix(root).unwrap_or(&path);
-            files.insert(format!("/{}", rel.display()), read_text(&path)?);
+            let text = read_text(&path)?;
+            *bytes += text.len();
+            if *bytes > MAX_ROOT_BYTES {
+                return Err(DoctorError::Snapshot {
+                    path: root.display().to_string(),
+                    message: format!("more than {MAX_ROOT_BYTES} bytes under root/"),
+                });
+            }
+            files.insert(format!("/{}", rel.display()), text);
         }
     }
     Ok(())
@@ -530,5 +555,33 @@ mod tests {
         assert!(node.files.read("/proc/nothing").unwrap_err().is_absent());
         assert!(node.gpus.gpus().is_err());
         assert!(node.verbs.devinfo().is_err());
+    }
+
+    /// A hostile snapshot: a FIFO, a link to `/dev/zero` and a link to `.` under `root/` are
+    /// each refused by name — never read (a FIFO would block, `/dev/zero` never ends) nor walked
+    /// (the link to `.` would recurse without end).
+    #[test]
+    fn a_snapshot_reads_regular_files_only_and_its_walk_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("root/proc")).unwrap();
+        std::fs::write(dir.path().join("node.toml"), "").unwrap();
+        let entry = dir.path().join("root/proc/modules");
+        let refused = |what: &str| {
+            let e = Snapshot::load(dir.path()).err().unwrap_or_else(|| panic!("{what} accepted"));
+            let text = e.to_string();
+            assert!(text.contains("root/proc/modules"), "{what}: {text}");
+            assert!(text.contains("not a regular file"), "{what}: {text}");
+        };
+        assert!(std::process::Command::new("mkfifo").arg(&entry).status().unwrap().success());
+        refused("a FIFO");
+        std::fs::remove_file(&entry).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &entry).unwrap();
+        refused("a link to /dev/zero");
+        std::fs::remove_file(&entry).unwrap();
+        std::os::unix::fs::symlink(".", &entry).unwrap();
+        refused("a link to .");
+        std::fs::remove_file(&entry).unwrap();
+        std::fs::write(&entry, "nvidia_peermem 16384 0 - Live 0x0\n").unwrap();
+        assert!(Snapshot::load(dir.path()).is_ok());
     }
 }

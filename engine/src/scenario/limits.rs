@@ -11,9 +11,9 @@ use crate::diag::Diagnostics;
 use crate::profile::HardwareProfile;
 use crate::scenario::schema::{JobSpec, ReferenceSpec, Scenario, TrafficPattern, TrafficSpec};
 
-/// A scenario's name becomes file names: `<name>.compare.json` and, while it is written, the
-/// temporary `.<name>.compare.json.tmp.<pid>` (29 bytes around the name at most); sweep points
-/// add `-<point>` suffixes. 200 bytes leaves room under the 255-byte file name limit.
+/// A scenario's name becomes file names, `<name>.compare.json` the longest (13 bytes more;
+/// temporary files have names of their own, engine/src/files.rs). 200 bytes leaves room under
+/// the 255-byte file name limit; sweep points keep to it too (`sweep::point_name`).
 pub const MAX_NAME_BYTES: usize = 200;
 /// Jobs in one scenario (the simulator numbers jobs with 16 bits; validation is linear in it).
 pub const MAX_JOBS: usize = 4096;
@@ -57,9 +57,15 @@ pub const MAX_OPS: usize = 64;
 /// bytes in the result JSON, so a result stays under ~40 MB.
 pub const MAX_RESULT_SAMPLES: u64 = 200_000;
 /// Ops of a scenario with several jobs, Σ over jobs of (warmup + iterations) × ops: the jobs
-/// share one simulated session, which keeps every op's program (~26 KB each, ≈ 430 MiB at the
-/// limit; the simulator numbers them with 16 bits).
+/// share one simulated session (the simulator numbers its ops with 16 bits); what the ops keep
+/// is bounded by [`MAX_SESSION_CELLS`].
 pub const MAX_SESSION_OPS: u64 = 1 << 14;
+/// The state a shared session keeps, Σ over jobs of (warmup + iterations) × ops × cells per
+/// op, where an op's cells are ranks × max(experts, ranks) for a DeepEP job and its ranks for
+/// traffic: every op of a session keeps its receive counters (one per local expert and source
+/// rank on every rank) until the session ends: 8–20 bytes per cell measured (low-latency EP16
+/// and EP64; 247 MiB at the limit, docs/scenario.md). 16,384 ops of EP2896 would keep 2^37.
+pub const MAX_SESSION_CELLS: u64 = 1 << 25;
 /// Background traffic: bytes each rank sends per round.
 pub const MAX_TRAFFIC_BYTES_PER_RANK: u64 = 1 << 40;
 /// The largest RDMA message InfiniBand carries (2^31 bytes).
@@ -84,9 +90,21 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
             "name",
             None,
             format!(
-                "{} bytes: a scenario name becomes result file names (<name>.compare.json, a \
-                 temporary .<name>.compare.json.tmp.<pid>), at most {MAX_NAME_BYTES} bytes",
+                "{} bytes: a scenario name becomes result file names (<name>.compare.json), at \
+                 most {MAX_NAME_BYTES} bytes",
                 scn.name.len()
+            ),
+        );
+    }
+    if scn.name.starts_with('.') {
+        d.error(
+            "limit-name",
+            "name",
+            None,
+            format!(
+                "{:?} starts with '.': a scenario name becomes result file names, and {}.json \
+                 would be hidden; start it with a letter or digit",
+                scn.name, scn.name
             ),
         );
     }
@@ -111,6 +129,7 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
     let num_ranks = check_cluster(profile, d);
     let mut samples = 0u64;
     let mut session_ops = 0u64;
+    let mut session_cells = 0u128;
     // The job recording the most samples, where an excess is reported.
     let mut largest: Option<(u64, String)> = None;
     let rounds_before = d.items.len();
@@ -121,13 +140,19 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
         if let Some(w) = &job.workload {
             let key = |k: &str| format!("{prefix}.workload.{k}");
             job_samples += check_rounds(job, &key, w.warmup, w.iterations, w.ops.len(), d);
-            session_ops += (w.warmup as u64 + w.iterations as u64) * w.ops.len() as u64;
+            let ops = (w.warmup as u64 + w.iterations as u64) * w.ops.len() as u64;
+            session_ops += ops;
+            if let Some(n) = ranks {
+                session_cells += ops as u128 * n as u128 * (w.experts as u64).max(n) as u128;
+            }
             check_deepep(job, &prefix, ranks, d);
         }
         if let Some(t) = &job.traffic {
             let key = |k: &str| format!("{prefix}.traffic.{k}");
             job_samples += check_rounds(job, &key, t.warmup, t.iterations, t.ops.len(), d);
-            session_ops += (t.warmup as u64 + t.iterations as u64) * t.ops.len() as u64;
+            let ops = (t.warmup as u64 + t.iterations as u64) * t.ops.len() as u64;
+            session_ops += ops;
+            session_cells += ops as u128 * ranks.unwrap_or(0) as u128;
             check_traffic(job, &prefix, t, ranks, d);
         }
         if let Some(r) = &job.reference {
@@ -155,6 +180,23 @@ pub fn check(scn: &Scenario, profile: &HardwareProfile, d: &mut Diagnostics<'_>)
                 "the jobs run {session_ops} ops together ((warmup + iterations) × ops, summed over \
                  jobs): at most {MAX_SESSION_OPS} when several jobs share the fabric (one \
                  simulated session keeps every op)"
+            ),
+        );
+    }
+    let session_ops_ok = session_ops <= MAX_SESSION_OPS;
+    if let Some((_, key)) = largest.as_ref().filter(|_| {
+        rounds_ok && several && session_ops_ok && session_cells > MAX_SESSION_CELLS as u128
+    }) {
+        d.error(
+            "limit-session",
+            key,
+            None,
+            format!(
+                "the jobs keep {session_cells} receive-counter cells together ((warmup + \
+                 iterations) × ops × ranks × max(experts, ranks), ranks for traffic, summed over \
+                 jobs): at most {MAX_SESSION_CELLS} (2^25) when several jobs share the fabric \
+                 (one simulated session keeps every op's counters); run fewer rounds or a \
+                 smaller job"
             ),
         );
     }

@@ -38,35 +38,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// a bound keeps `eptwin validate /dev/zero`-style mistakes from reading without end.
 pub const MAX_SCENARIO_BYTES: u64 = 16 << 20;
 
+/// A scenario file, for [`crate::files::read_input`].
+pub const SCENARIO_FILE: crate::files::InputKind = crate::files::InputKind {
+    noun: "a scenario",
+    format: "a TOML file",
+    max_bytes: MAX_SCENARIO_BYTES,
+    max_text: "16 MiB",
+};
+
 /// Read and parse a scenario file. Schema errors (unknown keys, wrong types) carry
 /// file:line:col and the key path. Only regular files up to [`MAX_SCENARIO_BYTES`] are read,
 /// and never more than that many bytes.
 pub fn load(path: &Path) -> Result<LoadedScenario, EngineError> {
-    let refuse = |message: String| EngineError::Io {
-        path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, message),
-    };
-    let io = |source| EngineError::Io { path: path.to_path_buf(), source };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if !meta.is_file() {
-        return Err(refuse(format!(
-            "not a regular file ({}); a scenario is a TOML file",
-            file_kind(&meta)
-        )));
-    }
-    let too_large = |len: u64| {
-        refuse(format!(
-            "{len} bytes is more than a scenario may have ({MAX_SCENARIO_BYTES} bytes, 16 MiB)"
-        ))
-    };
-    if meta.len() > MAX_SCENARIO_BYTES {
-        return Err(too_large(meta.len()));
-    }
-    let bytes = read_at_most(path, meta.len(), MAX_SCENARIO_BYTES).map_err(io)?;
-    if bytes.len() as u64 > MAX_SCENARIO_BYTES {
-        // The file grew after it was measured.
-        return Err(too_large(bytes.len() as u64));
-    }
+    let bytes = crate::files::read_input(path, &SCENARIO_FILE)
+        .map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
     let file = path.display().to_string();
     let text = String::from_utf8(bytes).map_err(|e| {
         let valid = e.utf8_error().valid_up_to();
@@ -80,39 +65,6 @@ pub fn load(path: &Path) -> Result<LoadedScenario, EngineError> {
         }
     })?;
     parse(&file, &text)
-}
-
-/// The bytes of the file at `path` (measured at `len` bytes), never more than `limit` + 1 of
-/// them: a file that grew past `limit` after it was measured shows as longer than `limit`.
-pub(crate) fn read_at_most(path: &Path, len: u64, limit: u64) -> std::io::Result<Vec<u8>> {
-    let mut bytes = Vec::with_capacity(len.min(limit) as usize);
-    let file = std::fs::File::open(path)?;
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut bytes)?;
-    Ok(bytes)
-}
-
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    let kind = meta.file_type();
-    if kind.is_dir() {
-        return "a directory";
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if kind.is_char_device() {
-            return "a character device";
-        }
-        if kind.is_block_device() {
-            return "a block device";
-        }
-        if kind.is_fifo() {
-            return "a pipe";
-        }
-        if kind.is_socket() {
-            return "a socket";
-        }
-    }
-    "not a plain file"
 }
 
 /// Parse scenario text; `file` labels positions.

@@ -94,6 +94,10 @@ fn bad_keys_and_values_are_usage_errors_naming_them() {
     );
     let e = err("cluster.nodes=two");
     assert!(e.contains("\"two\" is not an integer"), "{e}");
+    // A number of the wrong range is named as the number it is, not as a string.
+    let e = err("cluster.nodes=-1");
+    assert!(!e.contains("string"), "{e}");
+    assert!(e.starts_with("--set cluster.nodes=-1: cluster.nodes: "), "{e}");
     let twice = plan(&["cluster.nodes=2", "cluster.nodes=4"], Shard::ALL).unwrap_err();
     assert_eq!(twice.to_string(), "--set cluster.nodes: the key is given twice");
 }
@@ -122,22 +126,94 @@ fn points_are_named_described_and_headed_by_their_values() {
     assert_eq!(odd.total_points, 2);
 }
 
+/// Every combination of value indices, row-major, built whole (what [`grid_point`] finds one
+/// by one).
+fn grid(sizes: &[usize]) -> Vec<Vec<usize>> {
+    let mut points = vec![Vec::new()];
+    for &n in sizes {
+        points = points
+            .into_iter()
+            .flat_map(|p| {
+                (0..n).map(move |i| {
+                    let mut q = p.clone();
+                    q.push(i);
+                    q
+                })
+            })
+            .collect();
+    }
+    points
+}
+
 proptest::proptest! {
     #![proptest_config(crate::testing::proptest_config(256))]
-    /// The grid holds every combination exactly once, in row-major order.
+    /// Point `i` of the grid is the `i`-th combination in row-major order, and a shard holds
+    /// exactly the points it contains.
     #[test]
-    fn grid_is_the_full_product(sizes in proptest::collection::vec(1usize..5, 0..4)) {
-        let points = grid(&sizes);
-        proptest::prop_assert_eq!(points.len(), sizes.iter().product::<usize>());
-        proptest::prop_assert!(points.windows(2).all(|w| w[0] < w[1]), "ascending, so unique");
-        proptest::prop_assert!(points.iter().all(|p| p.iter().zip(&sizes).all(|(i, n)| i < n)));
+    fn grid_points_are_the_row_major_product(
+        sizes in proptest::collection::vec(1usize..5, 0..4),
+        count in 1u32..7,
+    ) {
+        let all = grid(&sizes);
+        for (i, combo) in all.iter().enumerate() {
+            proptest::prop_assert_eq!(&grid_point(i, &sizes), combo);
+        }
+        for index in 0..count {
+            let shard = Shard { index, count };
+            let held = (0..all.len()).filter(|&i| shard.contains(i)).count();
+            proptest::prop_assert_eq!(shard.points_of(all.len()), held);
+        }
     }
 }
 
 #[test]
 fn grid_is_row_major() {
     assert_eq!(grid(&[2, 3]), [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]);
-    assert_eq!(grid(&[]).len(), 1);
+    assert_eq!(grid_point(4, &[2, 3]), [1, 1]);
+    assert_eq!(grid_point(0, &[]), Vec::<usize>::new());
+}
+
+/// A shard of a huge grid builds its own points only, and a shard or a key beyond the caps is
+/// refused before anything is built.
+#[test]
+fn shards_are_cut_before_the_grid_is_expanded_and_capped() {
+    let many = |n: usize| (1..=n).map(|v| v.to_string()).collect::<Vec<_>>().join(",");
+    let a = format!("job[0].workload.seed={}", many(10_000));
+    let b = format!("job[1].traffic.iterations={}", many(10_000));
+    let one = plan(&[&a, &b], Shard { index: 5, count: 100_000_000 }).unwrap();
+    assert_eq!(one.total_points, 100_000_000);
+    assert_eq!(one.points.iter().map(|p| p.index).collect::<Vec<_>>(), [5]);
+    assert_eq!(one.points[0].values, [toml::Value::Integer(1), toml::Value::Integer(6)]);
+    let e = plan(&[&a, &b], Shard { index: 0, count: 1000 }).unwrap_err().to_string();
+    assert!(
+        e.contains("holds 100000 of its 100000000 points: one sweep runs at most 10000"),
+        "{e}"
+    );
+    let e =
+        SweepKey::parse(&format!("job[0].workload.seed={}", many(10_001))).unwrap_err().to_string();
+    assert!(e.contains("10001 values; a key takes at most 10000"), "{e}");
+}
+
+/// Point names stay file names a scenario may have: at most 200 bytes with the longest base
+/// name, and distinct when two values clean to the same text.
+#[test]
+fn point_names_are_valid_and_distinct() {
+    let long = "n".repeat(MAX_NAME_BYTES);
+    let text = BASE.replacen("name = \"t\"", &format!("name = \"{long}\""), 1);
+    let loaded = crate::parse("t.toml", &text).unwrap();
+    let keys = keys(&["job[decode].env.NVSHMEM_QP_DEPTH=512,1024"]);
+    let p = SweepPlan::new("t.toml", &text, &loaded, &keys, Shard::ALL).unwrap();
+    for point in &p.points {
+        assert!(point.name.len() <= MAX_NAME_BYTES, "{}", point.name.len());
+        let parsed = crate::parse("p.toml", &point.text).unwrap();
+        let (_, plan) = crate::deepep::validate::validate(&parsed.scenario, &parsed.source);
+        assert!(plan.is_some(), "point {} is invalid", point.index);
+    }
+    assert_ne!(p.points[0].name, p.points[1].name);
+    assert!(p.points[1].name.ends_with(".p1"), "{}", p.points[1].name);
+    let clash = plan(&["job[decode].env.X=a b,a_b"], Shard::ALL).unwrap();
+    let names: Vec<&str> = clash.points.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["t.X-a_b.p0", "t.X-a_b.p1"]);
 }
 
 #[test]

@@ -5,7 +5,7 @@ pub mod bars;
 pub mod figure;
 pub mod gantt;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use plotters::coord::Shift;
@@ -37,51 +37,51 @@ pub trait Chart {
         DB::ErrorType: 'static;
 }
 
-/// Write `DIR/STEM.png` and `DIR/STEM.svg`, each drawn into a temporary file in `DIR` and
-/// renamed into place: a reader never sees a half-written chart, and a failed draw leaves the
-/// previous chart as it was.
+/// A chart drawn as PNG and SVG bytes, in memory: the report writes them through the one
+/// output writer (engine/src/files.rs), which replaces regular files only and atomically.
+pub struct Drawn {
+    pub png: Vec<u8>,
+    pub svg: Vec<u8>,
+}
+
+/// Draw `chart` (its id `stem` names it in errors; `png` and `svg` are the paths it will be
+/// written to).
 pub fn render(
     chart: &impl Chart,
-    dir: &Path,
     stem: &str,
-) -> Result<(PathBuf, PathBuf), ReportError> {
+    png: &Path,
+    svg: &Path,
+) -> Result<Drawn, ReportError> {
     register_font()?;
-    let png = dir.join(format!("{stem}.png"));
-    let svg = dir.join(format!("{stem}.svg"));
-    let size = chart.size();
+    let (width, height) = chart.size();
     let draw_err = |path: &Path, e: Box<dyn std::error::Error>| ReportError::Draw {
         chart: stem.to_string(),
         path: path.to_path_buf(),
         message: e.to_string(),
     };
-    // plotters picks the image encoder from the extension: the temporary name keeps it.
-    let pid = std::process::id();
-    let png_tmp = dir.join(format!(".{stem}.tmp{pid}.png"));
-    let svg_tmp = dir.join(format!(".{stem}.tmp{pid}.svg"));
-    let drawn = (|| {
-        {
-            let root = BitMapBackend::new(&png_tmp, size).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| draw_err(&png, e.into()))?;
-            chart.draw(&root).map_err(|e| draw_err(&png, e))?;
-            root.present().map_err(|e| draw_err(&png, e.into()))?;
-        }
-        {
-            let root = SVGBackend::new(&svg_tmp, size).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| draw_err(&svg, e.into()))?;
-            chart.draw(&root).map_err(|e| draw_err(&svg, e))?;
-            root.present().map_err(|e| draw_err(&svg, e.into()))?;
-        }
-        for (tmp, path) in [(&png_tmp, &png), (&svg_tmp, &svg)] {
-            std::fs::rename(tmp, path)
-                .map_err(|source| ReportError::Io { path: path.clone(), source })?;
-        }
-        Ok(())
-    })();
-    if drawn.is_err() {
-        let _ = std::fs::remove_file(&png_tmp);
-        let _ = std::fs::remove_file(&svg_tmp);
+    let mut rgb = vec![0u8; width as usize * height as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(png, e.into()))?;
+        chart.draw(&root).map_err(|e| draw_err(png, e))?;
+        root.present().map_err(|e| draw_err(png, e.into()))?;
     }
-    drawn.map(|()| (png, svg))
+    let mut png_bytes = Vec::new();
+    {
+        let mut encoder = ::png::Encoder::new(&mut png_bytes, width, height);
+        encoder.set_color(::png::ColorType::Rgb);
+        encoder.set_depth(::png::BitDepth::Eight);
+        let encoded = encoder.write_header().and_then(|mut w| w.write_image_data(&rgb));
+        encoded.map_err(|e| draw_err(png, e.into()))?;
+    }
+    let mut svg_text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg_text, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(svg, e.into()))?;
+        chart.draw(&root).map_err(|e| draw_err(svg, e))?;
+        root.present().map_err(|e| draw_err(svg, e.into()))?;
+    }
+    Ok(Drawn { png: png_bytes, svg: svg_text.into_bytes() })
 }
 
 // Okabe–Ito colours: distinguishable with the common colour-vision deficiencies.

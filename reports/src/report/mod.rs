@@ -20,6 +20,8 @@ use crate::charts::bars::GroupedBars;
 use crate::charts::figure::Figure;
 use crate::charts::gantt::Gantt;
 use crate::charts::{self};
+use eptwin_engine::api::{Outputs, write_output};
+
 use crate::compare::pair_all;
 pub use crate::describe::natural_key;
 use crate::error::ReportError;
@@ -123,17 +125,35 @@ pub fn plan(inputs: &Inputs) -> (Vec<Planned>, Vec<Skipped>) {
     (planned, skipped)
 }
 
-/// Plan, draw and write index.html into `out`.
+/// Plan, draw and write index.html into `out`. Every file it will write is claimed first
+/// (engine/src/files.rs: regular files only, none an input), so a path that may not be
+/// written fails the report before anything is drawn.
 pub fn build(inputs: &Inputs, out: &Path) -> Result<ReportOutput, ReportError> {
-    std::fs::create_dir_all(out).map_err(|source| ReportError::Io { path: out.into(), source })?;
     let (planned, skipped) = plan(inputs);
+    let index_html = out.join("index.html");
+    let mut outputs = Outputs::new();
+    for path in inputs.paths() {
+        outputs.input(path, &format!("the input {}", path.display()));
+    }
+    outputs.directory(out, "--out")?;
+    outputs.claim(&index_html, "the report's index.html")?;
+    let files: Vec<(PathBuf, PathBuf)> = planned
+        .iter()
+        .map(|p| (out.join(format!("{}.png", p.id)), out.join(format!("{}.svg", p.id))))
+        .collect();
+    for (p, (png, svg)) in planned.iter().zip(&files) {
+        outputs.claim(png, &format!("chart {}", p.id))?;
+        outputs.claim(svg, &format!("chart {}", p.id))?;
+    }
     let mut charts = Vec::new();
-    for p in &planned {
-        let (png, svg, (width, height)) = match &p.spec {
-            ChartSpec::Bars(c) => draw(c, out, &p.id)?,
-            ChartSpec::Figure(c) => draw(c, out, &p.id)?,
-            ChartSpec::Gantt(c) => draw(c, out, &p.id)?,
+    for (p, (png, svg)) in planned.iter().zip(files) {
+        let (drawn, (width, height)) = match &p.spec {
+            ChartSpec::Bars(c) => draw(c, &p.id, &png, &svg)?,
+            ChartSpec::Figure(c) => draw(c, &p.id, &png, &svg)?,
+            ChartSpec::Gantt(c) => draw(c, &p.id, &png, &svg)?,
         };
+        write_output(&png, &drawn.png)?;
+        write_output(&svg, &drawn.svg)?;
         charts.push(Written {
             id: p.id.clone(),
             title: p.spec.title().to_string(),
@@ -146,21 +166,17 @@ pub fn build(inputs: &Inputs, out: &Path) -> Result<ReportOutput, ReportError> {
     }
     let comparisons = pair_all(&inputs.results);
     let html = crate::html::index(inputs, &comparisons, &charts, &skipped, out);
-    let index_html = out.join("index.html");
-    eptwin_engine::api::write_atomic(&index_html, &html).map_err(|e| ReportError::Io {
-        path: index_html.clone(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    write_output(&index_html, html.as_bytes())?;
     Ok(ReportOutput { index_html, charts, skipped, ignored: inputs.ignored.clone() })
 }
 
 fn draw(
     chart: &impl charts::Chart,
-    out: &Path,
     id: &str,
-) -> Result<(PathBuf, PathBuf, (u32, u32)), ReportError> {
-    let (png, svg) = charts::render(chart, out, id)?;
-    Ok((png, svg, chart.size()))
+    png: &Path,
+    svg: &Path,
+) -> Result<(charts::Drawn, (u32, u32)), ReportError> {
+    Ok((charts::render(chart, id, png, svg)?, chart.size()))
 }
 
 fn dedup_ids(planned: &mut [Planned]) {

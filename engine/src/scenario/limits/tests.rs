@@ -191,6 +191,13 @@ fn names_longer_than_a_file_name_allows() {
         errors(BASE, "name = \"limits\"", &format!("name = \"{}\"", "n".repeat(200))),
         Vec::<String>::new()
     );
+    // `..` would write the hidden `out/...json`.
+    for hidden in ["..", ".", ".x"] {
+        has(
+            &errors(BASE, "name = \"limits\"", &format!("name = \"{hidden}\"")),
+            &format!("{hidden:?} starts with '.': a scenario name becomes result file names"),
+        );
+    }
 }
 
 #[test]
@@ -295,4 +302,31 @@ fn jobs_sharing_the_fabric_run_a_bounded_session() {
     );
     // One job alone is not a session: its ops are run one by one.
     assert_eq!(errors(BASE, "iterations = 2", "iterations = 100000"), Vec::<String>::new());
+}
+
+/// Within the op limit, a session of large jobs is refused by the state its ops keep: 200 ops
+/// of an EP2896 job would keep 1.7 · 10^9 receive counters (issue 45: two jobs at
+/// the op limit took 2.1 GB and were unfinished after 900 s).
+#[test]
+fn a_session_of_large_jobs_is_bounded_by_the_counters_it_keeps() {
+    let large = |nodes: u32, experts: u32, iterations: u32| {
+        format!(
+            "{}\n[[job]]\nname = \"bulk\"\nranks = \"0-1\"\n[job.traffic]\npattern = \"ring\"\nbytes_per_rank = \"64KiB\"\nwarmup = 0\niterations = 1\n",
+            BASE.replace("warmup = 1", "warmup = 0")
+                .replace("nodes = 1", &format!("nodes = {nodes}"))
+                .replace("experts = 256", &format!("experts = {experts}"))
+                .replace("tokens_per_rank = 128", "tokens_per_rank = 8")
+                .replace("iterations = 2", &format!("iterations = {iterations}"))
+        )
+    };
+    let session = |e: &[String]| {
+        e.iter().filter(|e| e.contains("limit-session")).cloned().collect::<Vec<_>>()
+    };
+    has(
+        &session(&errors(&large(362, 2896, 100), "name", "name")),
+        "job[0].workload.iterations: the jobs keep 1677363202 receive-counter cells together",
+    );
+    // 4,000 rounds of EP64 × 64 experts: 32,768,002 cells, within 2^25.
+    assert_eq!(session(&errors(&large(8, 64, 4000), "name", "name")), Vec::<String>::new());
+    has(&session(&errors(&large(8, 64, 4100), "name", "name")), "at most 33554432 (2^25)");
 }
