@@ -169,7 +169,6 @@ fn rank_ranges(ranks: &[u32]) -> String {
     parts.join(",")
 }
 
-
 /// The `# wire:` line of a hardware or imported result: which wire, and its data path.
 fn wire_line(result: &RunResult, backend: &str, out: &mut String) {
     match crate::describe::wire(result) {

@@ -26,7 +26,7 @@ pub fn doctor(
     spawn: Option<usize>,
 ) -> Result<ExitCode> {
     if let Some(n) = spawn {
-        return super::processes::spawn_local(n);
+        return super::processes::spawn_this_command(n);
     }
     let plan = match scenario {
         Some(path) => match load_plan(path) {

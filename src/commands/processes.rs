@@ -45,6 +45,15 @@ pub fn spawn_local(
     let node_of = |r: usize| plan.topology.node_of_rank(Rank(r as u32)) as usize;
     check_blocks_on_one_node(&blocks, node_of)
         .map_err(|e| anyhow::anyhow!("{}: --spawn {n}: {e}", path.display()))?;
+    spawn_this_command(n)
+}
+
+/// This command again, N times on this machine, without `--spawn` (`eptwin doctor --spawn N`
+/// too, which has no ranks to check first).
+pub fn spawn_this_command(n: usize) -> Result<ExitCode> {
+    if n == 0 {
+        bail!("--spawn needs at least one process");
+    }
     let exe = std::env::current_exe().context("finding this executable to spawn it")?;
     let args = without_spawn(std::env::args_os().skip(1));
     let options = SpawnOptions { unprefixed_stdout: Some(0), ..SpawnOptions::default() };
