@@ -1,3 +1,5 @@
+//! OpFaults against the bundled fault scenarios: waivers, launch keys, delays, dead ranks.
+
 use std::path::Path;
 
 use eptwin_engine::testing::ScenarioDraft;

@@ -1,3 +1,5 @@
+//! FaultyWire over a recording wire: pass-through, go-back-N, ACK timeouts, NICs down.
+
 use eptwin_engine::testing::ScenarioDraft;
 
 use super::*;
