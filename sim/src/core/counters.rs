@@ -135,7 +135,7 @@ mod tests {
     /// order, whatever the mix of waits and bumps.
     #[test]
     fn wakes_match_a_list_per_counter() {
-        let mut rng = eptwin_engine::rng::Rng::new(11, 0);
+        let mut rng = eptwin_engine::api::Rng::new(11, 0);
         let mut ctrs = Counters::default();
         ctrs.alloc(8);
         let mut want: Vec<Vec<Waiter>> = vec![Vec::new(); 8];
