@@ -309,6 +309,11 @@ fn deepep_program(plan: &Plan, core: &mut Core, meta: Meta) -> Box<dyn Program> 
     let mode = d.mode;
     if hwkernels::applies(core, &meta) {
         match mode {
+            // The one-GPU kernels store every message on the GPU. Where the plan's rule sends
+            // messages through RDMA instead (P2P off), DeepEP's low-latency model carries them
+            // through the NIC, as it does for ranks stacked on one GPU as several nodes
+            // (docs/simulator.md, "One GPU").
+            EpMode::LowLatency if deepep::ll_uses_rdma(plan, meta.job) => {}
             EpMode::LowLatency => {
                 return Box::new(hwkernels::OneGpuLlProgram::new(plan, core, meta));
             }

@@ -34,6 +34,14 @@ pub fn ll_route(plan: &Plan, job: JobId, a: u32, b: u32) -> Route {
     }
 }
 
+/// Whether some pair of job ranks reaches each other only through RDMA under the plan's
+/// low-latency rule (`ll_route`): with P2P off (`allow_nvlink_for_low_latency_mode = false`)
+/// every peer, even one on the same GPU.
+pub fn ll_uses_rdma(plan: &Plan, job: JobId) -> bool {
+    let n = plan.job(job).num_ranks();
+    (0..n).any(|a| (0..n).any(|b| ll_route(plan, job, a, b) == Route::Rdma))
+}
+
 /// The path a normal kernel's CUDA-IPC copy takes between two ranks of one DeepEP node.
 pub fn ipc_path(plan: &Plan, job: JobId, a: u32, b: u32) -> PathKind {
     let j = plan.job(job);

@@ -171,6 +171,7 @@ pub(super) fn normal_setup<'a>(plan: &'a Plan, core: &mut Core, meta: Meta) -> N
 #[cfg(test)]
 mod tests {
     use eptwin_engine::Plan;
+    use eptwin_engine::testing::ScenarioDraft;
     use proptest::prelude::*;
 
     use super::*;
@@ -287,6 +288,56 @@ iterations = 1
         assert_eq!(phase_us(&hook, "combine", "send"), phase_us(&fused, "combine", "send"));
         // The dispatch's send kernel also signals the counts, after its send loops.
         assert!(phase_us(&hook, "dispatch", "send") > phase_us(&fused, "dispatch", "send"));
+    }
+
+    /// Bytes of a low-latency op's messages, (all, to peers): every (token, expert) selection,
+    /// and those whose expert lives on another rank, times the op's message bytes.
+    fn ll_message_bytes(plan: &Plan, dispatch: bool) -> (u64, u64) {
+        let d = plan.jobs[0].deepep().expect("a DeepEP job");
+        let w = &d.workload;
+        let n = plan.jobs[0].num_ranks();
+        let local = w.experts / n;
+        let (mut all, mut peer) = (0u64, 0u64);
+        for r in 0..n {
+            for t in 0..w.tokens_per_rank {
+                for &e in d.routing().experts(r, t).iter().filter(|&&e| e >= 0) {
+                    all += 1;
+                    peer += u64::from(e as u32 / local != r);
+                }
+            }
+        }
+        let msg_bytes = if dispatch {
+            eptwin_engine::api::ll_dispatch_msg_bytes(w.hidden, w.dispatch_dtype)
+        } else {
+            eptwin_engine::api::ll_combine_msg_bytes(w.hidden, w.combine_dtype)
+        };
+        (all * msg_bytes, peer * msg_bytes)
+    }
+
+    /// Ranks sharing one GPU store their messages to each other while P2P is allowed (the
+    /// one-GPU kernels count every message they store, a rank's own included); with
+    /// `allow_nvlink_for_low_latency_mode = false` the plan's rule (`Plan::low_latency_path`)
+    /// sends every message but a rank's own through RDMA, and the simulator counts exactly
+    /// those there, none as stored.
+    #[test]
+    fn one_gpu_low_latency_honours_the_p2p_rule() {
+        let draft = ScenarioDraft::bundled("h200-ep8-ll-128")
+            .set("job[0].workload.warmup", 0)
+            .set("job[0].workload.iterations", 1);
+        for p2p in [true, false] {
+            let draft = draft.clone().set("job[0].buffer.allow_nvlink_for_low_latency_mode", p2p);
+            let plan = draft.plan();
+            let mut sim = crate::Simulator::new(crate::SimOptions::default());
+            let r = eptwin_engine::api::run(&plan, &mut sim, Default::default()).expect("run");
+            assert_eq!(r.verdict, eptwin_engine::api::Verdict::Ok, "p2p {p2p}: {:?}", r.failures);
+            for o in &r.jobs[0].ops {
+                let (all, peer) = ll_message_bytes(&plan, o.op == "dispatch");
+                assert!(peer > 0 && peer < all, "{}: {peer} of {all}", o.op);
+                let (stored, rdma) = if p2p { (all, 0) } else { (0, peer) };
+                assert_eq!(o.summary.nvlink_bytes, stored, "p2p {p2p} {}: stored bytes", o.op);
+                assert_eq!(o.summary.rdma_bytes, rdma, "p2p {p2p} {}: RDMA bytes", o.op);
+            }
+        }
     }
 
     #[test]
