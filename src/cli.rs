@@ -136,6 +136,11 @@ pub enum Command {
         /// scenario's profile models; may be given several times.
         #[arg(long, value_name = "GPU")]
         allow_other_gpu: Vec<String>,
+        /// Compare with measurements of another scenario text of the same name too (e.g. the
+        /// scenario now names the profile `eptwin calibrate` wrote; the runs named the base
+        /// profile). The table notes each such pair.
+        #[arg(long)]
+        allow_other_text: bool,
         /// Print the comparison documents (JSON Lines) instead of the table.
         #[arg(long)]
         json: bool,

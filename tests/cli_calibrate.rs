@@ -185,6 +185,7 @@ fn the_one_rank_sweep_launches_imports_and_fits() {
         .arg(t128.join("compare-t128-k8-h7168-hook.toml"))
         .arg("--measured")
         .arg(&t128)
+        .arg("--allow-other-text")
         .arg("--out")
         .arg(&cmp));
     assert_eq!(o.status.code(), Some(0));

@@ -286,12 +286,20 @@ pub struct Measured<'a> {
 pub struct Expected<'s> {
     pub sha256: &'s str,
     pub gpu: &'s str,
+    /// Compare a measurement of another scenario text of the same name too (`compare
+    /// --allow-other-text`: the simulation names a calibrated profile the run did not); the
+    /// comparison says the texts differ.
+    pub allow_other_text: bool,
 }
 
 impl<'s> Expected<'s> {
     /// What a simulator result ran and modelled.
     pub fn of_simulation(sim: &'s RunResult) -> Expected<'s> {
-        Expected { sha256: &sim.scenario.sha256, gpu: describe::modelled_gpu(sim).unwrap_or("") }
+        Expected {
+            sha256: &sim.scenario.sha256,
+            gpu: describe::modelled_gpu(sim).unwrap_or(""),
+            allow_other_text: false,
+        }
     }
 }
 
@@ -363,7 +371,7 @@ pub fn no_ops_reason(m: &RunResult) -> String {
 /// Why measured result `m` may not be compared with simulator result `sim`, if it may not.
 fn why_not(m: &RunResult, expected: Option<Expected<'_>>, allow_gpus: &[String]) -> Option<String> {
     let expected = expected?;
-    if m.scenario.sha256 != expected.sha256 {
+    if m.scenario.sha256 != expected.sha256 && !expected.allow_other_text {
         return Some(format!(
             "it ran another scenario text (sha256 {:.12}…, the simulated one is {:.12}…)",
             m.scenario.sha256, expected.sha256
@@ -737,6 +745,13 @@ mod tests {
         assert!(Measured::of(&results, "c", expected, &[]).candidates.is_empty());
         let allowed = ["NVIDIA H100".to_string()];
         assert_eq!(Measured::of(&results, "c", expected, &allowed).candidates.len(), 1);
+        // Another scenario text is a candidate only when allowed.
+        let mut other = doc("c", "hw", 1.0);
+        other.doc.scenario.sha256 = "another text".into();
+        let results = [other];
+        assert!(Measured::of(&results, "c", expected, &[]).candidates.is_empty());
+        let any_text = expected.map(|e| Expected { allow_other_text: true, ..e });
+        assert_eq!(Measured::of(&results, "c", any_text, &[]).candidates.len(), 1);
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct CompareOptions {
     pub measured: Vec<PathBuf>,
     pub tolerance: Option<f64>,
     pub allow_other_gpu: Vec<String>,
+    /// `--allow-other-text`: measurements of another scenario text of the same name are
+    /// candidates too.
+    pub allow_other_text: bool,
     pub json: bool,
 }
 
@@ -52,7 +55,7 @@ pub fn compare(scenarios: &[PathBuf], o: &CompareOptions) -> Result<ExitCode> {
     let mut choices: Vec<Option<Choice<'_>>> = Vec::new();
     for (_, plan) in &plans {
         match &measured {
-            Some(list) => match choose(list, plan, &o.allow_other_gpu) {
+            Some(list) => match choose(list, plan, &o.allow_other_gpu, o.allow_other_text) {
                 Some(choice) => choices.push(Some(choice)),
                 None => return Ok(ExitCode::BadInput),
             },
@@ -163,9 +166,11 @@ fn choose<'a>(
     list: &'a [Loaded<RunResult>],
     plan: &Plan,
     allow_other_gpu: &[String],
+    allow_other_text: bool,
 ) -> Option<Choice<'a>> {
     let name = &plan.name;
-    let expected = Expected { sha256: &plan.scenario_sha256, gpu: &plan.profile.gpu.name };
+    let expected =
+        Expected { sha256: &plan.scenario_sha256, gpu: &plan.profile.gpu.name, allow_other_text };
     let found = Measured::of(list, name, Some(expected), allow_other_gpu);
     if found.candidates.len() > 1 {
         eprintln!(

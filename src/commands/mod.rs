@@ -33,9 +33,23 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
         Command::Topo { scenario, disable_nvlink, hw } => {
             topo::topo(scenario.as_deref(), disable_nvlink, hw)
         }
-        Command::Compare { scenarios, out, measured, tolerance, allow_other_gpu, json } => {
-            let options =
-                compare::CompareOptions { out, measured, tolerance, allow_other_gpu, json };
+        Command::Compare {
+            scenarios,
+            out,
+            measured,
+            tolerance,
+            allow_other_gpu,
+            allow_other_text,
+            json,
+        } => {
+            let options = compare::CompareOptions {
+                out,
+                measured,
+                tolerance,
+                allow_other_gpu,
+                allow_other_text,
+                json,
+            };
             compare::compare(&scenarios, &options)
         }
         Command::Report { results, out, json } => report::report(&results, &out, json),

@@ -139,7 +139,8 @@ fn runs_machine(o: &Options) -> Machine {
 }
 
 /// Next to each one-rank run made here, the scenarios that set it against the model with the
-/// written profile (`eptwin compare <dir>/*/compare-*.toml --measured <dir>`): named as the
+/// written profile (`eptwin compare <dir>/*/compare-*.toml --measured <dir> --allow-other-text`,
+/// the runs having named the base profile): named as the
 /// imported results, with the routing the kernels ran.
 fn write_comparisons(o: &Options, runs: &[deepep::Run]) -> Result<()> {
     if o.deepep_runs.is_some() || runs.is_empty() {
