@@ -761,3 +761,130 @@ fn an_interrupted_sweep_writes_its_index() {
         .count();
     assert_eq!(tomls, points.len() - not_run, "a point file without its result");
 }
+
+/// A committed probe result of an H200 (`eptwin calibrate --from` reads it).
+const H200_PROBES: &str = "results/h200/calibrate/run/probes-only.probes.json";
+
+/// `eptwin calibrate --backend sim --base h200-cx7` with `args` after.
+fn calibrate(args: &[&str]) -> Output {
+    let mut all = vec!["calibrate", "--backend", "sim", "--base", "h200-cx7"];
+    all.extend(args);
+    run(&all)
+}
+
+/// Refused with exit 2 before reading a probe (the progress line that follows the probes is
+/// absent), naming `path` and `why`.
+fn refused_before_calibrating(o: &Output, path: &Path, why: &str, case: &str) {
+    let t = text(o);
+    assert_eq!(o.status.code(), Some(2), "{case}: {t}");
+    assert!(o.stdout.is_empty(), "{case}: {t}");
+    assert!(!t.contains("eptwin calibrate: base profile"), "{case}: it ran: {t}");
+    assert!(t.contains(&path.display().to_string()) && t.contains(why), "{case}: {t}");
+}
+
+/// Issue 45 for `eptwin calibrate`: the profile, the probe result and the sweep's files are
+/// checked before anything runs, as every command's outputs: nothing but a regular file is
+/// replaced, nor one of its inputs.
+#[test]
+fn calibrate_checks_its_outputs_before_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, entry) in ENTRIES.into_iter().enumerate() {
+        let out = dir.path().join(format!("p{i}.toml"));
+        let _socket = make(entry, &out);
+        let before = snapshot(&out);
+        let o = calibrate(&["--from", H200_PROBES, "--out", out.to_str().unwrap()]);
+        let case = format!("--out {entry:?}");
+        if replaceable(entry) {
+            assert_eq!(o.status.code(), Some(0), "{case}: {}", text(&o));
+            let written = std::fs::read_to_string(&out).unwrap();
+            assert!(written.contains(&format!("name = \"p{i}\"")), "{case}: {written}");
+            continue;
+        }
+        refused_before_calibrating(&o, &out, "", &case);
+        assert_eq!(before, snapshot(&out), "{case}: replaced");
+    }
+    // The machine's own null device.
+    let o = calibrate(&["--from", H200_PROBES, "--out", "/dev/null"]);
+    refused_before_calibrating(&o, Path::new("/dev/null"), "a character device", "/dev/null");
+    assert!(std::fs::symlink_metadata("/dev/null").unwrap().file_type().is_char_device());
+    // The result it reads the probes from.
+    let from = dir.path().join("probes.json");
+    std::fs::copy(root().join(H200_PROBES), &from).unwrap();
+    let original = std::fs::read(&from).unwrap();
+    let o = calibrate(&["--from", from.to_str().unwrap(), "--out", from.to_str().unwrap()]);
+    refused_before_calibrating(&o, &from, "which this command reads", "--out the --from file");
+    assert_eq!(std::fs::read(&from).unwrap(), original);
+    // A file the one-rank sweep would write (`<out>.deepep/<shape>/launch.sh`) that is a FIFO:
+    // refused before the sweep starts (`true` stands for a Python that imports deep_ep).
+    let out = dir.path().join("swept.toml");
+    let shape = dir.path().join("swept.deepep/t128-k8-h7168");
+    std::fs::create_dir_all(&shape).unwrap();
+    mkfifo(&shape.join("launch.sh"));
+    let o = calibrate(&[
+        "--from",
+        H200_PROBES,
+        "--out",
+        out.to_str().unwrap(),
+        "--deepep-dir",
+        dir.path().to_str().unwrap(),
+        "--python",
+        "true",
+    ]);
+    refused_before_calibrating(&o, &shape.join("launch.sh"), "a pipe", "launch.sh a FIFO");
+    assert!(!out.exists());
+    assert!(std::fs::symlink_metadata(shape.join("launch.sh")).unwrap().file_type().is_fifo());
+}
+
+/// Issue 45 for `eptwin calibrate`: `--from`, a `--base` file and the `--deepep-runs` files
+/// are regular files, read bounded; a FIFO among them is refused or passed over, never waited
+/// on, and no profile is written.
+#[test]
+fn calibrate_reads_regular_files_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.toml");
+    let fifo = dir.path().join("probes.json");
+    mkfifo(&fifo);
+    let o = calibrate(&["--from", fifo.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("not a regular file (a pipe)"), "{}", text(&o));
+    assert!(!out.exists());
+    let base = dir.path().join("base.toml");
+    mkfifo(&base);
+    let o = run(&[
+        "calibrate",
+        "--backend",
+        "sim",
+        "--from",
+        H200_PROBES,
+        "--base",
+        base.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("a profile is a TOML file"), "{}", text(&o));
+    assert!(!out.exists());
+    // One-rank runs whose every file is a FIFO: passed over, so none to fit.
+    let runs = dir.path().join("runs");
+    let shape = runs.join("t128-k8-h7168");
+    std::fs::create_dir_all(&shape).unwrap();
+    for f in [
+        "result.json",
+        "routing.json",
+        "deepep-one-rank-t128-k8-h7168.deepep.json",
+        "deepep-one-rank-t128-k8-h7168-hook.deepep.json",
+    ] {
+        mkfifo(&shape.join(f));
+    }
+    mkfifo(&runs.join("gpu.txt"));
+    let o = calibrate(&[
+        "--deepep-only",
+        "--deepep-runs",
+        runs.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--deepep-only needs one-rank runs"), "{}", text(&o));
+    assert!(!out.exists());
+}

@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use eptwin_engine::api::{DOCUMENT, LOG, output_refusal, read_input, write_output};
 use eptwin_engine::result::{Provenance, RunResult};
 use eptwin_replay::import::{LogText, import};
 use eptwin_replay::launch::{LaunchFormat, launch};
@@ -77,7 +78,7 @@ impl Shape {
 /// The scenario of one shape on one GPU: DeepEP test's buffer (one QP per expert, the LL size
 /// hint), fused or hook, with eptwin's routing or the one the kernels ran (`routing`).
 pub fn scenario_text(s: &Shape, profile: &str, hook: bool, routing: Option<&Path>) -> String {
-    let name = format!("deepep-one-rank-{}{}", s.tag(), if hook { "-hook" } else { "" });
+    let name = scenario_name(s, hook);
     let hint =
         eptwin_engine::deepep::config::low_latency_rdma_size_hint(s.tokens, s.hidden, s.experts);
     let routing = match routing {
@@ -345,6 +346,54 @@ pub fn run_dir(dir: &Path, s: &Shape) -> PathBuf {
     dir.join(s.tag())
 }
 
+/// The name of a shape's scenario, fused or in hook mode (its imported result's stem).
+fn scenario_name(s: &Shape, hook: bool) -> String {
+    format!("deepep-one-rank-{}{}", s.tag(), if hook { "-hook" } else { "" })
+}
+
+/// The files eptwin itself writes in a shape's folder under `dir` (launch script, stderr,
+/// the two imported results and, with `comparisons`, the two comparison scenarios), each with
+/// what it is, for the command's output check.
+pub fn outputs(dir: &Path, s: &Shape, comparisons: bool) -> Vec<(PathBuf, String)> {
+    let out = run_dir(dir, s);
+    let tag = s.tag();
+    let mut files = vec![
+        (out.join("launch.sh"), format!("the launch script of {tag}")),
+        (out.join("stderr.txt"), format!("the stderr of {tag}")),
+    ];
+    for hook in [false, true] {
+        let name = scenario_name(s, hook);
+        let path = eptwin_engine::result::result_path(&out, &name, Some("deepep"));
+        files.push((path, format!("the imported result of {name}")));
+    }
+    if comparisons {
+        for hook in [false, true] {
+            let name = format!("compare-{tag}{}.toml", if hook { "-hook" } else { "" });
+            files.push((out.join(&name), format!("the comparison scenario {name}")));
+        }
+    }
+    files
+}
+
+/// The files [`read_runs`] may read under `dir` (those that exist), so that no output of the
+/// command replaces one.
+pub fn run_inputs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files = vec![dir.join("gpu.txt")];
+    for e in entries.filter_map(|e| e.ok()) {
+        let Some(shape) = e.file_name().to_str().and_then(Shape::parse) else { continue };
+        let out = e.path();
+        for hook in [false, true] {
+            let name = scenario_name(&shape, hook);
+            files.push(eptwin_engine::result::result_path(&out, &name, Some("deepep")));
+        }
+        files.push(out.join("result.json"));
+        files.push(out.join("routing.json"));
+    }
+    files.retain(|f| std::fs::symlink_metadata(f).is_ok());
+    files
+}
+
 /// Run DeepEP's LL test for every shape of `shapes` with `eptwin deepep launch`'s lines (the
 /// script under `deepep_dir/tests/`), import each log, and return the runs. A shape whose
 /// script fails is reported and left out.
@@ -386,12 +435,15 @@ pub fn sweep(
             },
         )?;
         let script = l.render(LaunchFormat::Shell { nodes_from_slurm: false });
-        std::fs::write(out.join("launch.sh"), &script)?;
+        write_output(&out.join("launch.sh"), script.as_bytes())?;
         progress(&format!("DeepEP one rank: {} (launch.sh in {})", s.tag(), out.display()));
         let started = Instant::now();
         let status = run_script(&out, python, limit)?;
         let log_path = out.join(format!("{}.node0.log", fused.0.scenario.name));
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        // The script's own log (its `tee`), read as any DeepEP log is: a regular file, bounded.
+        let log = read_input(&log_path, &LOG)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default();
         progress(&format!("  {} after {:.0} s", status, started.elapsed().as_secs_f64()));
         let logs = [LogText { name: &log_path.display().to_string(), text: &log }];
         let provenance = Provenance {
@@ -446,10 +498,30 @@ fn plan_of(s: &Shape, hook: bool) -> Result<(eptwin_engine::LoadedScenario, eptw
 /// script records its routing with `EPTWIN_DEEPEP_OUT`; stderr goes to `stderr.txt`), killed
 /// after `timeout`. Coreutils' `timeout` runs it in a process group of its own and signals the
 /// whole group, so a Python process the script started does not outlive it holding the GPU.
-#[allow(clippy::disallowed_methods)] // wall time: the run's time limit
+/// Stderr goes to a new file of a random name, renamed over `stderr.txt` once the run ends (as
+/// every output: only over a regular file, engine/src/files.rs).
 fn run_script(dir: &Path, python: &str, timeout: Duration) -> Result<String> {
-    let stderr = std::fs::File::create(dir.join("stderr.txt"))
-        .with_context(|| format!("creating {}/stderr.txt", dir.display()))?;
+    let path = dir.join("stderr.txt");
+    let stderr = tempfile::Builder::new()
+        .prefix(".eptwin-stderr-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a file for stderr in {}", dir.display()))?;
+    let status = wait_script(dir, python, timeout, stderr.reopen()?);
+    if let Some(why) = output_refusal(&path) {
+        bail!("{}: {why}", path.display());
+    }
+    stderr.persist(&path).with_context(|| format!("writing {}", path.display()))?;
+    status
+}
+
+#[allow(clippy::disallowed_methods)] // wall time: the run's time limit
+fn wait_script(
+    dir: &Path,
+    python: &str,
+    timeout: Duration,
+    stderr: std::fs::File,
+) -> Result<String> {
     let secs = timeout.as_secs().max(1);
     let mut child = Command::new("timeout")
         .args(["--kill-after=5", &secs.to_string(), "bash", "launch.sh"])
@@ -510,10 +582,13 @@ pub fn read_runs(dir: &Path) -> Result<Vec<Run>> {
         let Some(shape) = e.file_name().to_str().and_then(Shape::parse) else { continue };
         let out = e.path();
         let read = |hook: bool| -> Option<RunResult> {
-            let name =
-                format!("deepep-one-rank-{}{}", shape.tag(), if hook { "-hook" } else { "" });
-            let path = eptwin_engine::result::result_path(&out, &name, Some("deepep"));
-            serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+            let name = scenario_name(&shape, hook);
+            eptwin_engine::result::read(&eptwin_engine::result::result_path(
+                &out,
+                &name,
+                Some("deepep"),
+            ))
+            .ok()
         };
         let imported = match (read(false), read(true)) {
             (Some(f), Some(h)) => Times::from_results(&f, &h),
@@ -532,7 +607,7 @@ pub fn read_runs(dir: &Path) -> Result<Vec<Run>> {
 /// The six times of scripts/deepep-one-rank.py's `result.json` (`modes.fused.*.kernel_us`,
 /// `modes.hook.*.send_us|recv_us`).
 fn raw_times(path: &Path) -> Option<Times> {
-    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let doc: serde_json::Value = serde_json::from_slice(&read_input(path, &DOCUMENT).ok()?).ok()?;
     let at = |mode: &str, op: &str, key: &str| doc["modes"][mode][op][key].as_f64();
     Some(Times {
         d_fused: at("fused", "dispatch", "kernel_us")?,

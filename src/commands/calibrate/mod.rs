@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use eptwin_engine::api::{DOCUMENT, InputKind, LOG, Outputs, read_input};
 use serde_json::Value;
 
 use self::derive::Probes;
@@ -55,7 +56,7 @@ type FitRows = Vec<(deepep::Shape, deepep::Times, deepep::Times)>;
 /// H100's, the same SMs, clocks and HBM3).
 fn deepep_only(o: &Options, name: &str) -> Result<ExitCode> {
     let base = read_base(o.base.as_deref().unwrap_or("h100-cx7"))?;
-    let runs = one_rank_runs(o)?;
+    let runs = one_rank_runs(o, sweeps_here(o))?;
     if runs.is_empty() {
         bail!(
             "--deepep-only needs one-rank runs: --deepep-runs DIR, or --deepep-dir with deep_ep importable"
@@ -116,7 +117,7 @@ fn runs_machine(o: &Options) -> Machine {
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     paths.sort();
     let read = |p: &Path| -> Option<Value> {
-        serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
+        serde_json::from_slice(&read_input(p, &DOCUMENT).ok()?).ok()
     };
     for p in paths {
         let (Some(result), routing) = (read(&p.join("result.json")), read(&p.join("routing.json")))
@@ -129,8 +130,9 @@ fn runs_machine(o: &Options) -> Machine {
             .and_then(|r| r.get("source").and_then(Value::as_str).map(str::to_string))
             .and_then(|s| s.rsplit(", ").next().map(|d| d.chars().take(10).collect()))
             .unwrap_or_else(|| "date unknown".into());
-        let driver = std::fs::read_to_string(dir.join("gpu.txt"))
+        let driver = read_input(&dir.join("gpu.txt"), &LOG)
             .ok()
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
             .and_then(|t| t.lines().nth(1).and_then(|l| l.split(", ").nth(1).map(str::to_string)))
             .unwrap_or_else(|| "unknown".into());
         return Machine { gpu, driver, date };
@@ -153,21 +155,31 @@ fn write_comparisons(o: &Options, runs: &[deepep::Run]) -> Result<()> {
             let text = deepep::scenario_text(&run.shape, &profile, hook, run.routing.as_deref());
             let name =
                 format!("compare-{}{}.toml", run.shape.tag(), if hook { "-hook" } else { "" });
-            std::fs::write(deepep::run_dir(&dir, &run.shape).join(name), text)?;
+            eptwin_engine::api::write_output(
+                &deepep::run_dir(&dir, &run.shape).join(name),
+                text.as_bytes(),
+            )?;
         }
     }
     progress(&format!("comparison scenarios: {}/*/compare-*.toml", dir.display()));
     Ok(())
 }
 
-/// Fit the low-latency costs on the profile `text` (written next to the output while the fit
-/// runs): the `[deepep]` values and the table of every run.
+/// Fit the low-latency costs on the profile `text` (written next to the output, in a new file
+/// of a random name removed after, while the fit runs): the `[deepep]` values and the table of
+/// every run.
 fn fit_deepep(o: &Options, runs: &[deepep::Run], text: &str) -> Result<(Vec<Measured>, FitRows)> {
-    let draft = o.out.with_extension("draft.toml");
-    std::fs::write(&draft, text).with_context(|| format!("writing {}", draft.display()))?;
-    let path = std::path::absolute(&draft)?;
+    let dir = eptwin_engine::files::parent_dir(&o.out);
+    let mut draft = tempfile::Builder::new()
+        .prefix(".eptwin-draft-")
+        .suffix(".toml")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a draft profile in {}", dir.display()))?;
+    std::io::Write::write_all(&mut draft, text.as_bytes())
+        .with_context(|| format!("writing {}", draft.path().display()))?;
+    let path = std::path::absolute(draft.path())?;
     let fit = deepep::fit(runs, &path, &mut |m| progress(m));
-    let _ = std::fs::remove_file(&draft);
+    drop(draft);
     let fit = fit?;
     let fitted = runs.iter().filter(|r| r.shape.experts == 288).count();
     let measured = deepep::COSTS
@@ -185,10 +197,53 @@ fn fit_deepep(o: &Options, runs: &[deepep::Run], text: &str) -> Result<(Vec<Meas
     Ok((measured, fit.rows))
 }
 
-pub fn calibrate(o: &Options) -> Result<ExitCode> {
-    if let Some(dir) = o.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// What [`calibrate`] reads and writes, decided before it probes, runs or fits anything.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// Probe this machine (no `--from`, not `--deepep-only`): its result goes to
+    /// `<out>.probes.json`.
+    probe_here: bool,
+    /// Run the one-rank sweep here (`--deepep-dir` and `deep_ep` importable).
+    sweep_here: bool,
+}
+
+/// The files this command writes itself, checked before it does any work (engine/src/files.rs,
+/// as every command's): the profile, the probe result, and, for a sweep run here, each shape's
+/// launch script, stderr, imported results and comparison scenarios. None may be anything but a
+/// regular file or missing, one of the others, or a file it reads (`--from`, a `--base` file,
+/// the `--deepep-runs` files). The files DeepEP's scripts write in a shape's folder (their log,
+/// `routing.json`) are theirs.
+fn check_outputs(o: &Options, plan: Plan) -> Result<()> {
+    let mut outputs = Outputs::new();
+    for f in &o.from {
+        outputs.input(f, &format!("--from {}", f.display()));
     }
+    if let Some(base) = o.base.as_deref().filter(|b| eptwin_engine::profile::names_file(b)) {
+        outputs.input(Path::new(base), &format!("--base {base}"));
+    }
+    if let Some(dir) = &o.deepep_runs {
+        for f in deepep::run_inputs(dir) {
+            outputs.input(&f, &format!("the one-rank run file {}", f.display()));
+        }
+    }
+    outputs.claim(&o.out, "--out")?;
+    if plan.probe_here {
+        outputs.claim(&o.out.with_extension("probes.json"), "the probe result")?;
+    }
+    if plan.sweep_here {
+        let dir = o.out.with_extension("deepep");
+        for shape in &deepep::SWEEP {
+            for (path, what) in deepep::outputs(&dir, shape, !o.deepep_only) {
+                outputs.claim(&path, &what)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn calibrate(o: &Options) -> Result<ExitCode> {
+    let plan = Plan { probe_here: o.from.is_empty() && !o.deepep_only, sweep_here: sweeps_here(o) };
+    check_outputs(o, plan)?;
     let name = match &o.name {
         Some(n) => n.clone(),
         None => o.out.file_stem().and_then(|s| s.to_str()).unwrap_or("calibrated").to_string(),
@@ -196,7 +251,7 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     if o.deepep_only {
         return deepep_only(o, &name);
     }
-    let (probes, machine, inv) = if o.from.is_empty() {
+    let (probes, machine, inv) = if plan.probe_here {
         let inv = inventory::survey(Path::new("/"));
         match probe_here(&o.out.with_extension("probes.json"), &inv)? {
             Ok((probes, machine)) => (probes, machine, Some(inv)),
@@ -239,7 +294,7 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     let mut text = writer::render(&head, &base, &measured, &machine)?;
     check(&o.out, &text)?;
     // The DeepEP one-rank sweep, fitted on the profile as measured so far.
-    let runs = one_rank_runs(o)?;
+    let runs = one_rank_runs(o, plan.sweep_here)?;
     let mut rows = Vec::new();
     if !runs.is_empty() {
         let (fitted, fit_rows) = fit_deepep(o, &runs, &text)?;
@@ -268,11 +323,35 @@ fn default_base(gpu: &str) -> &'static str {
     if gpu.contains("H200") { "h200-cx7" } else { "h100-cx7" }
 }
 
+/// A `--base` profile file, read as the engine reads a profile a scenario names
+/// (`eptwin_engine::profile::MAX_FILE_BYTES`).
+const BASE_FILE: InputKind = InputKind {
+    noun: "a profile",
+    format: "a TOML file",
+    max_bytes: eptwin_engine::profile::MAX_FILE_BYTES,
+    max_text: "1 MiB",
+};
+
+/// A `--from` file: a hardware result or an `eptwin run` log.
+const FROM_FILE: InputKind = InputKind {
+    noun: "a --from file",
+    format: "an eptwin result (JSON) or an eptwin run log",
+    max_bytes: DOCUMENT.max_bytes,
+    max_text: DOCUMENT.max_text,
+};
+
+/// The text of an input file, bounded by `kind` (engine/src/files.rs).
+fn read_text(path: &Path, kind: &InputKind, what: &str) -> Result<String> {
+    let bytes = read_input(path, kind).with_context(|| format!("reading {what}"))?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!("{what}: invalid UTF-8 at byte {}", e.utf8_error().valid_up_to())
+    })
+}
+
 /// The base profile: a bundled name or a profile file.
 fn read_base(name: &str) -> Result<writer::Base> {
     if eptwin_engine::profile::names_file(name) {
-        let text =
-            std::fs::read_to_string(name).with_context(|| format!("reading --base {name}"))?;
+        let text = read_text(Path::new(name), &BASE_FILE, &format!("--base {name}"))?;
         let table = eptwin_engine::profile::check_text(name, &text).map_err(|f| {
             anyhow::anyhow!("--base {name} is not a profile:\n  {}", f.join("\n  "))
         })?;
@@ -317,8 +396,7 @@ fn read_probes(files: &[PathBuf]) -> Result<(Probes, Machine)> {
     let mut probes = Probes::default();
     let mut machine = None;
     for f in files {
-        let text =
-            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let text = read_text(f, &FROM_FILE, &format!("--from {}", f.display()))?;
         if let Ok(doc) = serde_json::from_str::<eptwin_engine::result::RunResult>(&text) {
             if machine.is_none() {
                 probes.backend = doc.backend.clone();
@@ -412,25 +490,37 @@ fn nic_keys(inv: &inventory::Inventory) -> Vec<Measured> {
     inventory::nic(inv)
 }
 
-/// The one-rank runs to fit: read from `--deepep-runs`, or run here with `--deepep-dir` when
-/// Python imports `deep_ep`; none (the base's costs stay) otherwise, saying why.
-fn one_rank_runs(o: &Options) -> Result<Vec<deepep::Run>> {
-    if let Some(dir) = &o.deepep_runs {
-        let runs = deepep::read_runs(dir)?;
-        progress(&format!("{} DeepEP one-rank runs read from {}", runs.len(), dir.display()));
-        return Ok(runs);
+/// Whether the one-rank sweep runs here: `--deepep-dir` without `--deepep-runs`, and Python
+/// imports `deep_ep` (when not, saying why: the base's costs stay).
+fn sweeps_here(o: &Options) -> bool {
+    if o.deepep_runs.is_some() {
+        return false;
     }
-    let Some(deepep_dir) = &o.deepep_dir else {
+    if o.deepep_dir.is_none() {
         progress("no --deepep-dir: the DeepEP low-latency costs stay the base's");
-        return Ok(Vec::new());
-    };
+        return false;
+    }
     if let Err(why) = deepep::deepep_importable(&o.python) {
         progress(&format!(
             "{} cannot import deep_ep ({why}): the DeepEP low-latency costs stay the base's",
             o.python
         ));
-        return Ok(Vec::new());
+        return false;
     }
+    true
+}
+
+/// The one-rank runs to fit: read from `--deepep-runs`, or run here (`sweep_here`, from
+/// [`sweeps_here`]); none otherwise.
+fn one_rank_runs(o: &Options, sweep_here: bool) -> Result<Vec<deepep::Run>> {
+    if let Some(dir) = &o.deepep_runs {
+        let runs = deepep::read_runs(dir)?;
+        progress(&format!("{} DeepEP one-rank runs read from {}", runs.len(), dir.display()));
+        return Ok(runs);
+    }
+    let (Some(deepep_dir), true) = (&o.deepep_dir, sweep_here) else {
+        return Ok(Vec::new());
+    };
     let dir = o.out.with_extension("deepep");
     deepep::sweep(
         &deepep::SWEEP,
