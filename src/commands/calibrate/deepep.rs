@@ -405,6 +405,7 @@ pub fn sweep(
     python: &str,
     timeout: Duration,
     budget: Option<Duration>,
+    gpu: Option<&str>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<Run>> {
     // The launch script runs in each shape's folder: the checkout by its absolute path.
@@ -455,7 +456,7 @@ pub fn sweep(
             import(&fused.1, &fused.0.scenario, &logs, provenance.clone()),
             import(&hook.1, &hook.0.scenario, &logs, provenance),
         );
-        let (Ok(f), Ok(h)) = imported else {
+        let (Ok(mut f), Ok(mut h)) = imported else {
             progress(&format!(
                 "  {}: no DeepEP times in {} (left out)",
                 s.tag(),
@@ -463,6 +464,12 @@ pub fn sweep(
             ));
             continue;
         };
+        // As `eptwin deepep import --gpu` records it: `eptwin compare` pairs by GPU.
+        for r in [&mut f, &mut h] {
+            if let Some(gpu) = gpu {
+                r.backend.insert("gpus".into(), serde_json::json!(format!("1 x {gpu}")));
+            }
+        }
         for r in [&f, &h] {
             let path = eptwin_engine::result::result_path(&out, &r.scenario.name, Some("deepep"));
             eptwin_engine::result::write_atomic(&path, &r.to_json())?;

@@ -56,7 +56,8 @@ type FitRows = Vec<(deepep::Shape, deepep::Times, deepep::Times)>;
 /// H100's, the same SMs, clocks and HBM3).
 fn deepep_only(o: &Options, name: &str) -> Result<ExitCode> {
     let base = read_base(o.base.as_deref().unwrap_or("h100-cx7"))?;
-    let runs = one_rank_runs(o, sweeps_here(o))?;
+    // The GPU these runs ran on is not known here (no probe): the imported results name none.
+    let runs = one_rank_runs(o, sweeps_here(o), None)?;
     if runs.is_empty() {
         bail!(
             "--deepep-only needs one-rank runs: --deepep-runs DIR, or --deepep-dir with deep_ep importable"
@@ -294,7 +295,7 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     let mut text = writer::render(&head, &base, &measured, &machine)?;
     check(&o.out, &text)?;
     // The DeepEP one-rank sweep, fitted on the profile as measured so far.
-    let runs = one_rank_runs(o, plan.sweep_here)?;
+    let runs = one_rank_runs(o, plan.sweep_here, Some(&machine.gpu))?;
     let mut rows = Vec::new();
     if !runs.is_empty() {
         let (fitted, fit_rows) = fit_deepep(o, &runs, &text)?;
@@ -512,7 +513,7 @@ fn sweeps_here(o: &Options) -> bool {
 
 /// The one-rank runs to fit: read from `--deepep-runs`, or run here (`sweep_here`, from
 /// [`sweeps_here`]); none otherwise.
-fn one_rank_runs(o: &Options, sweep_here: bool) -> Result<Vec<deepep::Run>> {
+fn one_rank_runs(o: &Options, sweep_here: bool, gpu: Option<&str>) -> Result<Vec<deepep::Run>> {
     if let Some(dir) = &o.deepep_runs {
         let runs = deepep::read_runs(dir)?;
         progress(&format!("{} DeepEP one-rank runs read from {}", runs.len(), dir.display()));
@@ -529,6 +530,7 @@ fn one_rank_runs(o: &Options, sweep_here: bool) -> Result<Vec<deepep::Run>> {
         &o.python,
         o.deepep_timeout,
         o.deepep_budget,
+        gpu,
         &mut |m| progress(m),
     )
 }
