@@ -3,6 +3,7 @@
 //! options, the NVRTC version and the architecture (DeepEP V2's JIT does the same). Cache files
 //! are written to a temporary name and renamed, so concurrent runs never read half a file.
 
+use eptwin_engine::api::{InputKind, read_input};
 use std::ffi::{CStr, CString, c_char};
 use std::path::{Path, PathBuf};
 
@@ -28,6 +29,14 @@ pub fn nvrtc_version() -> Result<(i32, i32), String> {
     }
     Ok((major, minor))
 }
+
+/// A cached kernel binary: a compiled module is a few MiB at most.
+const CUBIN: InputKind = InputKind {
+    noun: "a cached cubin",
+    format: "a CUDA binary",
+    max_bytes: 64 << 20,
+    max_text: "64 MiB",
+};
 
 pub struct Compiler {
     pub version: (i32, i32),
@@ -83,8 +92,10 @@ impl Compiler {
         let key = cache_key(&source, &opts, self.version, arch);
         let cached =
             self.cache_dir.as_ref().map(|d| d.join(format!("{}-{key}.cubin", module.file)));
+        // The cache directory is the user's (`EPTWIN_KERNEL_CACHE`): only a regular file of a
+        // cubin's size is read, so a FIFO or a device there cannot hang or flood the run.
         if let Some(path) = &cached
-            && let Ok(bytes) = std::fs::read(path)
+            && let Ok(bytes) = read_input(path, &CUBIN)
         {
             let (hits, compiles) = self.stats.get();
             self.stats.set((hits + 1, compiles));

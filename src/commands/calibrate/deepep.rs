@@ -395,7 +395,8 @@ pub fn run_inputs(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Run DeepEP's LL test for every shape of `shapes` with `eptwin deepep launch`'s lines (the
-/// script under `deepep_dir/tests/`), import each log, and return the runs. A shape whose
+/// script under `deepep_dir/tests/`), each run within the per-run timeout and the sweep within
+/// its budget, import each log (recording `gpu`, the probed GPU), and return the runs. A shape whose
 /// script fails is reported and left out.
 #[allow(clippy::disallowed_methods)] // wall time: progress and the runs' time limit
 pub fn sweep(
@@ -403,8 +404,7 @@ pub fn sweep(
     dir: &Path,
     deepep_dir: &str,
     python: &str,
-    timeout: Duration,
-    budget: Option<Duration>,
+    (timeout, budget): (Duration, Option<Duration>),
     gpu: Option<&str>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<Run>> {

@@ -528,8 +528,7 @@ fn one_rank_runs(o: &Options, sweep_here: bool, gpu: Option<&str>) -> Result<Vec
         &dir,
         deepep_dir,
         &o.python,
-        o.deepep_timeout,
-        o.deepep_budget,
+        (o.deepep_timeout, o.deepep_budget),
         gpu,
         &mut |m| progress(m),
     )
