@@ -425,28 +425,27 @@ pub fn file_path(scenario_file: &str, profile: &str) -> PathBuf {
 }
 
 /// The largest profile file read (1 MiB; a profile is a few KiB).
-pub const MAX_FILE_BYTES: u64 = 1 << 20;
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// A profile file, for [`crate::files::read_input`]'s bound and messages: read as a regular
+/// file without blocking, so a FIFO swapped in after the check cannot hang validation.
+pub const PROFILE_FILE: crate::files::InputKind = crate::files::InputKind {
+    noun: "a profile",
+    format: "a TOML file",
+    max_bytes: MAX_FILE_BYTES,
+    max_text: "1 MiB",
+};
 
 /// Read the profile file at `on_disk` (named `shown` in messages) and check it as a complete
 /// profile: every key present with its type, every number in range. Its TOML table and the hex
 /// sha256 of its bytes, or every fault found as `file:line:col: what`.
 pub fn read_file(on_disk: &Path, shown: &str) -> Result<(toml::Table, String), Vec<String>> {
-    use std::io::Read;
-    let whole = |what: String| vec![format!("{shown}: {what}")];
-    let meta = std::fs::metadata(on_disk).map_err(|e| whole(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(whole("not a regular file; a profile is a TOML file".into()));
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(on_disk)
-        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| whole(e.to_string()))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(whole(format!("larger than {MAX_FILE_BYTES} bytes; a profile is a few KiB")));
-    }
+    let bytes = crate::files::read_input(on_disk, &PROFILE_FILE)
+        .map_err(|e| vec![format!("{shown}: {e}")])?;
     let sha256 = crate::scenario::sha256_hex(&bytes);
-    let text = String::from_utf8(bytes)
-        .map_err(|e| whole(format!("invalid UTF-8 at byte {}", e.utf8_error().valid_up_to())))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        vec![format!("{shown}: invalid UTF-8 at byte {}", e.utf8_error().valid_up_to())]
+    })?;
     check_text(shown, &text).map(|table| (table, sha256))
 }
 
@@ -723,7 +722,10 @@ mod tests {
         let err = read_file(&dir.path().join("none.toml"), "none.toml").unwrap_err();
         assert!(err[0].starts_with("none.toml: "), "{err:?}");
         let err = read_file(dir.path(), "d").unwrap_err();
-        assert_eq!(err, vec!["d: not a regular file; a profile is a TOML file".to_string()]);
+        assert_eq!(
+            err,
+            vec!["d: not a regular file (a directory); a profile is a TOML file".to_string()]
+        );
         assert!(names_file("profiles/my.toml") && names_file("my.toml") && names_file("./x"));
         assert!(!names_file("h100-cx7"));
         assert_eq!(file_path("scenarios/s.toml", "p/my.toml"), Path::new("scenarios/p/my.toml"));

@@ -324,14 +324,8 @@ fn default_base(gpu: &str) -> &'static str {
     if gpu.contains("H200") { "h200-cx7" } else { "h100-cx7" }
 }
 
-/// A `--base` profile file, read as the engine reads a profile a scenario names
-/// (`eptwin_engine::profile::MAX_FILE_BYTES`).
-const BASE_FILE: InputKind = InputKind {
-    noun: "a profile",
-    format: "a TOML file",
-    max_bytes: eptwin_engine::profile::MAX_FILE_BYTES,
-    max_text: "1 MiB",
-};
+/// A `--base` profile file, read as the engine reads a profile a scenario names.
+const BASE_FILE: InputKind = eptwin_engine::profile::PROFILE_FILE;
 
 /// A `--from` file: a hardware result or an `eptwin run` log.
 const FROM_FILE: InputKind = InputKind {

@@ -4,7 +4,9 @@
 use super::*;
 use crate::diag::{Diagnostic, Severity};
 
-const LL_EP16: &str = r#"
+/// A valid two-node low-latency EP16 decode, the base the rule tests edit (also the `[[fault]]`
+/// tests' base, `faults/tests.rs`).
+pub(in crate::deepep::validate) const LL_EP16: &str = r#"
 schema = 1
 name = "ll-ep16"
 [cluster]

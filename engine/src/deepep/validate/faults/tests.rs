@@ -5,30 +5,13 @@ use crate::diag::{Diagnostic, Severity};
 use crate::fault::{Delay, Fault};
 use crate::ids::Rank;
 
-const LL_EP16: &str = r#"
-schema = 1
-name = "ll-ep16"
-[cluster]
-profile = "h800-cx7"
-nodes = 2
-[[job]]
-name = "decode"
-[job.buffer]
-low_latency_mode = true
-num_rdma_bytes = "2GiB"
-num_qps_per_rank = 16
-[job.env]
-NVSHMEM_IB_SL = "1"
-[job.workload]
-tokens_per_rank = 128
-hidden = 7168
-topk = 8
-experts = 256
-seed = 9
-"#;
+/// The rule tests' EP16 decode with a fixed routing seed (the faults' ranks are drawn from it).
+fn ll_ep16() -> String {
+    format!("{}seed = 9\n", crate::deepep::validate::tests::LL_EP16)
+}
 
 fn check(faults: &str) -> (Vec<Diagnostic>, Option<crate::plan::Plan>) {
-    let text = format!("{LL_EP16}{faults}");
+    let text = format!("{}{faults}", ll_ep16());
     let loaded = crate::parse("t.toml", &text).unwrap();
     validate(&loaded.scenario, &loaded.source)
 }
@@ -181,7 +164,8 @@ fn one_packet_loss_and_one_degradation_per_node() {
 
 #[test]
 fn packet_loss_under_adaptive_routing_is_refused() {
-    let text = LL_EP16.replace("nodes = 2", "nodes = 2\n[cluster.fabric]\nrouting = \"adaptive\"");
+    let text =
+        ll_ep16().replace("nodes = 2", "nodes = 2\n[cluster.fabric]\nrouting = \"adaptive\"");
     let text = format!("{text}\n[[fault]]\nkind = \"packet_loss\"\nrate = 0.001\n");
     let loaded = crate::parse("t.toml", &text).unwrap();
     let d = validate(&loaded.scenario, &loaded.source).0;
@@ -190,17 +174,17 @@ fn packet_loss_under_adaptive_routing_is_refused() {
 
 #[test]
 fn unknown_kinds_and_keys_are_schema_errors() {
-    let text = format!("{LL_EP16}\n[[fault]]\nkind = \"meteor\"\n");
+    let text = format!("{}\n[[fault]]\nkind = \"meteor\"\n", ll_ep16());
     let e = crate::parse("t.toml", &text).unwrap_err().to_string();
     assert!(e.contains("fault[0].kind"), "{e}");
-    let text = format!("{LL_EP16}\n[[fault]]\nkind = \"packet_loss\"\nrat = 0.1\n");
+    let text = format!("{}\n[[fault]]\nkind = \"packet_loss\"\nrat = 0.1\n", ll_ep16());
     let e = crate::parse("t.toml", &text).unwrap_err().to_string();
     assert!(e.contains("rat"), "{e}");
 }
 
 #[test]
 fn shrink_outside_low_latency_is_advised_against() {
-    let text = LL_EP16
+    let text = ll_ep16()
         .replace("low_latency_mode = true", "low_latency_mode = false\nenable_shrink = true")
         .replace(
             "num_rdma_bytes = \"2GiB\"",
