@@ -70,6 +70,8 @@ pub struct Simulator {
     /// (the result's `measurements["sim.reused_runs"]`).
     reused: BTreeMap<String, u64>,
     use_cache: bool,
+    /// IBGDA messages may complete when they execute (`Core::early_acks`).
+    early_acks: bool,
     /// Per (job, op): `Program::rank_ends` of its last run; per job: the op executed last.
     /// An op launched back to back after the previous one adds the ranks' lag
     /// (`core::world::follow_lag_ns`).
@@ -110,6 +112,7 @@ impl Simulator {
             cache: BTreeMap::new(),
             reused: BTreeMap::new(),
             use_cache: true,
+            early_acks: true,
             rank_ends: BTreeMap::new(),
             prev_op: BTreeMap::new(),
             trace: None,
@@ -157,6 +160,13 @@ impl Simulator {
         self
     }
 
+    /// Complete every IBGDA message when its ACK would arrive, as an event (the reference
+    /// the early completions of `Core::early_acks` are tested against).
+    pub fn without_early_acks(mut self) -> Self {
+        self.early_acks = false;
+        self
+    }
+
     /// The trace of the last run (Chrome trace-event JSON), when `SimOptions::trace` was set.
     pub fn trace_json(&self) -> Option<String> {
         self.trace.as_ref().map(|t| t.to_json())
@@ -198,6 +208,33 @@ impl Simulator {
             world.core.faults = faults;
         }
         world
+    }
+
+    /// Run one op (`OpSpec::Op`) on a fresh machine; `early_acks`: IBGDA messages complete
+    /// when they execute where that cannot change a result (`Core::early_acks`).
+    fn run_single(
+        &mut self,
+        plan: &Plan,
+        spec: &OpSpec,
+        prev: Option<OpKind>,
+        early_acks: bool,
+    ) -> (World, Result<(), RunError>) {
+        let OpSpec::Op { job, op, iteration, warmup } = *spec else { unreachable!("a single op") };
+        // Trace the first run of each op (later iterations reuse it).
+        let mut world = self.world(plan, self.options.trace);
+        world.next_launch = Some(launch_key(plan, job, op, iteration, warmup));
+        let faults = !plan.faults.is_empty();
+        if faults && let Some(ends) = prev.and_then(|p| self.rank_ends.get(&(job.0, p))) {
+            // The world charges the back-to-back lag to the ranks that launch on time.
+            world.prev_ends = ends.clone();
+        }
+        world.core.early_acks =
+            early_acks && self.early_acks && !faults && world.core.trace.is_none();
+        let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
+            make_program(plan, core, j, o, it, w)
+        };
+        let r = world.run_one(&mut factory, job, op, iteration, warmup);
+        (world, r)
     }
 
     /// After a run with faults: the run's clock moves on by the machine's time, and the masks
@@ -403,6 +440,7 @@ impl Transport for Simulator {
                 message: format!("the plan has {} job(s)", plan.jobs.len()),
             });
         }
+        let spec = op;
         match op {
             OpSpec::Op { job, op, iteration, warmup } => {
                 let prev = self.prev_op.insert(job.0, *op);
@@ -420,18 +458,15 @@ impl Transport for Simulator {
                         BTreeMap::from([(REUSED_KEY.to_string(), serde_json::json!(self.reused))]);
                     return Ok(OpOutcome { samples: vec![s], measurements });
                 }
-                // Trace the first run of each op (later iterations reuse it).
-                let mut world = self.world(&plan, self.options.trace);
-                world.next_launch = Some(launch_key(&plan, *job, *op, *iteration, *warmup));
                 let faults = !plan.faults.is_empty();
-                if faults && let Some(ends) = prev.and_then(|p| self.rank_ends.get(&(job.0, p))) {
-                    // The world charges the back-to-back lag to the ranks that launch on time.
-                    world.prev_ends = ends.clone();
-                }
-                let mut factory = |core: &mut Core, j: JobId, o: OpKind, it: u32, w: bool| {
-                    make_program(&plan, core, j, o, it, w)
+                let (mut world, r) = self.run_single(&plan, spec, prev, true);
+                let (mut world, r) = if world.core.early_acks_overrun {
+                    // Early completions could have moved the depth check: run it again.
+                    self.recycle(&mut world);
+                    self.run_single(&plan, spec, prev, false)
+                } else {
+                    (world, r)
                 };
-                let r = world.run_one(&mut factory, *job, *op, *iteration, *warmup);
                 self.count(&world);
                 self.keep_trace(&mut world);
                 r.map_err(to_transport_error)?;

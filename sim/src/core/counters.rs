@@ -48,6 +48,14 @@ impl Counters {
         first
     }
 
+    /// Fetch what a bump of counter `c` reads (its value, and where its waiters are) ahead of
+    /// use; no bounds check, no effect on any result.
+    #[inline(always)]
+    pub fn prefetch(&self, c: usize) {
+        crate::core::prefetch_at(&self.values, c);
+        crate::core::prefetch_at(&self.waiters, c);
+    }
+
     /// Whether counter `c` has waiters.
     #[inline(always)]
     pub fn is_waited(&self, c: usize) -> bool {

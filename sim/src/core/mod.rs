@@ -118,6 +118,12 @@ pub struct Core {
     pub starvations: Vec<String>,
     /// The run's faults on this machine (none on a healthy cluster).
     pub faults: crate::core::faults::FaultRt,
+    /// An IBGDA message completes when it executes (no ACK event; [`Core::early_completion`]).
+    /// Set only for a single op on its own machine, untraced, without faults.
+    pub early_acks: bool,
+    /// With `early_acks`: an IBGDA QP got more posts than its depth, where the time of its
+    /// completions matters to the depth check: the machine must run again without them.
+    pub early_acks_overrun: bool,
 }
 
 const MAX_VIOLATIONS: usize = 64;
@@ -173,6 +179,8 @@ impl Core {
             jobs: Vec::new(),
             starvations: Vec::new(),
             faults: crate::core::faults::FaultRt::default(),
+            early_acks: false,
+            early_acks_overrun: false,
         }
     }
 

@@ -359,6 +359,8 @@ impl World {
 
     /// Every event until the queue is empty.
     fn run_events(&mut self, factory: &mut Factory) -> Result<(), RunError> {
+        // Faults are fixed for the machine's life: the limit is read once, not per event.
+        let limit = self.time_limit();
         while let Some((t, ev)) = self.core.queue.pop() {
             if t < self.core.now {
                 self.core.violation(format!(
@@ -368,7 +370,9 @@ impl World {
                 ));
             }
             self.core.now = t;
-            self.check_time(t)?;
+            if t > limit {
+                return Err(self.timeout(limit));
+            }
             // No effect on any result: the next events' cold records are fetched now, in two
             // steps (a port's queue head two events ahead, what it names one event ahead).
             if let Some(&next) = self.core.queue.peek_current() {
@@ -390,17 +394,28 @@ impl World {
 
     /// A runaway simulation is an error, not a hang: the clock may not pass the limit.
     fn check_time(&self, t: Time) -> Result<(), RunError> {
-        let limit =
-            if self.core.faults.faults.is_empty() { MAX_SIM_TIME } else { MAX_FAULT_SIM_TIME };
+        let limit = self.time_limit();
         if t <= limit {
             return Ok(());
         }
-        Err(RunError::Timeout(format!(
+        Err(self.timeout(limit))
+    }
+
+    /// The simulated time a run may not pass.
+    fn time_limit(&self) -> Time {
+        if self.core.faults.faults.is_empty() { MAX_SIM_TIME } else { MAX_FAULT_SIM_TIME }
+    }
+
+    /// The error of a run whose clock passed `limit`.
+    #[cold]
+    #[inline(never)]
+    fn timeout(&self, limit: Time) -> RunError {
+        RunError::Timeout(format!(
             "simulated time passed {} with work outstanding at {}: {}",
             fmt_us(limit),
             fmt_us(self.core.now),
             self.waiting()
-        )))
+        ))
     }
 
     /// The machine is quiet with ops unfinished because of a fault: every stuck wait times out

@@ -451,6 +451,9 @@ impl Core {
             q.exec = m;
         }
         q.posted += 1;
+        if self.early_acks && q.ibgda && q.posted > q.depth {
+            self.early_acks_overrun = true;
+        }
         if q.in_flight() > q.depth {
             let (depth, in_flight, check) = (q.depth, q.in_flight(), q.ibgda);
             let label = self.net.qp_labels[qp as usize];
@@ -764,11 +767,15 @@ impl Core {
                 self.net.pkts[pending].payload = seq;
                 continue;
             }
+            self.ensure_op(msg.prog);
+            self.op_bytes[msg.prog as usize].wire += wire as u64;
+            if self.early_completion(qp, seq, m, &msg) {
+                self.complete_upto(qp, seq);
+                continue;
+            }
             // An ACK acts on (QP, sequence), its message id only a hint: with adaptive routing
             // a later cumulative ACK may already have retired the message.
             let ack = self.net.pkts.insert(Pkt { msg: m, qp, payload: seq, prog: msg.prog, kind });
-            self.ensure_op(msg.prog);
-            self.op_bytes[msg.prog as usize].wire += wire as u64;
             if self.net.qps[qp as usize].ibgda {
                 // Nothing waits on an IBGDA QP's completions: its ACK (or an atomic's
                 // response, which DeepEP never reads) only retires WQEs for the depth check
@@ -790,6 +797,25 @@ impl Core {
             }
             self.enqueue(port, lane, QEntry { item: ack, wire, from: NONE, dst: src });
         }
+    }
+
+    /// Whether message `m` (record `msg`, sequence `seq` of `qp`), executing now, may complete now
+    /// instead of when its ACK would arrive. An IBGDA QP's completion is observed only by the
+    /// depth check of later posts (`post`) and by the message's local action: none here, and
+    /// every earlier message of the QP is complete (an ACK is cumulative), so only the check
+    /// could tell; while a QP has no more posts than its depth, its in-flight count never
+    /// exceeds the depth, whenever the completions happen. A QP that gets more sets
+    /// [`Core::early_acks_overrun`] and the op runs again without early completions. Saves an
+    /// event per message and its visit to the QP and message records a round trip later.
+    #[inline]
+    fn early_completion(&self, qp: u32, seq: u32, m: u32, msg: &MsgDone) -> bool {
+        let q = &self.net.qps[qp as usize];
+        self.early_acks
+            && q.ibgda
+            && q.completed == seq
+            && self.net.msgs.local(m, msg) == Action::None
+            && self.trace.is_none()
+            && self.net.loss.is_none()
     }
 
     /// When a packet of `wire` bytes sent by NIC `from` now completes at NIC `to` over an

@@ -465,7 +465,7 @@ impl Core {
         match ev {
             Ev::NicDeliver { pkt, qp, msg } => self.prefetch_delivery(pkt, qp, msg),
             Ev::Act(crate::core::Action::Add { counter, .. }) => {
-                prefetch_at(&self.counters.values, counter as usize)
+                self.counters.prefetch(counter as usize)
             }
             Ev::Doorbell { qp, .. } => {
                 prefetch_at(&self.net.qps, qp as usize);

@@ -5,7 +5,8 @@
 //! expert) exactly once and combine every token with the weighted sum of its experts (the
 //! one-GPU cluster kernels too).
 
-use eptwin_engine::api::Verdict;
+use eptwin_engine::api::{Provenance, Verdict};
+use eptwin_sim::{SimOptions, Simulator};
 use proptest::prelude::*;
 
 use eptwin_engine::testing::ScenarioDraft;
@@ -519,9 +520,15 @@ warmup = 0
 iterations = 1
 ops = ["dispatch"]
 "#;
-    let r = run(&ScenarioDraft::from_text("overrun", text).plan());
+    let plan = ScenarioDraft::from_text("overrun", text).plan();
+    let r = run(&plan);
     assert_eq!(r.verdict, Verdict::Failed);
     assert!(r.failures.iter().any(|f| f.contains("QP overrun")), "{:?}", r.failures);
+    // A QP past its depth sees when its completions happen: the op runs again with ACK
+    // events, and the result is theirs.
+    let mut acks = Simulator::new(SimOptions::default()).without_early_acks();
+    let want = eptwin_engine::api::run(&plan, &mut acks, Provenance::default()).expect("run");
+    assert_eq!(want.to_json(), r.to_json());
 }
 
 /// A DeepEP V2 job on a random small cluster: hybrid or direct, FP8 or BF16, any SM count.

@@ -360,6 +360,29 @@ fn reusing_the_first_run_gives_every_iteration_s_numbers() {
     }
 }
 
+/// IBGDA messages completing when they execute, without their ACK events, give the results
+/// of completing them at the ACK's arrival: no QP of these runs gets more posts than its
+/// depth, so no depth check can tell (DeepEP V1 low-latency and normal, V2).
+#[test]
+fn early_ibgda_completions_give_the_ack_events_results() {
+    for name in
+        ["ep16-ll", "ep16-ll-hook", "roce-ep16-ll", "ep16-normal-internode", "v2-ep16-decode"]
+    {
+        let plan = ScenarioDraft::bundled(name).plan();
+        let mut acks = Simulator::new(SimOptions::default()).without_early_acks();
+        let want = eptwin_engine::api::run(&plan, &mut acks, Provenance::default()).expect("run");
+        let mut early = Simulator::new(SimOptions::default());
+        let got = eptwin_engine::api::run(&plan, &mut early, Provenance::default()).expect("run");
+        assert_eq!(want.to_json(), got.to_json(), "{name}");
+        assert!(
+            early.events < acks.events,
+            "{name}: {} events, {} with ACKs",
+            early.events,
+            acks.events
+        );
+    }
+}
+
 #[test]
 fn the_seed_changes_the_workload() {
     let a = run(&ScenarioDraft::bundled("ep16-ll").plan());
