@@ -85,6 +85,8 @@ pub struct LowLatencyProgram {
     /// where the row is (0 where the profile has no load latencies: `gpu.memory`); see
     /// [`chains::recv_row_loads`].
     recv_row_chain: Time,
+    /// Combine: the same for a row a send warp copies back ([`chains::combine_row_loads`]).
+    combine_row_chain: Time,
     routing: RoutingTable,
     routes: Vec<Route>,
     gpu: Vec<u32>,
@@ -191,9 +193,9 @@ impl LowLatencyProgram {
         let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
         let chains = if dispatch {
-            chains::DispatchChains::new(&core.params, w.tokens_per_rank, w.topk, w.hook, msg_bytes)
+            chains::Chains::dispatch(&core.params, w.tokens_per_rank, w.topk, w.hook, msg_bytes)
         } else {
-            chains::DispatchChains::default()
+            chains::Chains::combine(&core.params, msg_bytes)
         };
         let mut p = LowLatencyProgram {
             meta,
@@ -213,6 +215,7 @@ impl LowLatencyProgram {
             msg_bytes,
             count_chain: chains.count,
             recv_row_chain: chains.recv_row,
+            combine_row_chain: chains.combine_row,
             routes,
             gpu: core.jobs[job].gpu.clone(),
             global: core.jobs[job].ranks.iter().map(|r| r.0).collect(),
@@ -683,7 +686,11 @@ impl LowLatencyProgram {
         let take = (hi - lo - pos).min(self.wpg);
         // The round's dependent steps before its puts (each warp's source index, the TMA load
         // of its row and the wait for it).
-        let now = now + self.costs.ll_combine_round;
+        let now = now + self.costs.ll_combine_round + self.combine_row_chain;
+        // With the row's load chain known, its bytes are the GPU memory's to move (a warp's
+        // copy rate would count the chain again).
+        let warp_rate =
+            if self.combine_row_chain > 0 { core.params.hbm_copy_rate } else { warp_rate };
         let mut end = now;
         for k in 0..take {
             let idx = pos + k;

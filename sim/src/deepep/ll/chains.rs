@@ -1,4 +1,4 @@
-//! Dependent-load chains of DeepEP's low-latency dispatch that no copy rate covers, each at the
+//! Dependent-load chains of DeepEP's low-latency kernels that no copy rate covers, each at the
 //! load latency `eptwin calibrate` measures (`[gpu.memory]` `load_*_ns`, docs/calibration.md
 //! "The low-latency kernels on one GPU"). A profile without those latencies has no chains: its
 //! fitted per-round costs (`[deepep]` `ll_*`) stand in for them.
@@ -30,24 +30,39 @@ pub fn count_chain_loads(tokens: u32, topk: u32) -> u64 {
     (tokens as u64 * topk as u64).div_ceil(32).div_ceil(COUNT_LOADS_IN_FLIGHT)
 }
 
-/// The chains of one dispatch op, in time.
+/// Dependent loads of one combine row a send warp copies (`internode_ll.cu`, the combine's send
+/// loop): its source index, then one per copy round of the BF16 row.
+pub fn combine_row_loads(msg_bytes: u64) -> u64 {
+    1 + msg_bytes.div_ceil(WARP_COPY_ROUND_BYTES)
+}
+
+/// The chains of one low-latency op, in time (0: not this op's, or no latencies measured).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DispatchChains {
+pub struct Chains {
     /// The counting warp's reads of `topk_idx` (from HBM: the op's index array is read once).
     pub count: Time,
     /// One row a receive warp unpacks: from HBM under load in hook mode (the test's GEMM
     /// flushed L2 before the receive kernel), from L2 fused (the send phase just wrote it).
     pub recv_row: Time,
+    /// One row a combine send warp copies back: the expert outputs are read from HBM, with
+    /// every warp of the GPU loading at once.
+    pub combine_row: Time,
 }
 
-impl DispatchChains {
-    pub fn new(params: &Params, tokens: u32, topk: u32, hook: bool, msg_bytes: u64) -> Self {
+impl Chains {
+    pub fn dispatch(params: &Params, tokens: u32, topk: u32, hook: bool, msg_bytes: u64) -> Self {
         let Some(g) = params.one_gpu.as_ref() else { return Self::default() };
         let row_load = if hook { g.load_hbm_busy } else { g.load_l2 };
-        DispatchChains {
+        Chains {
             count: count_chain_loads(tokens, topk) * g.load_hbm,
             recv_row: recv_row_loads(msg_bytes) * row_load,
+            combine_row: 0,
         }
+    }
+
+    pub fn combine(params: &Params, msg_bytes: u64) -> Self {
+        let Some(g) = params.one_gpu.as_ref() else { return Self::default() };
+        Chains { combine_row: combine_row_loads(msg_bytes) * g.load_hbm_busy, ..Self::default() }
     }
 }
 
@@ -65,6 +80,9 @@ mod tests {
         // of 3,584 B (7,168 + 224 B of scales spill into a third).
         let loads = |h| recv_row_loads(ll_dispatch_msg_bytes(h, Dtype::Fp8));
         assert_eq!((loads(2048), loads(4096), loads(7168)), (3, 4, 5));
+        // BF16 combine rows of 4,096 / 8,192 / 14,336 B: 2, 3 and 4 copy rounds.
+        assert_eq!((combine_row_loads(4096), combine_row_loads(8192)), (3, 4));
+        assert_eq!(combine_row_loads(14336), 5);
     }
 
     #[test]
@@ -84,6 +102,7 @@ mod tests {
             prop_assert!(count_chain_loads(t + 1, k) >= count_chain_loads(t, k));
             prop_assert!(count_chain_loads(t, k + 1) >= count_chain_loads(t, k));
             prop_assert!(recv_row_loads(b + 1) >= recv_row_loads(b));
+            prop_assert!(combine_row_loads(b + 1) >= combine_row_loads(b));
             // Never more rounds than one per lane's entries, never fewer than a lane's share / 8.
             let per_lane = (t as u64 * k as u64).div_ceil(32);
             prop_assert!(count_chain_loads(t, k) <= per_lane);
