@@ -255,6 +255,11 @@ pub enum Command {
         /// it is (a profile of a machine whose GPU ran them elsewhere).
         #[arg(long)]
         deepep_only: bool,
+        /// Probe only the NIC (no GPU needed): RDMA WRITE latency, bandwidth and message rate on
+        /// this machine's ACTIVE ibverbs port (a build with --features rdma), into the base
+        /// profile's NIC keys. Waived (77) without an ACTIVE port.
+        #[arg(long, conflicts_with_all = ["deepep_only", "from"])]
+        nic_only: bool,
     },
 }
 

@@ -69,8 +69,9 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
             deepep_timeout_s,
             deepep_budget_s,
             deepep_only,
+            nic_only,
         } => {
-            if backend == BackendArg::Sim && from.is_empty() && !deepep_only {
+            if backend == BackendArg::Sim && from.is_empty() && !deepep_only && !nic_only {
                 eprintln!(
                     "eptwin: calibrate --backend sim has nothing to probe: give --from RESULT.json"
                 );
@@ -87,6 +88,7 @@ pub fn dispatch(command: Command) -> Result<ExitCode> {
                 deepep_timeout: std::time::Duration::from_secs(deepep_timeout_s),
                 deepep_budget: deepep_budget_s.map(std::time::Duration::from_secs),
                 deepep_only,
+                nic_only,
             };
             calibrate::calibrate(&options)
         }
@@ -155,7 +157,7 @@ pub fn provenance(backend: BackendArg) -> Provenance {
 
 /// The current time, RFC 3339 in UTC to the second (`2026-12-02T10:11:12Z`): provenance of
 /// hardware results only.
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     rfc3339(jiff::Timestamp::now())
 }
 

@@ -25,36 +25,17 @@ use crate::gpu::PathKind;
 use crate::programs::{Meta, Ranks, deepep_job};
 use eptwin_engine::api::mix;
 
+mod chains;
 mod combine_recv;
 mod faults;
+mod nvlink;
+
+pub(crate) use nvlink::nvlink_store_bytes;
 
 /// DeepEP's doorbell batching for LL puts (`kNumRequestInBatch`).
 const DOORBELL_BATCH: u32 = 4;
 /// Bytes of a count/flag release store over NVLink.
 const FLAG_BYTES: u64 = 4;
-/// Bytes one warp-wide 16-byte store covers (32 lanes): how DeepEP's dispatch writes a message
-/// to an NVLink peer (`UNROLLED_WARP_COPY` with `st_na_global`).
-const WARP_STORE_BYTES: u64 = 32 * 16;
-/// What a message of `bytes` written by warp-wide stores at byte `base` of the peer's buffer
-/// costs an NVLink port, in payload bytes at its rate. An SM store travels as packets of at most
-/// `nvlink.packet_payload_bytes` (128 B, docs/design.md fabric §7), one per line it touches, and
-/// a packet that carries only part of its line takes the link as a whole one; so a message that
-/// starts off a line boundary (DeepEP's 7,408-byte dispatch messages sit back to back, every
-/// warp store of 512 B then touches five lines) costs more than its bytes. Whole lines cost their
-/// bytes: the efficiency the link's rate carries was measured on such stores.
-pub(crate) fn nvlink_store_bytes(base: u64, bytes: u64, params: &crate::params::Params) -> u64 {
-    let line = params.profile.nvlink.packet_payload_bytes.max(1) as u64;
-    let mut packets = 0;
-    let mut at = 0;
-    while at < bytes {
-        let len = WARP_STORE_BYTES.min(bytes - at);
-        packets += (base + at + len - 1) / line - (base + at) / line + 1;
-        at += len;
-    }
-    // A message that starts on a line costs its bytes (its last packet is as partial as ever).
-    let aligned = bytes.div_ceil(line);
-    bytes + packets.saturating_sub(aligned) * line
-}
 /// What a count adds to its (receiver, source, local expert) counter, on top of the data
 /// messages' one each: the receiving group waits for the counter to reach it, and the data
 /// that arrived before the count is the rest (far below it: at most tokens × top-k).
@@ -96,6 +77,16 @@ pub struct LowLatencyProgram {
     wpg: u32,
     blocks: u32,
     msg_bytes: u64,
+    /// Dispatch: how long each block's counting warp reads the whole `topk_idx` after the
+    /// kernel's start-up; a block sends its experts' counts only after it
+    /// ([`chains::count_chain_loads`]).
+    count_chain: Time,
+    /// Dispatch: the dependent loads of one row a receive warp unpacks, each at the latency of
+    /// where the row is (0 where the profile has no load latencies: `gpu.memory`); see
+    /// [`chains::recv_row_loads`].
+    recv_row_chain: Time,
+    /// Combine: the same for a row a send warp copies back ([`chains::combine_row_loads`]).
+    combine_row_chain: Time,
     routing: RoutingTable,
     routes: Vec<Route>,
     gpu: Vec<u32>,
@@ -201,6 +192,11 @@ impl LowLatencyProgram {
         let job = meta.job.index();
         let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
+        let chains = if dispatch {
+            chains::Chains::dispatch(&core.params, w.tokens_per_rank, w.topk, w.hook, msg_bytes)
+        } else {
+            chains::Chains::combine(&core.params, msg_bytes)
+        };
         let mut p = LowLatencyProgram {
             meta,
             me: 0,
@@ -217,6 +213,9 @@ impl LowLatencyProgram {
             wpg,
             blocks,
             msg_bytes,
+            count_chain: chains.count,
+            recv_row_chain: chains.recv_row,
+            combine_row_chain: chains.combine_row,
             routes,
             gpu: core.jobs[job].gpu.clone(),
             global: core.jobs[job].ranks.iter().map(|r| r.0).collect(),
@@ -402,7 +401,9 @@ impl LowLatencyProgram {
         if self.block_done[bi].is_some() {
             return;
         }
-        self.block_done[bi] = Some(t);
+        // The counts leave after the block's counting warp too (the block's `__syncthreads`).
+        let counted = self.ranks.start[r as usize] + self.fixed() + self.count_chain;
+        self.block_done[bi] = Some(t.max(counted));
         self.blocks_left[r as usize] -= 1;
         for e in b * self.groups..((b + 1) * self.groups).min(self.experts) {
             self.maybe_signal(core, r, e);
@@ -516,8 +517,15 @@ impl LowLatencyProgram {
         // warps one message each per round.
         let rate = self.costs.group_rate(self.wpg, self.wpg * self.groups);
         let bytes = count * self.msg_bytes;
-        let per_msg = self.costs.ll_recv_per_msg * count.div_ceil(self.wpg as u64);
-        let dur = per_msg + rate.time(bytes);
+        let rounds = count.div_ceil(self.wpg as u64);
+        // With the rows' load chain known, it is a warp's time per row (the SM copy rate would
+        // count the same latency again) and the bytes queue on the GPU's memory before it.
+        let chained = self.recv_row_chain > 0;
+        let dur = if chained {
+            (self.costs.ll_recv_per_msg + self.recv_row_chain) * rounds
+        } else {
+            self.costs.ll_recv_per_msg * rounds + rate.time(bytes)
+        };
         if self.hook {
             // The receive kernel runs once everything is in: unpack then, groups in parallel.
             self.hook_recv[r as usize] = self.hook_recv[r as usize].max(dur);
@@ -525,7 +533,7 @@ impl LowLatencyProgram {
         } else {
             let (_, hbm_end) =
                 core.gpus.gpus[self.gpu[r as usize] as usize].hbm.reserve(core.now, bytes);
-            let end = (core.now + dur).max(hbm_end);
+            let end = if chained { hbm_end + dur } else { (core.now + dur).max(hbm_end) };
             self.ranks.touch(r, end);
         }
         self.group_finished(core, r);
@@ -543,7 +551,11 @@ impl LowLatencyProgram {
                 let (_, hbm_end) = core.gpus.gpus[self.gpu[r as usize] as usize]
                     .hbm
                     .reserve(unpack, self.hook_bytes[r as usize]);
-                let end = (unpack + self.hook_recv[r as usize]).max(hbm_end);
+                let end = if self.recv_row_chain > 0 {
+                    hbm_end + self.hook_recv[r as usize]
+                } else {
+                    (unpack + self.hook_recv[r as usize]).max(hbm_end)
+                };
                 self.ranks.phase("recv", r, end - start, self.n);
                 self.ranks.touch(r, end);
             }
@@ -674,7 +686,11 @@ impl LowLatencyProgram {
         let take = (hi - lo - pos).min(self.wpg);
         // The round's dependent steps before its puts (each warp's source index, the TMA load
         // of its row and the wait for it).
-        let now = now + self.costs.ll_combine_round;
+        let now = now + self.costs.ll_combine_round + self.combine_row_chain;
+        // With the row's load chain known, its bytes are the GPU memory's to move (a warp's
+        // copy rate would count the chain again).
+        let warp_rate =
+            if self.combine_row_chain > 0 { core.params.hbm_copy_rate } else { warp_rate };
         let mut end = now;
         for k in 0..take {
             let idx = pos + k;
@@ -912,7 +928,7 @@ mod tests {
             let p = params();
             let cost = nvlink_store_bytes(base, bytes, &p);
             proptest::prop_assert!(cost >= bytes);
-            let stores = bytes.div_ceil(WARP_STORE_BYTES);
+            let stores = bytes.div_ceil(nvlink::WARP_STORE_BYTES);
             proptest::prop_assert!(cost <= bytes + stores * 128);
             proptest::prop_assert_eq!(cost, nvlink_store_bytes(base % 128 + 128 * 7, bytes, &p));
         }

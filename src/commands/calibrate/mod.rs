@@ -9,6 +9,7 @@ mod cluster;
 mod deepep;
 mod derive;
 mod inventory;
+mod nic;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -46,6 +47,9 @@ pub struct Options {
     pub deepep_budget: Option<Duration>,
     /// Probe nothing: fit the DeepEP costs on the base profile as it is (its GPU keys stay).
     pub deepep_only: bool,
+    /// Probe only the NIC (no GPU needed): the base profile with the NIC keys an ACTIVE
+    /// ibverbs port gives.
+    pub nic_only: bool,
 }
 
 /// The one-rank fit's table: each run's shape, DeepEP's times and the model's.
@@ -86,6 +90,41 @@ fn deepep_only(o: &Options, name: &str) -> Result<ExitCode> {
     let draft = writer::render(&head, &base, &[], &machine)?;
     let (measured, rows) = fit_deepep(o, &runs, &draft)?;
     finish(o, &writer::render(&head, &base, &measured, &machine)?, &measured, &base, &rows)
+}
+
+/// `--nic-only`: the base profile with the NIC keys of this machine's ACTIVE ibverbs port
+/// (nic.rs); waived without one. No GPU is needed.
+fn nic_only(o: &Options, name: &str) -> Result<ExitCode> {
+    let base = read_base(o.base.as_deref().unwrap_or("h100-cx7"))?;
+    let inv = inventory::survey(Path::new("/"));
+    if inv.active_ports.is_empty() {
+        eprintln!("eptwin: calibrate waived: no ACTIVE ibverbs port (/sys/class/infiniband)");
+        return Ok(ExitCode::Waived);
+    }
+    let measured = nic::keys(&inv, nic::BaseNic::of(&base.table));
+    if measured.is_empty() {
+        bail!("the ACTIVE port gave no NIC key (no negotiated rate, no probe)");
+    }
+    let date: String = crate::commands::now_rfc3339().chars().take(10).collect();
+    let machine =
+        Machine { gpu: "NIC only, no GPU probed".into(), driver: "n/a".into(), date: date.clone() };
+    let head = writer::Head {
+        name: name.to_string(),
+        description: format!("{} with this machine's NIC probed ({date})", base.label),
+        header: vec![
+            format!(
+                "{name}: {} with the NIC keys of this machine's ACTIVE ibverbs port, written by",
+                base.label
+            ),
+            format!(
+                "eptwin calibrate --nic-only {} ({}), {date}. docs/calibration.md, \"The NIC\".",
+                eptwin_engine::VERSION,
+                env!("EPTWIN_GIT_COMMIT")
+            ),
+        ],
+    };
+    let text = writer::render(&head, &base, &measured, &machine)?;
+    finish(o, &text, &measured, &base, &Vec::new())
 }
 
 /// Check and write the profile, print the summary.
@@ -243,7 +282,10 @@ fn check_outputs(o: &Options, plan: Plan) -> Result<()> {
 }
 
 pub fn calibrate(o: &Options) -> Result<ExitCode> {
-    let plan = Plan { probe_here: o.from.is_empty() && !o.deepep_only, sweep_here: sweeps_here(o) };
+    let plan = Plan {
+        probe_here: o.from.is_empty() && !o.deepep_only && !o.nic_only,
+        sweep_here: !o.nic_only && sweeps_here(o),
+    };
     check_outputs(o, plan)?;
     let name = match &o.name {
         Some(n) => n.clone(),
@@ -251,6 +293,9 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     };
     if o.deepep_only {
         return deepep_only(o, &name);
+    }
+    if o.nic_only {
+        return nic_only(o, &name);
     }
     let (probes, machine, inv) = if plan.probe_here {
         let inv = inventory::survey(Path::new("/"));
@@ -282,7 +327,7 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
         .unwrap_or(0.0);
     measured.extend(derive::nvlink(&probes, base_nvlink_bw));
     if let Some(inv) = &inv {
-        measured.extend(nic_keys(inv));
+        measured.extend(nic::keys(inv, nic::BaseNic::of(&base.table)));
     }
     if measured.is_empty() {
         bail!("the probes measured nothing this command derives a profile key from");
@@ -469,20 +514,6 @@ fn probe_here(
     probes.add(&result.measurements);
     let machine = machine_of(&result.backend, result.eptwin.created_at.as_deref());
     Ok(Ok((probes, machine)))
-}
-
-/// The NIC keys of an ACTIVE ibverbs port, saying what stays the base's.
-fn nic_keys(inv: &inventory::Inventory) -> Vec<Measured> {
-    if inv.active_ports.is_empty() {
-        progress("no ACTIVE ibverbs port: the NIC and fabric keys stay the base's");
-        return Vec::new();
-    }
-    let names: Vec<&str> = inv.active_ports.iter().map(|p| p.name.as_str()).collect();
-    progress(&format!(
-        "ACTIVE ibverbs port(s) {}: nic.link_gbps from the negotiated rate; the NIC's latency, bandwidth and message rate are not probed (the base's)",
-        names.join(", ")
-    ));
-    inventory::nic(inv)
 }
 
 /// Whether the one-rank sweep runs here: `--deepep-dir` without `--deepep-runs`, and Python

@@ -46,6 +46,39 @@ pub use verbs::{
 #[cfg(feature = "rdma")]
 pub use verbs_wire::VerbsWire;
 
+/// What the NIC probe measured on one port (`probe_nic`; docs/calibration.md, "The NIC").
+#[derive(Debug, Clone, PartialEq)]
+pub struct NicProbe {
+    pub device: String,
+    pub port: u8,
+    pub link_layer: String,
+    /// Half of an 8-byte RDMA WRITE ping-pong's round between two QPs of the port, mean over
+    /// `latency_rounds`.
+    pub write_latency_ns: f64,
+    pub latency_rounds: u32,
+    /// Payload of `bw_message_bytes` writes completed per second, in GB/s.
+    pub write_bw_gbps: f64,
+    pub bw_message_bytes: u32,
+    /// `rate_message_bytes` writes completed per second, in millions.
+    pub message_rate_mps: f64,
+    pub rate_message_bytes: u32,
+}
+
+/// RDMA WRITE latency, bandwidth and message rate between two QPs of `wanted`
+/// (`device[:port]`, or the first ACTIVE port). Without the `rdma` feature
+/// `Err(WireError::NotBuilt)`; without a device `Err(WireError::NoDevice)`.
+pub fn probe_nic(wanted: Option<&str>) -> Result<NicProbe, WireError> {
+    #[cfg(feature = "rdma")]
+    {
+        verbs::probe_nic(wanted)
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = wanted;
+        Err(WireError::NotBuilt)
+    }
+}
+
 /// Whether this build has the RDMA path compiled in.
 pub const BUILT: bool = cfg!(feature = "rdma");
 

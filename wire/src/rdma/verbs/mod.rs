@@ -12,8 +12,10 @@
 
 mod discovery;
 mod nic;
+mod probe;
 mod qp;
 
 pub use discovery::{default_device, discover};
 pub use nic::{ForeignRegion, GpuMemoryPath, HostRegion, LocalMemory, Nic};
+pub use probe::probe_nic;
 pub use qp::{MARKER_WR_ID, PreparedQp, Qp, QpAttributes, RecvCompletion, connect_pairs, is_flush};
