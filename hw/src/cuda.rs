@@ -160,6 +160,13 @@ impl Gpu {
         Ok(DeviceBuffer { ptr, bytes, gpu: self.ordinal, ctx: self.ctx })
     }
 
+    /// A device buffer holding a copy of `data` (argument arrays, tables).
+    pub fn alloc_from<T: Copy>(&self, data: &[T]) -> Result<DeviceBuffer, HwError> {
+        let buf = self.alloc(std::mem::size_of_val(data))?;
+        self.upload(&buf, data)?;
+        Ok(buf)
+    }
+
     /// `bytes` of pinned host memory mapped into the GPU's address space (`cuMemHostAlloc`
     /// with `DEVICEMAP | PORTABLE`), zeroed: the internode wire's regions and doorbell rings,
     /// which kernels write and read through the mapping while CPU threads (the proxy, the

@@ -68,6 +68,15 @@ impl RankTokens {
     }
 }
 
+/// Every rank's tokens of a job of `ranks` ranks with workload `w`, generated in parallel.
+pub fn generate_ranks(w: &eptwin_engine::api::Workload, ranks: u32) -> Vec<RankTokens> {
+    use rayon::prelude::*;
+    (0..ranks)
+        .into_par_iter()
+        .map(|r| generate(w.seed, r, w.tokens_per_rank as usize, w.hidden as usize))
+        .collect()
+}
+
 /// Generate one rank's tokens; `hidden` must be a multiple of 128.
 pub fn generate(seed: u64, rank: u32, num_tokens: usize, hidden: usize) -> RankTokens {
     assert!(hidden.is_multiple_of(128), "hidden must be a multiple of 128");

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use eptwin_engine::api::{DeepEpJob, Dtype, RoutingTable, Workload};
-use rayon::prelude::*;
 
 use super::across_nodes::LlAcross;
 use super::args::LlRankArgs;
@@ -102,12 +101,7 @@ impl LlJob {
                 )));
             }
         }
-        let tokens: Vec<RankTokens> = (0..n as usize)
-            .into_par_iter()
-            .map(|r| {
-                data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
-            })
-            .collect();
+        let tokens: Vec<RankTokens> = data::generate_ranks(w, n);
         let local: Vec<u32> = devs.list.iter().flat_map(|d| d.ranks.iter().copied()).collect();
         let shape = BufferShape::new(w, n, max_tokens, capacity, fp8);
         let bufs = alloc_rank_buffers(devs, gpu_of_rank, &shape, &routing, &tokens)?;
@@ -222,9 +216,7 @@ impl LlJob {
                     },
                 })
                 .collect();
-            let a = dev.gpu.alloc(std::mem::size_of_val(all.as_slice()))?;
-            dev.gpu.upload(&a, &all)?;
-            args.push(a);
+            args.push(dev.gpu.alloc_from(&all)?);
         }
         devs.sync("low-latency arguments")?;
         self.args = args;

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 
 use eptwin_engine::api::{Dtype, OpKind, normal_combine_token_bytes, normal_dispatch_token_bytes};
 use eptwin_engine::api::{OpSample, PhaseTime};
-use rayon::prelude::*;
 
 use super::args::{InternodeParams, InternodeRankArgs};
 use super::prepare::{alloc_rank_buffers, layout_kernel_args};
@@ -172,12 +171,7 @@ impl NormalJob {
         // Rows land by source rank, then channel, then token: DeepEP's layout, the same as
         // intranode's, given to the kernels as a cached handle.
         let expect = expectations(&routing, channels);
-        let tokens: Vec<RankTokens> = (0..n as usize)
-            .into_par_iter()
-            .map(|r| {
-                data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
-            })
-            .collect();
+        let tokens: Vec<RankTokens> = data::generate_ranks(w, n);
         let payload = payload_bytes(w.hidden, fp8).max(2 * w.hidden as u64);
         let scales = if fp8 { w.hidden / 128 } else { 0 };
         let ring_slots =
@@ -344,9 +338,7 @@ impl NormalJob {
             .collect();
         let mut args = Vec::new();
         for dev in &devs.list {
-            let buf = dev.gpu.alloc(std::mem::size_of_val(all_args.as_slice()))?;
-            dev.gpu.upload(&buf, &all_args)?;
-            args.push(buf);
+            args.push(dev.gpu.alloc_from(&all_args)?);
         }
         devs.sync("internode arguments")?;
         a.args = args;
@@ -484,19 +476,7 @@ impl NormalJob {
                 g.memset_u8(b.buffer.at(from), 0xff, rings.total as usize - from)?;
             }
         }
-        devs.clear_errors()?;
-        devs.flush_l2()?;
-        devs.barrier_before_launch()?;
-        let mut timer = Timer::start(devs)?;
-        for (i, dev) in devs.list.iter().enumerate() {
-            let la = self.layout_args[i].ptr;
-            let (nr, ne, nk) = (self.n as i32, self.experts as i32, self.topk as i32);
-            let mut a = kernel_args![la, nr, ne, nk];
-            let f = dev.module("layout")?.function("get_dispatch_layout");
-            // SAFETY: args match get_dispatch_layout; buffers are live.
-            unsafe { dev.gpu.launch(f, dev.ranks.len() as u32, 1024, &mut a)? };
-        }
-        timer.mark(devs, "layout")?;
+        let mut timer = self.start_with_layout(devs)?;
         self.launch_across(devs, true, &mut timer)?;
         self.finish_across(devs, "internode dispatch")?;
         let latency_ns = timer.between_ns("layout", "end")?;

@@ -17,6 +17,26 @@ use crate::family::OpRun;
 use crate::kernel_args;
 
 impl NormalJob {
+    /// A dispatch's start, intranode or across nodes: errors cleared, L2 flushed, every rank at
+    /// the launch barrier, the timer started and DeepEP's layout kernel (`get_dispatch_layout`)
+    /// launched and marked `layout`.
+    pub(super) fn start_with_layout(&self, devs: &mut Devices) -> Result<Timer, HwError> {
+        devs.clear_errors()?;
+        devs.flush_l2()?;
+        devs.barrier_before_launch()?;
+        let mut timer = Timer::start(devs)?;
+        for (i, dev) in devs.list.iter().enumerate() {
+            let la = self.layout_args[i].ptr;
+            let (nr, ne, nk) = (self.n as i32, self.experts as i32, self.topk as i32);
+            let mut a = kernel_args![la, nr, ne, nk];
+            let f = dev.module("layout")?.function("get_dispatch_layout");
+            // SAFETY: args match get_dispatch_layout; buffers are live.
+            unsafe { dev.gpu.launch(f, dev.ranks.len() as u32, 1024, &mut a)? };
+        }
+        timer.mark(devs, "layout")?;
+        Ok(timer)
+    }
+
     fn params(
         &self,
         devs: &Devices,
@@ -106,19 +126,7 @@ impl NormalJob {
             self.poison_rings(devs, gpu_of_rank)?;
         }
         self.epoch += 1;
-        devs.clear_errors()?;
-        devs.flush_l2()?;
-        devs.barrier_before_launch()?;
-        let mut timer = Timer::start(devs)?;
-        for (i, dev) in devs.list.iter().enumerate() {
-            let la = self.layout_args[i].ptr;
-            let (nr, ne, nk) = (self.n as i32, self.experts as i32, self.topk as i32);
-            let mut a = kernel_args![la, nr, ne, nk];
-            let f = dev.module("layout")?.function("get_dispatch_layout");
-            // SAFETY: args match get_dispatch_layout; buffers are live.
-            unsafe { dev.gpu.launch(f, dev.ranks.len() as u32, 1024, &mut a)? };
-        }
-        timer.mark(devs, "layout")?;
+        let mut timer = self.start_with_layout(devs)?;
         self.launch_pair(
             devs,
             "intranode_notify_dispatch",

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use eptwin_engine::api::Dtype;
 use eptwin_engine::api::{RoutingTable, Workload};
-use rayon::prelude::*;
 
 use super::args::{LayoutRankArgs, NormalRankArgs};
 use super::warp_times::{CLUSTER_RING_STAMPS, CLUSTER_TOKEN_STAMPS};
@@ -79,12 +78,7 @@ impl NormalJob {
         }
         let routing = d.routing().clone();
         let expect = expectations(&routing, channels);
-        let tokens: Vec<RankTokens> = (0..n as usize)
-            .into_par_iter()
-            .map(|r| {
-                data::generate(w.seed, r as u32, w.tokens_per_rank as usize, w.hidden as usize)
-            })
-            .collect();
+        let tokens: Vec<RankTokens> = data::generate_ranks(w, n);
 
         let t = w.tokens_per_rank as usize;
         let bufs = alloc_rank_buffers(
@@ -195,9 +189,7 @@ impl NormalJob {
                     },
                 })
                 .collect();
-            let a = dev.gpu.alloc(std::mem::size_of_val(all.as_slice()))?;
-            dev.gpu.upload(&a, &all)?;
-            args.push(a);
+            args.push(dev.gpu.alloc_from(&all)?);
         }
         devs.sync("normal arguments")?;
         self.args = args;
@@ -298,9 +290,7 @@ pub(super) fn layout_kernel_args(
                     }
                 })
                 .collect();
-            let la = dev.gpu.alloc(std::mem::size_of_val(local.as_slice()))?;
-            dev.gpu.upload(&la, &local)?;
-            Ok(la)
+            dev.gpu.alloc_from(&local)
         })
         .collect()
 }
