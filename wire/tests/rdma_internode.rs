@@ -33,8 +33,7 @@ mod with_rdma {
     use std::io::Write as _;
 
     use super::support::{
-        Exchange, NodeOutcome, WireSetup, child_role, expected_checks, geometry, log_of, plan,
-        result_field, routing, run_node, scratch_dir, spawn_nodes, wait_for,
+        Exchange, NodeOutcome, WireSetup, child_role, geometry, plan, routing, run_node,
     };
 
     const CALLS: u32 = 2;
@@ -151,34 +150,9 @@ mod with_rdma {
 
     fn two_processes(test: &str, job: usize) {
         require_nic(test);
-        let plan = plan();
-        let j = &plan.jobs[job];
-        let (g, traffic) = geometry(&plan, j);
-        let dir = scratch_dir(test);
-        #[allow(clippy::disallowed_methods)] // real time: report the duration
-        let start = std::time::Instant::now();
-        let mut children = spawn_nodes(test, &dir, g.num_nodes(), &[]);
-        let statuses: Vec<_> = children.iter_mut().map(|c| wait_for(c, PROCESS_LIMIT)).collect();
-        let logs: Vec<String> = (0..g.num_nodes()).map(|n| log_of(&dir, n)).collect();
-        for (n, status) in statuses.iter().enumerate() {
-            assert!(
-                status.is_some_and(|s| s.success()),
-                "node {n} ended with {status:?}; its log:\n{}",
-                logs[n]
-            );
-        }
-        let sum = |field| -> u64 {
-            logs.iter().map(|l| result_field(l, field).expect("a result line")).sum()
-        };
-        let want = expected_checks(&g, traffic, routing(j), CALLS);
-        assert!(want > 0);
-        assert_eq!(sum("tokens"), want, "tokens checked over both nodes");
-        assert_eq!(sum("rows"), want, "combine rows checked over both nodes");
-        assert_eq!(sum("combined"), (g.num_ranks * g.tokens_per_rank * CALLS) as u64);
-        assert!(sum("writes") > 0 && sum("flags") > 0, "bytes crossed the wire");
-        for log in &logs {
+        let run = super::support::two_processes(test, job, "verbs", CALLS, PROCESS_LIMIT);
+        for log in &run.logs {
             assert!(log.contains("EPTWIN_QP_CHECK"), "{log}");
-            assert!(log.contains(r#""wire":"verbs""#) && log.contains(r#""data_path":"staged""#));
             // libtest may have printed "test name ... " on the same line first.
             for line in log.lines().filter_map(|l| l.find("EPTWIN_QP_CHECK").map(|at| &l[at..])) {
                 let _ = writeln!(std::io::stderr(), "    {line}");
@@ -188,13 +162,13 @@ mod with_rdma {
             std::io::stderr(),
             "    {test}: {} nodes × {} ranks, {CALLS} calls, {want} tokens and {want} rows \
              checked, {} RDMA writes and {} atomics, {:.1} s",
-            g.num_nodes(),
-            g.ranks_per_node,
-            sum("writes"),
-            sum("flags"),
-            start.elapsed().as_secs_f64()
+            run.geometry.num_nodes(),
+            run.geometry.ranks_per_node,
+            run.sum("writes"),
+            run.sum("flags"),
+            run.seconds,
+            want = run.checked,
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

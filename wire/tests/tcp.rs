@@ -10,8 +10,8 @@ mod support;
 use std::time::Duration;
 
 use support::{
-    Exchange, WireSetup, child_role, expected_checks, geometry, log_of, plan, result_field,
-    routing, run_node, scratch_dir, spawn_nodes, wait_for,
+    Exchange, WireSetup, child_role, geometry, log_of, plan, routing, run_node, scratch_dir,
+    spawn_nodes, wait_for,
 };
 
 const CALLS: u32 = 3;
@@ -38,50 +38,20 @@ fn node_main(job: usize, calls: u32) -> bool {
     true
 }
 
-/// Both nodes of `job` as processes; every check of both must pass.
+/// Both nodes of `job` as processes over TCP; every check of both must pass.
 fn two_processes(test: &str, job_index: usize) {
-    let plan = plan();
-    let job = &plan.jobs[job_index];
-    let (g, traffic) = geometry(&plan, job);
-    let dir = scratch_dir(test);
-    #[allow(clippy::disallowed_methods)] // real time: report the duration
-    let start = std::time::Instant::now();
-    let mut children = spawn_nodes(test, &dir, g.num_nodes(), &[]);
-    let statuses: Vec<_> = children.iter_mut().map(|c| wait_for(c, PROCESS_LIMIT)).collect();
-    let logs: Vec<String> = (0..g.num_nodes()).map(|n| log_of(&dir, n)).collect();
-    for (n, status) in statuses.iter().enumerate() {
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "node {n} ended with {status:?}; its log:\n{}",
-            logs[n]
-        );
-    }
-    let sum = |field| -> u64 {
-        logs.iter().map(|l| result_field(l, field).expect("a result line")).sum()
-    };
-    let want = expected_checks(&g, traffic, routing(job), CALLS);
-    assert!(want > 0, "the fixture moves tokens");
-    assert_eq!(sum("tokens"), want, "tokens checked over both nodes");
-    assert_eq!(sum("rows"), want, "combine rows checked over both nodes");
-    assert_eq!(sum("combined"), (g.num_ranks * g.tokens_per_rank * CALLS) as u64);
-    assert!(sum("writes") > 0 && sum("flags") > 0, "bytes crossed the wire");
-    assert!(sum("local") > 0, "the own node was reached directly");
-    for log in &logs {
-        assert!(
-            log.contains(r#""wire":"tcp""#) && log.contains(r#""data_path":"staged""#),
-            "{log}"
-        );
-    }
+    let run = support::two_processes(test, job_index, "tcp", CALLS, PROCESS_LIMIT);
+    assert!(run.sum("local") > 0, "the own node was reached directly");
     eprintln!(
         "{test}: {} nodes × {} ranks, {CALLS} calls, {want} tokens and {want} rows checked, \
          {} writes and {} flags over TCP, {:.1} s",
-        g.num_nodes(),
-        g.ranks_per_node,
-        sum("writes"),
-        sum("flags"),
-        start.elapsed().as_secs_f64()
+        run.geometry.num_nodes(),
+        run.geometry.ranks_per_node,
+        run.sum("writes"),
+        run.sum("flags"),
+        run.seconds,
+        want = run.checked,
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

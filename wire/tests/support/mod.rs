@@ -389,3 +389,68 @@ pub fn result_field(log: &str, field: &str) -> Option<u64> {
         .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
         .and_then(|v| v.parse().ok())
 }
+
+/// Both nodes of the fixture's job `job_index`, each a process re-executing the test `test`:
+/// every node must end successfully, and over both the tokens and combine rows checked must be
+/// the routing's, every token combined, bytes must have crossed `wire` ("tcp" or "verbs") on
+/// the staged data path. What each wire adds to check, it checks on the returned run.
+pub fn two_processes(
+    test: &str,
+    job_index: usize,
+    wire: &str,
+    calls: u32,
+    limit: Duration,
+) -> TwoNodes {
+    let plan = plan();
+    let job = &plan.jobs[job_index];
+    let (geometry, traffic) = geometry(&plan, job);
+    let dir = scratch_dir(test);
+    #[allow(clippy::disallowed_methods)] // real time: report the duration
+    let start = std::time::Instant::now();
+    let mut children = spawn_nodes(test, &dir, geometry.num_nodes(), &[]);
+    let statuses: Vec<_> = children.iter_mut().map(|c| wait_for(c, limit)).collect();
+    let logs: Vec<String> = (0..geometry.num_nodes()).map(|n| log_of(&dir, n)).collect();
+    for (n, status) in statuses.iter().enumerate() {
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "node {n} ended with {status:?}; its log:\n{}",
+            logs[n]
+        );
+    }
+    let checked = expected_checks(&geometry, traffic, routing(job), calls);
+    let run = TwoNodes { geometry, logs, checked, dir, seconds: start.elapsed().as_secs_f64() };
+    assert!(checked > 0, "the fixture moves tokens");
+    assert_eq!(run.sum("tokens"), checked, "tokens checked over both nodes");
+    assert_eq!(run.sum("rows"), checked, "combine rows checked over both nodes");
+    let g = &run.geometry;
+    assert_eq!(run.sum("combined"), (g.num_ranks * g.tokens_per_rank * calls) as u64);
+    assert!(run.sum("writes") > 0 && run.sum("flags") > 0, "bytes crossed the wire");
+    let wire_field = format!(r#""wire":"{wire}""#);
+    for log in &run.logs {
+        assert!(log.contains(&wire_field) && log.contains(r#""data_path":"staged""#), "{log}");
+    }
+    run
+}
+
+/// The run of [`two_processes`]: each node's log and what both checked.
+pub struct TwoNodes {
+    pub geometry: Geometry,
+    pub logs: Vec<String>,
+    /// Tokens (and combine rows) checked over both nodes.
+    pub checked: u64,
+    pub dir: PathBuf,
+    pub seconds: f64,
+}
+
+impl TwoNodes {
+    /// A result line's `field` summed over both nodes.
+    pub fn sum(&self, field: &str) -> u64 {
+        self.logs.iter().map(|l| result_field(l, field).expect("a result line")).sum()
+    }
+}
+
+impl Drop for TwoNodes {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
