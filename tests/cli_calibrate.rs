@@ -2,24 +2,8 @@
 //! H100's probe result and DeepEP's one-rank runs) it writes a profile that a scenario names by
 //! path, with the source of every value, and prints its table.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn eptwin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_eptwin"));
-    c.current_dir(root());
-    c
-}
-
-fn run(c: &mut Command) -> Output {
-    let out = c.output().expect("the command runs");
-    eprintln!("stderr: {}", String::from_utf8_lossy(&out.stderr));
-    out
-}
+mod common;
+use common::{eptwin, root, run};
 
 /// One H100 run with every memory probe (results/h100/ll-combine-times/).
 const H100_PROBES: &str = "results/h100/ll-combine-times/h200-ep8-ll-4096.json";

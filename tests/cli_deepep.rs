@@ -5,21 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn eptwin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_eptwin"));
-    c.current_dir(root());
-    c
-}
-
-fn run(c: &mut Command) -> Output {
-    let out = c.output().expect("the command runs");
-    eprintln!("stderr: {}", String::from_utf8_lossy(&out.stderr));
-    out
-}
+mod common;
+use common::{eptwin, root, run};
 
 fn fixture(name: &str) -> PathBuf {
     root().join("replay/tests/fixtures").join(name)

@@ -16,18 +16,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn eptwin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_eptwin"));
-    c.current_dir(root());
-    for var in ["SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_CPUS_PER_TASK"] {
-        c.env_remove(var);
-    }
-    c
-}
+mod common;
+use common::{eptwin, root};
 
 /// Run to the end, or kill it after `limit` and fail: a guard against a hang, not a timing.
 /// The output is read while it runs (a full pipe would otherwise stop it).

@@ -5,7 +5,7 @@
 
 use std::ffi::OsString;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -13,22 +13,15 @@ use eptwin_group::{
     GroupConfig, LaunchInfo, ProcessGroup, SpawnOptions, Timeouts, spawn_with, system_hostname,
 };
 
+mod common;
+use common::{eptwin, root};
+
 const SCENARIO: &str = "scenarios/h200-ep8-ll-128.toml";
 const ROLE: &str = "EPTWIN_CLI_TEST_ROLE";
 
 #[allow(clippy::disallowed_methods)] // real time: the tests bound how long failures take
 fn now() -> std::time::Instant {
     std::time::Instant::now()
-}
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn eptwin() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_eptwin"));
-    cmd.current_dir(root());
-    cmd
 }
 
 /// Whether the hardware backend can run here: these tests are about machines without a GPU

@@ -6,27 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn eptwin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_eptwin"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    for var in [
-        "SLURM_ARRAY_TASK_ID",
-        "SLURM_ARRAY_TASK_COUNT",
-        "SLURM_ARRAY_TASK_MIN",
-        "SLURM_CPUS_PER_TASK",
-    ] {
-        c.env_remove(var);
-    }
-    c
-}
-
-fn run(c: &mut Command) -> Output {
-    let out = c.output().expect("eptwin runs");
-    eprintln!("stderr: {}", String::from_utf8_lossy(&out.stderr));
-    out
-}
+mod common;
+use common::{eptwin, run};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("reports/tests/fixtures")

@@ -27,12 +27,14 @@ topk = 8
 experts = 256
 "#;
 
-fn check(text: &str) -> Vec<Diagnostic> {
+/// Every diagnostic of validating `text` (also the V2 rule tests', `tests_elastic.rs`).
+pub(in crate::deepep::validate) fn check(text: &str) -> Vec<Diagnostic> {
     let loaded = crate::parse("t.toml", text).unwrap();
     validate(&loaded.scenario, &loaded.source).0
 }
 
-fn errors(text: &str) -> Vec<Diagnostic> {
+/// The errors among them.
+pub(in crate::deepep::validate) fn errors(text: &str) -> Vec<Diagnostic> {
     check(text).into_iter().filter(|d| d.severity == Severity::Error).collect()
 }
 

@@ -1,8 +1,8 @@
 //! DeepEP V2 (`api = "elastic"`): a valid job plans as V2, and each invalid configuration is
 //! refused with its key named.
 
+use super::tests::{check, errors};
 use super::*;
-use crate::diag::{Diagnostic, Severity};
 
 const V2_EP16: &str = r#"
 schema = 1
@@ -24,15 +24,6 @@ hidden = 7168
 topk = 8
 experts = 256
 "#;
-
-fn check(text: &str) -> Vec<Diagnostic> {
-    let loaded = crate::parse("t.toml", text).unwrap();
-    validate(&loaded.scenario, &loaded.source).0
-}
-
-fn errors(text: &str) -> Vec<Diagnostic> {
-    check(text).into_iter().filter(|d| d.severity == Severity::Error).collect()
-}
 
 /// `old` → `new` in the valid job: exactly one error, at `key`, by `rule`.
 fn refused(old: &str, new: &str, key: &str, rule: &str) {
