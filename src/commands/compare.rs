@@ -18,8 +18,7 @@ use eptwin_engine::api::{Outputs, Plan, RunResult, Verdict, result_path, write_a
 use eptwin_reports::compare::{Expected, Measured, Unused, unpaired_rows};
 use eptwin_reports::{Comparison, Inputs, Loaded};
 
-use super::plan_loaded;
-use super::run::{execute, load_distinct};
+use super::run::{execute, load_distinct, plan_all};
 use crate::cli::BackendArg;
 use crate::{ExitCode, out, outln};
 
@@ -45,13 +44,7 @@ pub fn compare(scenarios: &[PathBuf], o: &CompareOptions) -> Result<ExitCode> {
     }
     let (loaded, mut code) = load_distinct(scenarios);
     let Some(loaded) = loaded else { return Ok(ExitCode::BadInput) };
-    let mut plans = Vec::new();
-    for (path, scenario) in &loaded {
-        match plan_loaded(scenario) {
-            Some(plan) => plans.push((path, plan)),
-            None => code = code.worst(ExitCode::BadInput),
-        }
-    }
+    let plans = plan_all(&loaded, &mut code);
     let mut choices: Vec<Option<Choice<'_>>> = Vec::new();
     for (_, plan) in &plans {
         match &measured {

@@ -33,13 +33,7 @@ pub fn run(scenarios: &[PathBuf], o: &RunOptions) -> Result<ExitCode> {
     }
     let (loaded, mut code) = load_distinct(scenarios);
     let Some(loaded) = loaded else { return Ok(ExitCode::BadInput) };
-    let mut plans = Vec::new();
-    for (path, scenario) in &loaded {
-        match plan_loaded(scenario) {
-            Some(plan) => plans.push((path, plan)),
-            None => code = code.worst(ExitCode::BadInput),
-        }
-    }
+    let plans = plan_all(&loaded, &mut code);
     // Every process of a launch checks the outputs too: each runs this same command.
     check_outputs(&loaded, &plans, o)?;
     if let Some(n) = o.spawn {
@@ -131,6 +125,22 @@ pub fn claim_result(outputs: &mut Outputs, dir: &Path, name: &str, kind: &str) -
 
 /// Scenario files as parsed, with their paths.
 pub type Scenarios = Vec<(PathBuf, LoadedScenario)>;
+
+/// The plan of every loaded scenario, in order; one that does not plan is left out, its
+/// errors printed, and `code` becomes `BadInput`.
+pub fn plan_all<'a>(
+    loaded: &'a Scenarios,
+    code: &mut ExitCode,
+) -> Vec<(&'a PathBuf, eptwin_engine::Plan)> {
+    let mut plans = Vec::new();
+    for (path, scenario) in loaded {
+        match plan_loaded(scenario) {
+            Some(plan) => plans.push((path, plan)),
+            None => *code = code.worst(ExitCode::BadInput),
+        }
+    }
+    plans
+}
 
 /// Parse every scenario before running any, and refuse two with the same `name`. The
 /// scenarios that parsed (`None` when names collide), and the exit code so far.
