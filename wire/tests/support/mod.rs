@@ -205,11 +205,6 @@ pub fn run_node(
                 .map_err(|e| e.to_string())?;
             let report = wire.report("tcp requested", g.qps_per_peer);
             on_connected();
-            let proxy = Proxy::spawn(
-                node as usize,
-                ProxySpec { wire, queues: consumers, stall_timeout: timeout },
-            )
-            .map_err(|e| e.to_string())?;
             let health = || receivers.health();
             let links = HostLinks {
                 node,
@@ -219,24 +214,13 @@ pub fn run_node(
                 health: &health,
                 timeout,
             };
-            let host = run(&links);
-            let proxied = proxy.finish();
-            let (host, (proxy_stats, wire)) = match (host, proxied) {
-                (Ok(h), Ok(p)) => (h, p),
-                (h, p) => {
-                    let mut lines = Vec::new();
-                    if let Err(e) = h {
-                        lines.push(format!("host reference: {e}"));
-                    }
-                    if let Err(e) = p {
-                        lines.push(format!("proxy: {e}"));
-                    }
+            let (host, proxy_stats, wire) =
+                proxied(wire, consumers, &links, &run).map_err(|mut lines| {
                     if let Err(e) = receivers.health() {
                         lines.push(format!("receivers: {e}"));
                     }
-                    return Err(lines.join("\n"));
-                }
-            };
+                    lines.join("\n")
+                })?;
             wire.close().map_err(|e| format!("closing: {e}"))?;
             receivers.finish().map_err(|e| format!("receivers: {e}"))?;
             Ok(NodeOutcome {
@@ -278,11 +262,6 @@ pub fn run_node(
             // RTR at the far end would be dropped and retried).
             exchange.barrier(&format!("connected-{}", traffic_name(traffic)));
             on_connected();
-            let proxy = Proxy::spawn(
-                node as usize,
-                ProxySpec { wire, queues: consumers, stall_timeout: timeout },
-            )
-            .map_err(e)?;
             let ok = || Ok(());
             let links = HostLinks {
                 node,
@@ -292,26 +271,39 @@ pub fn run_node(
                 health: &ok,
                 timeout,
             };
-            let host = run(&links);
-            let proxied = proxy.finish();
-            let (host, (proxy_stats, wire)) = match (host, proxied) {
-                (Ok(h), Ok(p)) => (h, p),
-                (h, p) => {
-                    let mut lines = Vec::new();
-                    if let Err(e) = h {
-                        lines.push(format!("host reference: {e}"));
-                    }
-                    if let Err(e) = p {
-                        lines.push(format!("proxy: {e}"));
-                    }
-                    return Err(lines.join("\n"));
-                }
-            };
+            let (host, proxy_stats, wire) =
+                proxied(wire, consumers, &links, &run).map_err(|lines| lines.join("\n"))?;
             // Peers may still be writing into this node's regions until they are done too.
             exchange.barrier(&format!("done-{}", traffic_name(traffic)));
             drop(wire);
             drop(recv_reg);
             Ok(NodeOutcome { host, proxy: proxy_stats, report, qps })
+        }
+    }
+}
+
+/// The host reference over `links` with a proxy serving `queues` on `wire`: its result, the
+/// proxy's counts and the wire back, or every error of the two, one per entry.
+fn proxied<W: eptwin_wire::Wire>(
+    wire: W,
+    queues: Vec<eptwin_wire::DoorbellConsumer>,
+    links: &HostLinks<'_>,
+    run: &dyn Fn(&HostLinks<'_>) -> Result<HostStats, eptwin_wire::WireError>,
+) -> Result<(HostStats, ProxyStats, W), Vec<String>> {
+    let spec = ProxySpec { wire, queues, stall_timeout: links.timeout };
+    let proxy = Proxy::spawn(links.node as usize, spec).map_err(|e| vec![format!("proxy: {e}")])?;
+    let host = run(links);
+    match (host, proxy.finish()) {
+        (Ok(h), Ok((stats, wire))) => Ok((h, stats, wire)),
+        (h, p) => {
+            let mut lines = Vec::new();
+            if let Err(e) = h {
+                lines.push(format!("host reference: {e}"));
+            }
+            if let Err(e) = p {
+                lines.push(format!("proxy: {e}"));
+            }
+            Err(lines)
         }
     }
 }
