@@ -158,17 +158,8 @@ mod with_rdma {
                 let _ = writeln!(std::io::stderr(), "    {line}");
             }
         }
-        let _ = writeln!(
-            std::io::stderr(),
-            "    {test}: {} nodes × {} ranks, {CALLS} calls, {want} tokens and {want} rows \
-             checked, {} RDMA writes and {} atomics, {:.1} s",
-            run.geometry.num_nodes(),
-            run.geometry.ranks_per_node,
-            run.sum("writes"),
-            run.sum("flags"),
-            run.seconds,
-            want = run.checked,
-        );
+        let line = run.summary(test, CALLS, "RDMA writes", "atomics");
+        let _ = writeln!(std::io::stderr(), "    {line}");
     }
 
     #[test]

@@ -42,16 +42,7 @@ fn node_main(job: usize, calls: u32) -> bool {
 fn two_processes(test: &str, job_index: usize) {
     let run = support::two_processes(test, job_index, "tcp", CALLS, PROCESS_LIMIT);
     assert!(run.sum("local") > 0, "the own node was reached directly");
-    eprintln!(
-        "{test}: {} nodes × {} ranks, {CALLS} calls, {want} tokens and {want} rows checked, \
-         {} writes and {} flags over TCP, {:.1} s",
-        run.geometry.num_nodes(),
-        run.geometry.ranks_per_node,
-        run.sum("writes"),
-        run.sum("flags"),
-        run.seconds,
-        want = run.checked,
-    );
+    eprintln!("{}", run.summary(test, CALLS, "writes", "flags over TCP"));
 }
 
 #[test]

@@ -435,6 +435,21 @@ pub struct TwoNodes {
 }
 
 impl TwoNodes {
+    /// One line for the test's log: nodes, ranks, calls, what was checked, `writes` and
+    /// `flags` named as the wire calls them, and the duration.
+    pub fn summary(&self, test: &str, calls: u32, writes: &str, flags: &str) -> String {
+        format!(
+            "{test}: {} nodes × {} ranks, {calls} calls, {want} tokens and {want} rows checked, \
+             {} {writes} and {} {flags}, {:.1} s",
+            self.geometry.num_nodes(),
+            self.geometry.ranks_per_node,
+            self.sum("writes"),
+            self.sum("flags"),
+            self.seconds,
+            want = self.checked,
+        )
+    }
+
     /// A result line's `field` summed over both nodes.
     pub fn sum(&self, field: &str) -> u64 {
         self.logs.iter().map(|l| result_field(l, field).expect("a result line")).sum()
