@@ -122,6 +122,15 @@ if [ "$SIM_ONLY" != 1 ]; then
     trap 'echo quit | timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1 || true' EXIT
     for s in "${ONE_NODE[@]}"; do
         run "$s" hw --spawn 8
+        # A run that failed ended its clients abruptly (a dead rank's process exits with its
+        # context open): a fresh MPS server for the next run, whose contexts the old one may
+        # still refuse (seen: CUDA_ERROR_UNKNOWN from cuDevicePrimaryCtxRetain right after).
+        if [ "$(cat "$OUT/runs/$s.hw/exit")" != 0 ]; then
+            echo quit | timeout 20 nvidia-cuda-mps-control >>"$OUT/faults.log" 2>&1
+            sleep 2
+            timeout 20 nvidia-cuda-mps-control -d >>"$OUT/faults.log" 2>&1
+            log "MPS control daemon restarted after $s.hw: exit $?"
+        fi
     done
     log "== hardware: one process per node over the TCP wire"
     for s in "${TWO_NODES[@]}"; do

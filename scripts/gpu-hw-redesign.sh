@@ -23,8 +23,8 @@
 #     Timings are not compared (another GPU may come).
 #  6. h200-ep8-ll-128 with allow_nvlink_for_low_latency_mode = false (…-no-p2p), on the GPU
 #     over the TCP wire and on the simulator (the same binary): verdict ok, one wire block per
-#     rank, per op the simulator's bytes in all, and every message but a rank's own on the wire
-#     (the simulator's one-GPU model keeps them on the GPU: its split is printed, not checked).
+#     rank, per op the simulator's RDMA bytes on the wire (every peer message), and with a rank's
+#     own messages (local stores) the P2P run's total of step 5 (every message once).
 #
 # Inputs (paths relative to the repository root):
 #   EPTWIN_BIN   the eptwin binary (default target/release/eptwin)

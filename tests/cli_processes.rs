@@ -198,8 +198,9 @@ fn a_killed_process_ends_the_run_for_the_others_within_the_bound() {
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "process {rank}: {stderr}");
         assert!(stderr.starts_with(&format!("eptwin: process {rank} of 4: ")), "{stderr}");
-        let cause =
-            format!("process 3 on {host} (pid {pid}) closed its connection during `GPU detection`");
+        let cause = format!(
+            "process 3 on {host} (pid {pid}) closed its connection during `GPU detection` (it ran ranks 6..7)"
+        );
         assert!(stderr.contains(&cause), "process {rank}: {stderr}");
         assert!(o.stdout.is_empty(), "nothing ran, nothing printed");
     }

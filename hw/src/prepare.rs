@@ -196,6 +196,9 @@ pub fn prepare_local(
         None => None,
     };
     let mine = this_process_ranks(job, view)?;
+    let processes = view.map_or(1, |v| v.processes);
+    // A fault the hardware cannot inject waives the run before placement and compilation.
+    OpFaults::refuse_unsupported(plan, job, processes)?;
     // A node's regions, rings and proxy belong to one process: a process runs whole nodes.
     if let Some(c) = &crossing {
         owned_nodes(&c.geometry, &mine)?;
@@ -225,7 +228,6 @@ pub fn prepare_local(
         compiler.load(&mut devs, id, name, &[])?;
     }
     let launches: Vec<Vec<u32>> = devs.list.iter().map(|d| d.ranks.clone()).collect();
-    let processes = view.map_or(1, |v| v.processes);
     let faults = OpFaults::check(plan, job, &mine, &launches, processes)?;
     if view.is_some() || OpFaults::needs_delay_kernel(plan) {
         compiler.load(&mut devs, ModuleId::Sync, "sync", &[])?;

@@ -40,20 +40,11 @@ pub struct OpFaults {
 
 #[allow(clippy::disallowed_methods)] // real time: a rank_down's at_us is wall time from prepare
 impl OpFaults {
-    /// What the hardware cannot inject, as a waiver (`Unsupported`) naming the fault; `None`
-    /// for a plan without faults. `mine`: the job ranks of this process; `devices`: the job
-    /// ranks of each of its launches (one per GPU); `processes`: how many run the job.
-    pub fn check(
-        plan: &Plan,
-        job: &JobPlan,
-        mine: &[u32],
-        devices: &[Vec<u32>],
-        processes: usize,
-    ) -> Result<Option<OpFaults>, HwError> {
-        if plan.faults.is_empty() {
-            return Ok(None);
-        }
-        let global = job.ranks.clone();
+    /// What the hardware cannot inject whatever the placement, as a waiver (`Unsupported`)
+    /// naming the fault. Called before placement, so that a waived run compiles and allocates
+    /// nothing.
+    /// `processes`: how many run the job.
+    pub fn refuse_unsupported(plan: &Plan, job: &JobPlan, processes: usize) -> Result<(), HwError> {
         let shrink = job.deepep().is_some_and(|d| d.buffer.enable_shrink);
         for (i, f) in plan.faults.items.iter().enumerate() {
             let refuse =
@@ -80,19 +71,37 @@ impl OpFaults {
                             .into(),
                     );
                 }
-                Fault::Straggler { ranks, .. } => {
-                    // Ranks of one launch start together: a late rank needs a launch of its own.
-                    let late = |r: &u32| ranks.binary_search(&global[*r as usize]).is_ok();
-                    if let Some(d) =
-                        devices.iter().find(|d| d.iter().any(late) && !d.iter().all(late))
-                    {
-                        return refuse(format!(
-                            "job ranks {d:?} share one launch, and only some of them are late: \
-                             run with --spawn N so that each straggler launches on its own"
-                        ));
-                    }
-                }
                 _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// [`OpFaults::refuse_unsupported`], then what the placement rules out, as a waiver; `None`
+    /// for a plan without faults. `mine`: the job ranks of this process; `devices`: the job
+    /// ranks of each of its launches (one per GPU); `processes`: how many run the job.
+    pub fn check(
+        plan: &Plan,
+        job: &JobPlan,
+        mine: &[u32],
+        devices: &[Vec<u32>],
+        processes: usize,
+    ) -> Result<Option<OpFaults>, HwError> {
+        if plan.faults.is_empty() {
+            return Ok(None);
+        }
+        Self::refuse_unsupported(plan, job, processes)?;
+        let global = job.ranks.clone();
+        for (i, f) in plan.faults.items.iter().enumerate() {
+            let Fault::Straggler { ranks, .. } = f else { continue };
+            // Ranks of one launch start together: a late rank needs a launch of its own.
+            let late = |r: &u32| ranks.binary_search(&global[*r as usize]).is_ok();
+            if let Some(d) = devices.iter().find(|d| d.iter().any(late) && !d.iter().all(late)) {
+                return Err(HwError::Unsupported(format!(
+                    "fault[{i}] {}: job ranks {d:?} share one launch, and only some of them are \
+                     late: run with --spawn N so that each straggler launches on its own",
+                    f.kind()
+                )));
             }
         }
         Ok(Some(OpFaults {

@@ -85,6 +85,24 @@ impl Processes {
             .collect()
     }
 
+    /// A group error as the backend reports it: a failed peer also named by the scenario
+    /// ranks its process runs (the simulator names a dead rank, the group only a process).
+    fn named(&self, e: GroupError) -> HwError {
+        let block = match &e {
+            GroupError::Peer(f) => self.blocks.get(f.peer.rank).cloned(),
+            _ => None,
+        };
+        let mut err = HwError::from(e);
+        if let (Some(ranks), HwError::Setup { message, .. }) = (block, &mut err) {
+            let last = ranks.end.saturating_sub(1);
+            match ranks.len() {
+                1 => message.push_str(&format!(" (it ran rank {})", ranks.start)),
+                _ => message.push_str(&format!(" (it ran ranks {}..{last})", ranks.start)),
+            }
+        }
+        err
+    }
+
     pub fn watch(&self) -> GroupWatch {
         self.group.watch()
     }
@@ -102,7 +120,7 @@ impl Processes {
         timeout: Duration,
     ) -> Result<Vec<T>, HwError> {
         let shared = local.map_err(|e| SharedError::of(&e));
-        let all = self.group.all_gather_json(label, &shared, timeout)?;
+        let all = self.group.all_gather_json(label, &shared, timeout).map_err(|e| self.named(e))?;
         resolve(all, &self.labels())
     }
 
@@ -130,7 +148,7 @@ impl Processes {
             // A no-op but for marking the failure as seen here: the keeper thread leaves the
             // exit to this thread.
             let _ = self.group.abort("");
-            return GroupError::Peer(failure).into();
+            return self.named(GroupError::Peer(failure));
         }
         let _ = self.group.abort(&e.to_string());
         e
@@ -142,7 +160,7 @@ impl Processes {
         value: &T,
         timeout: Duration,
     ) -> Result<Vec<T>, HwError> {
-        Ok(self.group.all_gather_json(label, value, timeout)?)
+        self.group.all_gather_json(label, value, timeout).map_err(|e| self.named(e))
     }
 
     /// Every process's `bytes`, in process order.
@@ -152,7 +170,7 @@ impl Processes {
         bytes: &[u8],
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, HwError> {
-        Ok(self.group.all_gather(label, bytes, timeout)?)
+        self.group.all_gather(label, bytes, timeout).map_err(|e| self.named(e))
     }
 
     pub fn broadcast_json<T: Serialize + DeserializeOwned>(
@@ -161,11 +179,11 @@ impl Processes {
         value: Option<&T>,
         timeout: Duration,
     ) -> Result<T, HwError> {
-        Ok(self.group.broadcast_json(label, 0, value, timeout)?)
+        self.group.broadcast_json(label, 0, value, timeout).map_err(|e| self.named(e))
     }
 
     pub fn barrier(&mut self, label: &str, timeout: Duration) -> Result<(), HwError> {
-        Ok(self.group.barrier(label, timeout)?)
+        self.group.barrier(label, timeout).map_err(|e| self.named(e))
     }
 
     /// Every process's op, merged; the same on every process.

@@ -88,10 +88,10 @@ fn low_latency_ep8_with_masked_selections() {
 
 #[test]
 #[ignore = "needs a GPU: run with --ignored on the GPU machine (scripts/gpu-hw-redesign.sh)"]
-fn low_latency_ep4_hook_mode() {
+fn low_latency_ep8_hook_mode() {
     let text = scenario(
-        "conf-ll-ep4-hook",
-        "4 ranks, low-latency, hook mode",
+        "conf-ll-ep8-hook",
+        "8 ranks (h200-single's ranks_per_gpu), low-latency, hook mode",
         "low_latency_mode = true\nnum_rdma_bytes = \"1GiB\"\nnum_qps_per_rank = 8",
         "tokens_per_rank = 48\nhidden = 2048\ntopk = 6\nexperts = 32\nhook = true\nwarmup = 1\niterations = 2",
     );
@@ -193,8 +193,8 @@ fn internode_low_latency_two_nodes_over_tcp() {
 fn low_latency_without_nvlink_sends_every_peer_message_over_the_wire() {
     use eptwin_engine::api::{Dtype, ll_combine_msg_bytes, ll_dispatch_msg_bytes};
     let text = scenario(
-        "conf-ll-ep4-no-p2p",
-        "4 ranks, low-latency, NVLink off",
+        "conf-ll-ep8-no-p2p",
+        "8 ranks (h200-single's ranks_per_gpu), low-latency, NVLink off",
         "low_latency_mode = true\nnum_rdma_bytes = \"1GiB\"\nnum_qps_per_rank = 8\n\
          allow_nvlink_for_low_latency_mode = false",
         "tokens_per_rank = 48\nhidden = 2048\ntopk = 6\nexperts = 32\nmasked_selections = 4\n\
@@ -217,7 +217,8 @@ fn low_latency_without_nvlink_sends_every_peer_message_over_the_wire() {
     assert!(other > 0 && own > 0, "the routing has both kinds of messages");
     let r = run_over_tcp(&text);
     assert_over_tcp(&r);
-    assert_eq!(r.backend["wire_report"]["peers"], 3, "each rank is its own block of the wire");
+    let peers = u64::from(routing.num_ranks - 1);
+    assert_eq!(r.backend["wire_report"]["peers"], peers, "each rank is its own block of the wire");
     let ops = &r.jobs[0].ops;
     let msg = [ll_dispatch_msg_bytes(2048, Dtype::Fp8), ll_combine_msg_bytes(2048, Dtype::Bf16)];
     for (op, msg) in ops.iter().zip(msg) {
