@@ -1,0 +1,6 @@
+# eptwin deepep launch: scenario deepep-one-rank-t128-k2-h7168 (sha256 e1aafcd8f4c53035b92f23c0fd81fe9dc22c2cf5d25a2c73364ca04fa292d01f), job "ll": test_low_latency.py, 1 node(s) x 1 rank(s)
+# Then: eptwin deepep import deepep-one-rank-t128-k2-h7168.node*.log --scenario <this scenario> --out <dir>
+
+# node 0 of 1
+( echo '[eptwin] launch scenario=deepep-one-rank-t128-k2-h7168 sha256=e1aafcd8f4c53035b92f23c0fd81fe9dc22c2cf5d25a2c73364ca04fa292d01f script=test_low_latency.py nodes=1 launcher=shell node_rank=0 args: --num-processes 1 --num-tokens 128 --hidden 7168 --num-topk 2 --num-experts 288' && \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-8361} WORLD_SIZE=1 RANK=0 ${PYTHON:-python} /tmp/eptwin-deepep-standin/tests/test_low_latency.py --num-processes 1 --num-tokens 128 --hidden 7168 --num-topk 2 --num-experts 288 ) 2>&1 | tee deepep-one-rank-t128-k2-h7168.node0.log
