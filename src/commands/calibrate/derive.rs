@@ -113,8 +113,10 @@ pub fn nvlink(p: &Probes, base_bw_per_direction_gbps: f64) -> Vec<Measured> {
     )]
 }
 
-/// The `[gpu]` keys the probes measure.
-pub fn gpu(p: &Probes) -> Vec<Measured> {
+/// The `[gpu]` keys the probes measure. `flags_cross_gpus`: the base profile's flags between
+/// ranks cross NVLink (`cluster.nvlink_domain_gpus` > 1), so a flag probed on one GPU does not
+/// measure its `flag_latency_ns`.
+pub fn gpu(p: &Probes, flags_cross_gpus: bool) -> Vec<Measured> {
     let mut out = Vec::new();
     if let Some(name) = p.backend.get("gpu_names").and_then(|n| n.get(0)).and_then(Value::as_str) {
         out.push(Measured::new("gpu", "name", name, "backend.gpu_names (CUDA)".into()));
@@ -164,7 +166,8 @@ pub fn gpu(p: &Probes) -> Vec<Measured> {
         );
         out.push(Measured::new("gpu", "warp_copy_bw_gbps", float(v, 1), source));
     }
-    // Across NVLink when there are peers, else on the GPU itself (the one-GPU kernels' scope).
+    // Across NVLink when there are peers, else on the GPU itself (the one-GPU kernels' scope);
+    // a base whose flags cross NVLink keeps its value when no peer was probed.
     let peer = p.first("flag_latency_peer_ns").and_then(|v| v.as_object()).and_then(|m| {
         let v: Vec<f64> = m.values().filter_map(Value::as_f64).collect();
         (!v.is_empty()).then(|| median(v))
@@ -176,7 +179,7 @@ pub fn gpu(p: &Probes) -> Vec<Measured> {
             int(v),
             format!("probe.flag_latency_peer_ns, median over the GPU pairs {v:.1}: release -> acquire across NVLink, one way"),
         )),
-        (None, Some(v)) => out.push(Measured::new(
+        (None, Some(v)) if !flags_cross_gpus => out.push(Measured::new(
             "gpu",
             "flag_latency_ns",
             int(v),
@@ -470,13 +473,21 @@ mod tests {
 
     #[test]
     fn the_gpu_keys_are_the_probes() {
-        let out = gpu(&h100());
+        let out = gpu(&h100(), false);
         assert_eq!(value(&out, "gpu.memcpy_bw_gbps"), toml::Value::Float(1502.2));
         assert_eq!(value(&out, "gpu.sm_copy_bw_gbps"), toml::Value::Float(48.7));
         assert_eq!(value(&out, "gpu.warp_copy_bw_gbps"), toml::Value::Float(9.4));
         assert_eq!(value(&out, "gpu.kernel_launch_ns"), toml::Value::Integer(3008));
         assert_eq!(value(&out, "gpu.flag_latency_ns"), toml::Value::Integer(591));
         assert_eq!(value(&out, "gpu.name"), toml::Value::from("NVIDIA H100 80GB HBM3"));
+    }
+
+    /// One GPU's flag is not the NVLink flag of a base whose ranks sit on several GPUs.
+    #[test]
+    fn a_same_gpu_flag_leaves_a_cross_gpu_base_its_flag_latency() {
+        let out = gpu(&h100(), true);
+        assert!(out.iter().all(|m| m.path() != "gpu.flag_latency_ns"), "{:?}", out.len());
+        assert_eq!(value(&out, "gpu.kernel_launch_ns"), toml::Value::Integer(3008));
     }
 
     #[test]

@@ -312,7 +312,13 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     };
     let base = read_base(o.base.as_deref().unwrap_or(default_base(&machine.gpu)))?;
     progress(&format!("base profile {}; GPU {}", base.label, machine.gpu));
-    let mut measured = derive::gpu(&probes);
+    let flags_cross_gpus = base
+        .table
+        .get("cluster")
+        .and_then(|t| t.get("nvlink_domain_gpus"))
+        .and_then(|v| v.as_integer())
+        .is_some_and(|gpus| gpus > 1);
+    let mut measured = derive::gpu(&probes, flags_cross_gpus);
     // The cluster keys are checked against the memory rates (cluster.rs).
     let (memory, rates) = derive::memory(&probes);
     measured.extend(memory);
