@@ -44,16 +44,15 @@ pub struct ProcessLabel {
 
 impl std::fmt::Display for ProcessLabel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let last = self.ranks.end.saturating_sub(1);
-        if self.ranks.len() == 1 {
-            write!(f, "process {} on {} (rank {})", self.process, self.host, self.ranks.start)
-        } else {
-            write!(
-                f,
-                "process {} on {} (ranks {}..{last})",
-                self.process, self.host, self.ranks.start
-            )
-        }
+        write!(f, "process {} on {} ({})", self.process, self.host, ranks_text(&self.ranks))
+    }
+}
+
+/// A process's block of ranks: "rank 3", or "ranks 4..7" (the last one included).
+pub fn ranks_text(ranks: &Range<usize>) -> String {
+    match ranks.len() {
+        1 => format!("rank {}", ranks.start),
+        _ => format!("ranks {}..{}", ranks.start, ranks.end.saturating_sub(1)),
     }
 }
 

@@ -94,11 +94,7 @@ impl Processes {
         };
         let mut err = HwError::from(e);
         if let (Some(ranks), HwError::Setup { message, .. }) = (block, &mut err) {
-            let last = ranks.end.saturating_sub(1);
-            match ranks.len() {
-                1 => message.push_str(&format!(" (it ran rank {})", ranks.start)),
-                _ => message.push_str(&format!(" (it ran ranks {}..{last})", ranks.start)),
-            }
+            message.push_str(&format!(" (it ran {})", merge::ranks_text(&ranks)));
         }
         err
     }

@@ -520,8 +520,7 @@ impl LowLatencyProgram {
         let rounds = count.div_ceil(self.wpg as u64);
         // With the rows' load chain known, it is a warp's time per row (the SM copy rate would
         // count the same latency again) and the bytes queue on the GPU's memory before it.
-        let chained = self.recv_row_chain > 0;
-        let dur = if chained {
+        let dur = if self.recv_row_chain > 0 {
             (self.costs.ll_recv_per_msg + self.recv_row_chain) * rounds
         } else {
             self.costs.ll_recv_per_msg * rounds + rate.time(bytes)
@@ -533,10 +532,17 @@ impl LowLatencyProgram {
         } else {
             let (_, hbm_end) =
                 core.gpus.gpus[self.gpu[r as usize] as usize].hbm.reserve(core.now, bytes);
-            let end = if chained { hbm_end + dur } else { (core.now + dur).max(hbm_end) };
+            let end = self.unpack_end(core.now, hbm_end, dur);
             self.ranks.touch(r, end);
         }
         self.group_finished(core, r);
+    }
+
+    /// When an unpack of `dur` that starts at `start` ends, its bytes through the GPU's memory
+    /// by `hbm_end`: after them with the rows' load chain known (the chain is a warp's time per
+    /// row once its row is in), else whichever of the two is later.
+    fn unpack_end(&self, start: Time, hbm_end: Time, dur: Time) -> Time {
+        if self.recv_row_chain > 0 { hbm_end + dur } else { (start + dur).max(hbm_end) }
     }
 
     /// One more receive group of rank `r` is done: the last one ends the receive phase.
@@ -551,11 +557,7 @@ impl LowLatencyProgram {
                 let (_, hbm_end) = core.gpus.gpus[self.gpu[r as usize] as usize]
                     .hbm
                     .reserve(unpack, self.hook_bytes[r as usize]);
-                let end = if self.recv_row_chain > 0 {
-                    hbm_end + self.hook_recv[r as usize]
-                } else {
-                    (unpack + self.hook_recv[r as usize]).max(hbm_end)
-                };
+                let end = self.unpack_end(unpack, hbm_end, self.hook_recv[r as usize]);
                 self.ranks.phase("recv", r, end - start, self.n);
                 self.ranks.touch(r, end);
             }

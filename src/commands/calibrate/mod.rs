@@ -101,7 +101,7 @@ fn nic_only(o: &Options, name: &str) -> Result<ExitCode> {
         eprintln!("eptwin: calibrate waived: no ACTIVE ibverbs port (/sys/class/infiniband)");
         return Ok(ExitCode::Waived);
     }
-    let measured = nic::keys(&inv, nic::BaseNic::of(&base.table));
+    let measured = nic::keys(&inv, nic::BaseNic::of(&base));
     if measured.is_empty() {
         bail!("the ACTIVE port gave no NIC key (no negotiated rate, no probe)");
     }
@@ -312,12 +312,7 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     };
     let base = read_base(o.base.as_deref().unwrap_or(default_base(&machine.gpu)))?;
     progress(&format!("base profile {}; GPU {}", base.label, machine.gpu));
-    let flags_cross_gpus = base
-        .table
-        .get("cluster")
-        .and_then(|t| t.get("nvlink_domain_gpus"))
-        .and_then(|v| v.as_integer())
-        .is_some_and(|gpus| gpus > 1);
+    let flags_cross_gpus = base.number("cluster", "nvlink_domain_gpus").is_some_and(|g| g > 1.0);
     let mut measured = derive::gpu(&probes, flags_cross_gpus);
     // The cluster keys are checked against the memory rates (cluster.rs).
     let (memory, rates) = derive::memory(&probes);
@@ -325,15 +320,10 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     if let Some(rates) = rates {
         measured.extend(cluster::keys(&probes, &rates));
     }
-    let base_nvlink_bw = base
-        .table
-        .get("nvlink")
-        .and_then(|t| t.get("bw_per_direction_gbps"))
-        .and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64)))
-        .unwrap_or(0.0);
+    let base_nvlink_bw = base.number("nvlink", "bw_per_direction_gbps").unwrap_or(0.0);
     measured.extend(derive::nvlink(&probes, base_nvlink_bw));
     if let Some(inv) = &inv {
-        measured.extend(nic::keys(inv, nic::BaseNic::of(&base.table)));
+        measured.extend(nic::keys(inv, nic::BaseNic::of(&base)));
     }
     if measured.is_empty() {
         bail!("the probes measured nothing this command derives a profile key from");

@@ -20,11 +20,8 @@ pub struct BaseNic {
 }
 
 impl BaseNic {
-    pub fn of(base: &toml::Table) -> BaseNic {
-        let key = |k: &str| {
-            base.get("nic").and_then(|t| t.get(k)).and_then(toml::Value::as_integer).unwrap_or(0)
-                as u64
-        };
+    pub fn of(base: &super::writer::Base) -> BaseNic {
+        let key = |k: &str| base.number("nic", k).unwrap_or(0.0) as u64;
         BaseNic { doorbell_ns: key("doorbell_ns"), rx_latency_ns: key("rx_latency_ns") }
     }
 }
@@ -100,8 +97,8 @@ pub fn from_probe(
                 "efficiency",
                 toml::Value::Float(e),
                 format!(
-                    "probe_nic on {at}: {:.2} GB/s of {} B RDMA WRITEs, 16 deep / {link} GB/s negotiated",
-                    p.write_bw_gbps, p.bw_message_bytes
+                    "probe_nic on {at}: {:.2} GB/s of {} B RDMA WRITEs, {} deep / {link} GB/s negotiated",
+                    p.write_bw_gbps, p.bw_message_bytes, p.bw_window
                 ),
             ));
         }
@@ -118,8 +115,8 @@ pub fn from_probe(
             "wqe_process_ns",
             toml::Value::Integer(ns),
             format!(
-                "probe_nic on {at}: 1 / {:.3} M writes/s of {} B, up to 256 deep on one QP",
-                p.message_rate_mps, p.rate_message_bytes
+                "probe_nic on {at}: 1 / {:.3} M writes/s of {} B, up to {} deep on one QP",
+                p.message_rate_mps, p.rate_message_bytes, p.rate_window
             ),
         ));
     }
@@ -157,8 +154,10 @@ mod tests {
             latency_rounds: 2000,
             write_bw_gbps: bw_gbps,
             bw_message_bytes: 1 << 20,
+            bw_window: 16,
             message_rate_mps: rate_mps,
             rate_message_bytes: 64,
+            rate_window: 256,
         }
     }
 

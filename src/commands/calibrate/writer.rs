@@ -103,6 +103,14 @@ pub struct Base {
     pub table: toml::Table,
 }
 
+impl Base {
+    /// The number at `[table] key` of the base profile (an integer or a float).
+    pub fn number(&self, table: &str, key: &str) -> Option<f64> {
+        let v = self.table.get(table)?.get(key)?;
+        v.as_float().or_else(|| v.as_integer().map(|i| i as f64))
+    }
+}
+
 /// The written profile's own lines: `name`, `description`, the leading comment's lines.
 #[derive(Debug, Clone)]
 pub struct Head {

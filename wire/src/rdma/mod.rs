@@ -56,12 +56,16 @@ pub struct NicProbe {
     /// `latency_rounds`.
     pub write_latency_ns: f64,
     pub latency_rounds: u32,
-    /// Payload of `bw_message_bytes` writes completed per second, in GB/s.
+    /// Payload of `bw_message_bytes` writes kept `bw_window` deep, completed per second, in
+    /// GB/s.
     pub write_bw_gbps: f64,
     pub bw_message_bytes: u32,
-    /// `rate_message_bytes` writes completed per second, in millions.
+    pub bw_window: u32,
+    /// `rate_message_bytes` writes kept up to `rate_window` deep, completed per second, in
+    /// millions.
     pub message_rate_mps: f64,
     pub rate_message_bytes: u32,
+    pub rate_window: u32,
 }
 
 /// RDMA WRITE latency, bandwidth and message rate between two QPs of `wanted`

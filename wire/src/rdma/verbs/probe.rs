@@ -55,8 +55,10 @@ pub fn probe_nic(wanted: Option<&str>) -> Result<NicProbe, WireError> {
         latency_rounds,
         write_bw_gbps,
         bw_message_bytes: BW_MESSAGE_BYTES,
+        bw_window: BW_WINDOW,
         message_rate_mps: rate / 1e6,
         rate_message_bytes: RATE_MESSAGE_BYTES,
+        rate_window: RATE_WINDOW,
     })
 }
 
