@@ -330,7 +330,7 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     }
     let head = writer::Head {
         name: name.clone(),
-        description: format!("{} calibrated by eptwin calibrate ({})", machine.gpu, machine.date),
+        description: description(&base, flags_cross_gpus, &machine),
         header: header_lines(&name, &base.label, &machine, o),
     };
     let mut text = writer::render(&head, &base, &measured, &machine)?;
@@ -347,6 +347,25 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
     let code = finish(o, &text, &measured, &base, &rows)?;
     write_comparisons(o, &runs)?;
     Ok(code)
+}
+
+/// The written profile's description. A base whose NVLink domain spans several GPUs describes a
+/// cluster (nodes, NVSwitch, NICs) that a probe run on one GPU does not change, so its
+/// description stays, with what was calibrated after it.
+fn description(base: &writer::Base, cluster_base: bool, machine: &Machine) -> String {
+    let calibrated = format!("calibrated by eptwin calibrate ({})", machine.date);
+    match base.table.get("description").and_then(|d| d.as_str()) {
+        Some(d) if cluster_base => {
+            // A base calibrated before (a bundled profile re-generated from itself) keeps its
+            // own description, not the earlier calibration's.
+            let own = match d.rsplit_once("; ") {
+                Some((own, last)) if last.contains("calibrated by eptwin calibrate") => own,
+                _ => d,
+            };
+            format!("{own}; {} {calibrated}", machine.gpu)
+        }
+        _ => format!("{} {calibrated}", machine.gpu),
+    }
 }
 
 fn progress(message: &str) {
@@ -596,5 +615,35 @@ fn print_summary(measured: &[Measured], base: &toml::Table, base_label: &str, fi
             })
             .collect();
         outln!("{:<16} {cells}", shape.tag());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base(text: &str) -> writer::Base {
+        writer::Base { label: "b".into(), text: text.into(), table: text.parse().unwrap() }
+    }
+
+    #[test]
+    fn a_cluster_base_keeps_its_description_and_a_one_gpu_base_gets_the_gpus() {
+        let machine = Machine { gpu: "NVIDIA H100".into(), driver: "580".into(), date: "d".into() };
+        let b = base("description = \"8 GPUs per node, CX7 per GPU\"\n");
+        assert_eq!(
+            description(&b, true, &machine),
+            "8 GPUs per node, CX7 per GPU; NVIDIA H100 calibrated by eptwin calibrate (d)"
+        );
+        assert_eq!(
+            description(&b, false, &machine),
+            "NVIDIA H100 calibrated by eptwin calibrate (d)"
+        );
+        assert_eq!(
+            description(&base(""), true, &machine),
+            "NVIDIA H100 calibrated by eptwin calibrate (d)"
+        );
+        // Re-generated from itself, a bundled profile keeps one description.
+        let again = base(&format!("description = \"{}\"\n", description(&b, true, &machine)));
+        assert_eq!(description(&again, true, &machine), description(&b, true, &machine));
     }
 }
