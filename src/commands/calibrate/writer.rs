@@ -160,8 +160,12 @@ pub fn render(
                 continue;
             }
             let Some(text) = inline(value) else { continue };
+            // A base written by this command names its own base already ("from h100-cx7:
+            // ..."); the same name is said once when a bundled profile is re-generated from
+            // itself.
             let comment = base_comments
                 .get(&(section.to_string(), key.clone()))
+                .map(|c| own_comment(c, base_name))
                 .filter(|c| !c.is_empty())
                 .map_or_else(String::new, |c| format!(": {c}"));
             out.push_str(&format!("{key} = {text} # from {base_name}{comment}\n"));
@@ -174,6 +178,18 @@ pub fn render(
     Ok(out)
 }
 
+/// A base key's comment without the `from <base>` this command wrote on it before.
+fn own_comment<'a>(comment: &'a str, base_name: &str) -> &'a str {
+    let Some(rest) = comment.strip_prefix("from ").and_then(|c| c.strip_prefix(base_name)) else {
+        return comment;
+    };
+    match rest.strip_prefix(": ") {
+        Some(own) => own,
+        None if rest.is_empty() => rest,
+        None => comment,
+    }
+}
+
 fn measured_line(m: &Measured, machine: &Machine) -> String {
     let text = inline(&m.value).unwrap_or_else(|| m.value.to_string());
     format!("{} = {text} # measured ({}): {}\n", m.key, machine.label(), m.source)
@@ -184,6 +200,15 @@ mod tests {
     use eptwin_engine::profile::{BUNDLED, HardwareProfile, bundled_table, check_text};
 
     use super::*;
+
+    #[test]
+    fn a_base_comment_names_its_base_once() {
+        assert_eq!(own_comment("from h100-cx7: HGX baseboard", "h100-cx7"), "HGX baseboard");
+        assert_eq!(own_comment("from h100-cx7", "h100-cx7"), "");
+        assert_eq!(own_comment("from h100-cx7x: a", "h100-cx7"), "from h100-cx7x: a");
+        assert_eq!(own_comment("from h200-single: a", "h100-cx7"), "from h200-single: a");
+        assert_eq!(own_comment("HGX baseboard", "h100-cx7"), "HGX baseboard");
+    }
 
     fn head(name: &str, description: &str, header: &[&str]) -> Head {
         Head {

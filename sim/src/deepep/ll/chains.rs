@@ -4,7 +4,7 @@
 //! fitted per-round costs (`[deepep]` `ll_*`) stand in for them.
 
 use crate::core::time::Time;
-use crate::params::Params;
+use crate::params::{OneGpu, Params};
 
 /// Bytes one round of `UNROLLED_WARP_COPY(7, ...)` moves per warp: 7 loads of 16 B per lane.
 const WARP_COPY_ROUND_BYTES: u64 = 7 * 32 * 16;
@@ -12,6 +12,9 @@ const WARP_COPY_ROUND_BYTES: u64 = 7 * 32 * 16;
 const MSG_HEADER_BYTES: u64 = 16;
 /// `topk_idx` entries one lane of the counting warp loads at once (`#pragma unroll 8`).
 const COUNT_LOADS_IN_FLIGHT: u64 = 8;
+/// Warps resident on an SM at full occupancy (sm_90: 2,048 threads), as the busy-latency probe
+/// runs them (`probe.dependent_load.hbm_132x1024`: 132 blocks of 1,024 threads).
+const WARPS_PER_SM: u64 = 32;
 
 /// Dependent loads of one dispatch row a receive warp unpacks (`internode_ll.cu`, the receive
 /// loop): the source-info load, one per copy round of the message's payload, one for the
@@ -36,6 +39,30 @@ pub fn combine_row_loads(msg_bytes: u64) -> u64 {
     1 + msg_bytes.div_ceil(WARP_COPY_ROUND_BYTES)
 }
 
+/// A dependent HBM load's latency with `loading_warps` warps of the GPU loading at once:
+/// `load_hbm_ns` alone, `load_hbm_busy_ns` with every warp slot of every SM loading (the probe's
+/// 132 blocks of 1,024 threads), the queueing in between taken as proportional to the share of
+/// those warps that load.
+pub fn loaded_hbm_latency(g: &OneGpu, loading_warps: u64, sm_count: u32) -> Time {
+    between_idle_and_busy(g.load_hbm, g.load_hbm_busy, loading_warps, sm_count)
+}
+
+fn between_idle_and_busy(idle: Time, busy: Time, loading_warps: u64, sm_count: u32) -> Time {
+    let full = (sm_count as u64 * WARPS_PER_SM).max(1);
+    idle + busy.saturating_sub(idle) * loading_warps.min(full) / full
+}
+
+/// HBM bytes of hook mode's dispatch receive kernel unpacking `msg_bytes` of messages: the
+/// messages are read from HBM (the GEMM between the send and the hook evicted them); the rows
+/// it writes stay in L2 (at most 2 × 15 MB for 256 tokens × top-8, within any sm_90 L2) and are
+/// written back after the kernel; each line it brings in (read or written) evicts one, and the
+/// dirty ones among them, at most `flush_dirty` of what the GEMM's output stream left dirty
+/// (measured as `flush_dirty_bytes` for the timing's 256 MB memset, the same stream of
+/// stores), are written back during the kernel.
+pub fn hook_recv_dram_bytes(msg_bytes: u64, flush_dirty: u64) -> u64 {
+    msg_bytes + flush_dirty.min(2 * msg_bytes)
+}
+
 /// The chains of one low-latency op, in time (0: not this op's, or no latencies measured).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Chains {
@@ -50,9 +77,21 @@ pub struct Chains {
 }
 
 impl Chains {
-    pub fn dispatch(params: &Params, tokens: u32, topk: u32, hook: bool, msg_bytes: u64) -> Self {
+    pub fn dispatch(
+        params: &Params,
+        tokens: u32,
+        topk: u32,
+        hook: bool,
+        msg_bytes: u64,
+        recv_warps: u64,
+    ) -> Self {
         let Some(g) = params.one_gpu.as_ref() else { return Self::default() };
-        let row_load = if hook { g.load_hbm_busy } else { g.load_l2 };
+        let rows = tokens as u64 * topk as u64;
+        let row_load = if hook {
+            loaded_hbm_latency(g, rows.min(recv_warps), params.sm_count)
+        } else {
+            g.load_l2
+        };
         Chains {
             count: count_chain_loads(tokens, topk) * g.load_hbm,
             recv_row: recv_row_loads(msg_bytes) * row_load,
@@ -86,6 +125,23 @@ mod tests {
     }
 
     #[test]
+    fn hook_receive_reads_its_messages_and_writes_back_at_most_the_dirty_lines() {
+        // 64 messages of 7,408 B bring 2 x 474 KB of lines in: all of it evicts dirty lines.
+        assert_eq!(hook_recv_dram_bytes(474_112, 5_500_000), 474_112 * 3);
+        // 2,048 messages (15.2 MB): the 5.5 MB left dirty are all that is written back.
+        assert_eq!(hook_recv_dram_bytes(15_171_584, 5_500_000), 15_171_584 + 5_500_000);
+        assert_eq!(hook_recv_dram_bytes(0, 5_500_000), 0);
+    }
+
+    #[test]
+    fn a_load_waits_longer_the_more_warps_of_the_gpu_load() {
+        let at = |warps| between_idle_and_busy(480, 911, warps, 132);
+        assert_eq!((at(0), at(132 * 32), at(1_000_000)), (480, 911, 911));
+        // A quarter of the warp slots loading: a quarter of the queueing.
+        assert_eq!(at(33 * 32), 480 + 431 / 4);
+    }
+
+    #[test]
     fn the_counting_warp_reads_eight_entries_per_lane_at_once() {
         // 8 tokens x top-8 = 64 entries: two per lane, one round; 128 x 8: 32 per lane, 4.
         assert_eq!(count_chain_loads(8, 8), 1);
@@ -103,6 +159,11 @@ mod tests {
             prop_assert!(count_chain_loads(t, k + 1) >= count_chain_loads(t, k));
             prop_assert!(recv_row_loads(b + 1) >= recv_row_loads(b));
             prop_assert!(combine_row_loads(b + 1) >= combine_row_loads(b));
+            prop_assert!(hook_recv_dram_bytes(b + 1, 5_000_000) > hook_recv_dram_bytes(b, 5_000_000));
+            prop_assert!(hook_recv_dram_bytes(b, 5_000_000) <= 3 * b);
+            let w = b / 16;
+            let at = |w| between_idle_and_busy(480, 911, w, 132);
+            prop_assert!(at(w + 1) >= at(w) && (480..=911).contains(&at(w)));
             // Never more rounds than one per lane's entries, never fewer than a lane's share / 8.
             let per_lane = (t as u64 * k as u64).div_ceil(32);
             prop_assert!(count_chain_loads(t, k) <= per_lane);
