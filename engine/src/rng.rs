@@ -56,6 +56,13 @@ impl Rng {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// The 53-bit integer behind [`Rng::next_f64`] (which is it times 2^-53): the same draw,
+    /// ordered the same, compared without floating point.
+    #[inline]
+    pub fn next_u53(&mut self) -> i64 {
+        (self.next_u64() >> 11) as i64
+    }
+
     /// Uniform in (0, 1]: safe under `ln`.
     #[inline]
     pub fn next_f64_open0(&mut self) -> f64 {

@@ -102,8 +102,9 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
     };
 
     let mut scores = vec![0f64; experts];
+    let mut draws = vec![0i64; experts];
     let mut order: Vec<u32> = (0..experts as u32).collect();
-    let mut group_scores = vec![0f64; num_groups];
+    let mut group_draws = vec![0i64; num_groups];
     let mut group_order: Vec<u32> = (0..num_groups as u32).collect();
     let mut swaps: Vec<usize> = Vec::with_capacity(topk);
     let mut kept: Vec<u32> = Vec::with_capacity(num_groups);
@@ -129,17 +130,23 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
                     }
                 }
                 Routing::NodeLimited { .. } => {
-                    for s in scores.iter_mut() {
-                        *s = rng.next_f64();
+                    // A score is the 53-bit integer `next_f64` scales to [0, 1): the same
+                    // draws in the same order, compared as integers (exact) instead of floats.
+                    // Drawn in expert order, each group's best kept on the way.
+                    for (g, gs) in group_draws.iter_mut().enumerate() {
+                        let mut best = i64::MIN;
+                        for s in &mut draws[g * group_width..(g + 1) * group_width] {
+                            *s = rng.next_u53();
+                            best = best.max(*s);
+                        }
+                        *gs = best;
                     }
-                    for (g, gs) in group_scores.iter_mut().enumerate() {
-                        *gs = scores[g * group_width..(g + 1) * group_width]
-                            .iter()
-                            .fold(f64::MIN, |a, &b| a.max(b));
+                    for s in &mut draws[num_groups * group_width..] {
+                        *s = rng.next_u53();
                     }
-                    top_indices(&group_scores, &mut group_order, topk_groups);
+                    top_indices(&group_draws, &mut group_order, topk_groups);
                     // The experts of the groups not kept score -1, below every kept one
-                    // (scores are in [0, 1)): with at least k kept, the top k are the kept
+                    // (scores are non-negative): with at least k kept, the top k are the kept
                     // experts' (and the ungrouped remainder's), found without the rest.
                     let kept_groups = topk_groups.min(num_groups);
                     let remainder = experts - num_groups * group_width;
@@ -147,21 +154,19 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
                         kept.clear();
                         kept.extend_from_slice(&group_order[..kept_groups]);
                         kept.sort_unstable();
-                        let grouped = kept.iter().flat_map(|&g| {
+                        let mut top = TopK::new(&draws, &mut order, topk);
+                        for &g in &kept {
                             let g = g as usize * group_width;
-                            g as u32..(g + group_width) as u32
-                        });
-                        let ungrouped = (num_groups * group_width) as u32..experts as u32;
-                        top_indices_of(&scores, grouped.chain(ungrouped), &mut order, topk);
+                            top.offer_range(g as u32..(g + group_width) as u32);
+                        }
+                        top.offer_range((num_groups * group_width) as u32..experts as u32);
                     } else {
                         for g in 0..num_groups {
                             if !group_order[..topk_groups].contains(&(g as u32)) {
-                                for s in &mut scores[g * group_width..(g + 1) * group_width] {
-                                    *s = -1.0;
-                                }
+                                draws[g * group_width..(g + 1) * group_width].fill(-1);
                             }
                         }
-                        top_indices(&scores, &mut order, topk);
+                        top_indices(&draws, &mut order, topk);
                     }
                     for (k, slot) in slots.iter_mut().enumerate() {
                         *slot = order[k] as i32;
@@ -204,6 +209,26 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
     }
 }
 
+/// A score [`top_indices`] ranks by: a total order, larger first.
+trait Score: Copy {
+    /// `self` ranks strictly before `other`.
+    fn beats(self, other: Self) -> bool;
+}
+
+impl Score for f64 {
+    #[inline(always)]
+    fn beats(self, other: f64) -> bool {
+        self.total_cmp(&other).is_gt()
+    }
+}
+
+impl Score for i64 {
+    #[inline(always)]
+    fn beats(self, other: i64) -> bool {
+        self > other
+    }
+}
+
 /// Put the indices of the `k` largest values first in `order` (descending; ties by index;
 /// what follows them is unspecified).
 ///
@@ -211,40 +236,57 @@ pub fn generate(workload: &Workload, num_ranks: u32) -> RoutingTable {
 /// `k`-th best, which for random scores happens ≈ k·ln(n/k) times (a selection plus a sort
 /// of the whole index array took ≈ 8 % of an EP64 normal run's time). The order is total
 /// (value, then index), so the result is the one any exact top-k gives.
-fn top_indices(values: &[f64], order: &mut [u32], k: usize) {
-    top_indices_of(values, 0..values.len() as u32, order, k);
+fn top_indices<V: Score>(values: &[V], order: &mut [u32], k: usize) {
+    TopK::new(values, order, k).offer_range(0..values.len() as u32);
 }
 
-/// [`top_indices`] over the indices `candidates` gives, in increasing order (the others are
-/// not looked at).
-fn top_indices_of(
-    values: &[f64],
-    candidates: impl Iterator<Item = u32>,
-    order: &mut [u32],
+/// [`top_indices`] built up over candidates offered in increasing index order (the others
+/// are not looked at): the best `k` so far in `order[..n]`, descending.
+struct TopK<'a, V> {
+    values: &'a [V],
+    order: &'a mut [u32],
     k: usize,
-) {
-    let k = k.min(values.len()).min(order.len());
-    if k == 0 {
-        return;
+    n: usize,
+}
+
+impl<'a, V: Score> TopK<'a, V> {
+    fn new(values: &'a [V], order: &'a mut [u32], k: usize) -> Self {
+        let k = k.min(values.len()).min(order.len());
+        TopK { values, order, k, n: 0 }
     }
-    // `a` (the later index) ranks before `b`: strictly larger value (an equal value keeps
-    // the smaller index first).
-    let beats = |a: u32, b: u32| values[a as usize].total_cmp(&values[b as usize]).is_gt();
-    let mut n = 0;
-    for i in candidates {
-        let mut pos = if n < k {
-            n += 1;
-            n - 1
-        } else if beats(i, order[k - 1]) {
-            k - 1
-        } else {
-            continue;
-        };
-        while pos > 0 && beats(i, order[pos - 1]) {
-            order[pos] = order[pos - 1];
-            pos -= 1;
+
+    /// Offer every index of `range` (increasing, above those offered before).
+    #[inline(always)]
+    fn offer_range(&mut self, range: std::ops::Range<u32>) {
+        let (values, order, k) = (self.values, &mut *self.order, self.k);
+        if k == 0 {
+            return;
         }
-        order[pos] = i;
+        let mut n = self.n;
+        // The k-th best value while k are kept: most candidates are turned away by it alone.
+        let mut kth = (n == k).then(|| values[order[k - 1] as usize]);
+        for i in range {
+            let v = values[i as usize];
+            // `i` (a later index) ranks before `order[j]` only with a strictly larger value:
+            // an equal value keeps the smaller index first.
+            let mut pos = match kth {
+                None => {
+                    n += 1;
+                    n - 1
+                }
+                Some(kth) if v.beats(kth) => k - 1,
+                Some(_) => continue,
+            };
+            while pos > 0 && v.beats(values[order[pos - 1] as usize]) {
+                order[pos] = order[pos - 1];
+                pos -= 1;
+            }
+            order[pos] = i;
+            if n == k {
+                kth = Some(values[order[k - 1] as usize]);
+            }
+        }
+        self.n = n;
     }
 }
 

@@ -267,8 +267,7 @@ impl<T: Copy> CalendarQueue<T> {
         self.free.push(used);
         self.occupied[s / 64] &= !(1 << (s % 64));
         debug_assert!(self.cur.iter().all(|e| e.0 - new_start < 1 << CAL_SHIFT));
-        sort_bucket(&mut self.cur, new_start, &mut self.scratch);
-        self.cur.reverse();
+        sort_bucket_rev(&mut self.cur, new_start, &mut self.scratch);
         // The next bucket was filled a hop time ago (thousands of events): fetch its entries
         // while this one is consumed. No effect on any result.
         if let Some(d) = self.next_occupied(s) {
@@ -303,15 +302,18 @@ fn prefetch_bytes(p: *const u8) {
 /// Bits of a bucket's time offset each radix pass sorts on (two passes cover the bucket).
 const RADIX_BITS: u32 = CAL_SHIFT.div_ceil(2);
 
-/// Sort a bucket (times in `[start, start + bucket width)`) by time, equal times in their
-/// current (push) order. Large buckets take a two-pass LSD radix sort on the time's offset in
-/// the bucket (stable, and without data-dependent branches: an insertion sort of large buckets
-/// mispredicts millions of times in EP256 LL, cachegrind's branch model); small ones an
-/// insertion sort.
-fn sort_bucket<T: Copy>(v: &mut [(Time, T)], start: Time, scratch: &mut Vec<(Time, T)>) {
+/// Sort a bucket (times in `[start, start + bucket width)`) into reverse (time, push) order:
+/// the earliest time last, equal times in reverse push order (the order the current bucket is
+/// held in). Large buckets take a two-pass LSD radix sort on the time's offset in the bucket
+/// (stable, and without data-dependent branches: an insertion sort of large buckets
+/// mispredicts millions of times in EP256 LL, cachegrind's branch model), its two histograms
+/// counted in one read of the bucket and its second pass writing from the back, so no reversal
+/// follows; small ones an insertion sort, reversed.
+fn sort_bucket_rev<T: Copy>(v: &mut [(Time, T)], start: Time, scratch: &mut Vec<(Time, T)>) {
     let n = v.len();
     if n <= 16 {
         insertion_sort(v);
+        v.reverse();
         return;
     }
     // The scratch buffer only ever grows (its length is at least every bucket's so far).
@@ -321,27 +323,29 @@ fn sort_bucket<T: Copy>(v: &mut [(Time, T)], start: Time, scratch: &mut Vec<(Tim
     const BINS: usize = 1 << RADIX_BITS;
     let low = |t: Time| (t - start) as usize & (BINS - 1);
     let high = |t: Time| ((t - start) >> RADIX_BITS) as usize & (BINS - 1);
-    radix_pass(&v[..], &mut scratch[..n], low);
-    radix_pass(&scratch[..n], &mut v[..], high);
-}
-
-/// One stable counting-sort pass of `src` into `dst` by `key` (below `1 << RADIX_BITS`).
-#[inline(always)]
-fn radix_pass<T: Copy>(src: &[(Time, T)], dst: &mut [(Time, T)], key: impl Fn(Time) -> usize) {
-    let mut at = [0u32; 1 << RADIX_BITS];
-    for e in src {
-        at[key(e.0)] += 1;
+    let mut at_low = [0u32; BINS];
+    let mut at_high = [0u32; BINS];
+    for e in v.iter() {
+        at_low[low(e.0)] += 1;
+        at_high[high(e.0)] += 1;
     }
-    let mut sum = 0;
-    for slot in at.iter_mut() {
-        let count = *slot;
-        *slot = sum;
-        sum += count;
+    let (mut sum_low, mut sum_high) = (0, 0);
+    for (l, h) in at_low.iter_mut().zip(at_high.iter_mut()) {
+        (*l, sum_low) = (sum_low, sum_low + *l);
+        (*h, sum_high) = (sum_high, sum_high + *h);
     }
-    for e in src {
-        let k = key(e.0);
-        dst[at[k] as usize] = *e;
-        at[k] += 1;
+    let scratch = &mut scratch[..n];
+    for e in v.iter() {
+        let k = low(e.0);
+        scratch[at_low[k] as usize] = *e;
+        at_low[k] += 1;
+    }
+    // Position i of the ascending order is n - 1 - i of the reverse one.
+    let last = n - 1;
+    for e in scratch.iter() {
+        let k = high(e.0);
+        v[last - at_high[k] as usize] = *e;
+        at_high[k] += 1;
     }
 }
 
@@ -654,7 +658,7 @@ mod tests {
     proptest! {
         #![proptest_config(eptwin_engine::testing::proptest_config(256))]
         /// A bucket's sort (insertion sort when small, two radix passes when large) is the
-        /// standard stable sort by time: equal times keep their push order.
+        /// standard stable sort by time, reversed: equal times in reverse push order.
         #[test]
         fn bucket_sort_is_stable_by_time(
             start_bucket in 0u64..1_000_000,
@@ -668,8 +672,9 @@ mod tests {
                 offsets.iter().enumerate().map(|(i, &o)| (start + o, i)).collect();
             let mut want = v.clone();
             want.sort_by_key(|e| e.0);
+            want.reverse();
             let mut scratch = Vec::new();
-            sort_bucket(&mut v, start, &mut scratch);
+            sort_bucket_rev(&mut v, start, &mut scratch);
             prop_assert_eq!(v, want);
         }
     }
