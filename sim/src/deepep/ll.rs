@@ -193,15 +193,7 @@ impl LowLatencyProgram {
         let routing = d.routing().clone();
         let costs = GpuCosts::new(plan, core).for_blocks(blocks);
         let chains = if dispatch {
-            let recv_warps = (blocks * groups * wpg) as u64;
-            chains::Chains::dispatch(
-                &core.params,
-                w.tokens_per_rank,
-                w.topk,
-                w.hook,
-                msg_bytes,
-                recv_warps,
-            )
+            chains::Chains::dispatch(&core.params, w, msg_bytes, (blocks * groups * wpg) as u64)
         } else {
             chains::Chains::combine(&core.params, msg_bytes)
         };
@@ -559,21 +551,12 @@ impl LowLatencyProgram {
         if self.groups_left[r as usize] == 0 {
             if self.hook {
                 // The receive kernel's start-up, then its groups in parallel; the GEMM the
-                // test overlaps has flushed L2, so every message comes back from HBM. With
-                // the GPU's memory measured, that is the HBM traffic of
-                // [`chains::hook_recv_dram_bytes`] at the HBM rate; else the bytes at the
-                // device copy rate.
+                // test overlaps has flushed L2, so every message comes back from HBM.
                 let start = core.now;
                 let unpack = start + self.costs.ll_dispatch_recv_fixed;
-                let bytes = self.hook_bytes[r as usize];
-                let hbm = &mut core.gpus.gpus[self.gpu[r as usize] as usize].hbm;
-                let (_, hbm_end) = match core.params.one_gpu.as_ref() {
-                    Some(g) if self.recv_row_chain > 0 => {
-                        let dram = chains::hook_recv_dram_bytes(bytes, g.flush_dirty);
-                        hbm.reserve_for(unpack, bytes, g.dram_rate.time(dram))
-                    }
-                    _ => hbm.reserve(unpack, bytes),
-                };
+                let (gpu, bytes) = (self.gpu[r as usize], self.hook_bytes[r as usize]);
+                let chained = self.recv_row_chain > 0;
+                let hbm_end = chains::hook_recv_hbm_end(core, gpu, unpack, bytes, chained);
                 let end = self.unpack_end(unpack, hbm_end, self.hook_recv[r as usize]);
                 self.ranks.phase("recv", r, end - start, self.n);
                 self.ranks.touch(r, end);

@@ -250,8 +250,10 @@ mod tests {
             "memcpy_bw_gbps = 1502.2 # measured (NVIDIA H100 80GB HBM3, driver 580.159.04, 2026-12-08): probe.memcpy_dtod_bw_gbps\n"
         ));
         assert!(out.contains("[pcie]\nbw_gbps = 55.5 # measured"), "{out}");
-        // A base value keeps its own source after the base's name.
-        assert!(out.contains("sm_count = 132 # from h100-cx7: H100/H800 SXM5: 132 SMs"), "{out}");
+        // A base value keeps its own source after the base's name, said once where the base
+        // was itself written by calibrate from a base of that name.
+        assert!(out.contains("gpus_per_node = 8 # from h100-cx7: HGX baseboard;"), "{out}");
+        assert!(!out.contains("from h100-cx7: from h100-cx7"), "{out}");
         // The result is a profile: every key, every comment, every range.
         let table = check_text("my-h100.toml", &out).unwrap_or_else(|e| panic!("{e:?}\n{out}"));
         let p: HardwareProfile = table.try_into().unwrap();

@@ -3,6 +3,9 @@
 //! "The low-latency kernels on one GPU"). A profile without those latencies has no chains: its
 //! fitted per-round costs (`[deepep]` `ll_*`) stand in for them.
 
+use eptwin_engine::api::Workload;
+
+use crate::core::Core;
 use crate::core::time::Time;
 use crate::params::{OneGpu, Params};
 
@@ -63,6 +66,27 @@ pub fn hook_recv_dram_bytes(msg_bytes: u64, flush_dirty: u64) -> u64 {
     msg_bytes + flush_dirty.min(2 * msg_bytes)
 }
 
+/// When GPU `gpu`'s memory has served hook mode's dispatch receive kernel of `msg_bytes`,
+/// starting at `at`: with the rows' load chains known (`chained`, the GPU's memory measured)
+/// the kernel's HBM traffic ([`hook_recv_dram_bytes`]) at the HBM rate, else its bytes at the
+/// device copy rate.
+pub fn hook_recv_hbm_end(
+    core: &mut Core,
+    gpu: u32,
+    at: Time,
+    msg_bytes: u64,
+    chained: bool,
+) -> Time {
+    let hbm = &mut core.gpus.gpus[gpu as usize].hbm;
+    match core.params.one_gpu.as_ref() {
+        Some(g) if chained => {
+            let dram = hook_recv_dram_bytes(msg_bytes, g.flush_dirty);
+            hbm.reserve_for(at, msg_bytes, g.dram_rate.time(dram)).1
+        }
+        _ => hbm.reserve(at, msg_bytes).1,
+    }
+}
+
 /// The chains of one low-latency op, in time (0: not this op's, or no latencies measured).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Chains {
@@ -77,17 +101,12 @@ pub struct Chains {
 }
 
 impl Chains {
-    pub fn dispatch(
-        params: &Params,
-        tokens: u32,
-        topk: u32,
-        hook: bool,
-        msg_bytes: u64,
-        recv_warps: u64,
-    ) -> Self {
+    /// A dispatch of workload `w`, its receive kernel `recv_warps` warps.
+    pub fn dispatch(params: &Params, w: &Workload, msg_bytes: u64, recv_warps: u64) -> Self {
         let Some(g) = params.one_gpu.as_ref() else { return Self::default() };
+        let (tokens, topk) = (w.tokens_per_rank, w.topk);
         let rows = tokens as u64 * topk as u64;
-        let row_load = if hook {
+        let row_load = if w.hook {
             loaded_hbm_latency(g, rows.min(recv_warps), params.sm_count)
         } else {
             g.load_l2
