@@ -353,13 +353,14 @@ pub fn calibrate(o: &Options) -> Result<ExitCode> {
 /// cluster (nodes, NVSwitch, NICs) that a probe run on one GPU does not change, so its
 /// description stays, with what was calibrated after it.
 fn description(base: &writer::Base, cluster_base: bool, machine: &Machine) -> String {
-    let calibrated = format!("calibrated by eptwin calibrate ({})", machine.date);
+    const CALIBRATED: &str = "calibrated by eptwin calibrate";
+    let calibrated = format!("{CALIBRATED} ({})", machine.date);
     match base.table.get("description").and_then(|d| d.as_str()) {
         Some(d) if cluster_base => {
             // A base calibrated before (a bundled profile re-generated from itself) keeps its
             // own description, not the earlier calibration's.
             let own = match d.rsplit_once("; ") {
-                Some((own, last)) if last.contains("calibrated by eptwin calibrate") => own,
+                Some((own, last)) if last.contains(CALIBRATED) => own,
                 _ => d,
             };
             format!("{own}; {} {calibrated}", machine.gpu)

@@ -57,8 +57,8 @@ fn between_idle_and_busy(idle: Time, busy: Time, loading_warps: u64, sm_count: u
 
 /// HBM bytes of hook mode's dispatch receive kernel unpacking `msg_bytes` of messages: the
 /// messages are read from HBM (the GEMM between the send and the hook evicted them); the rows
-/// it writes stay in L2 (at most 2 × 15 MB for 256 tokens × top-8, within any sm_90 L2) and are
-/// written back after the kernel; each line it brings in (read or written) evicts one, and the
+/// it writes stay in L2 (15 MB at 256 tokens × top-8, 30 MB with the rows read: within the
+/// 50 MB and more of an sm_90 L2) and are written back after the kernel; each line it brings in (read or written) evicts one, and the
 /// dirty ones among them, at most `flush_dirty` of what the GEMM's output stream left dirty
 /// (measured as `flush_dirty_bytes` for the timing's 256 MB memset, the same stream of
 /// stores), are written back during the kernel.
